@@ -1,1 +1,39 @@
-__all__: list[str] = []
+"""Fusion backends: how B trials' steps run at once (vmap, hfta fused operators, loop; auto selection)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from lightning_hydro.backends.base import Backend, StackedLog, StepOutputs
+from lightning_hydro.backends.errors import FusionError
+from lightning_hydro.backends.loop_backend import LoopBackend
+from lightning_hydro.backends.vmap_backend import VmapBackend
+
+if TYPE_CHECKING:
+    from lightning_hydro.fused.stacked_state import StackedState
+
+__all__ = [
+    "BACKEND_NAMES",
+    "Backend",
+    "BackendName",
+    "FusionError",
+    "LoopBackend",
+    "StackedLog",
+    "StepOutputs",
+    "VmapBackend",
+    "make_backend",
+]
+
+BackendName = Literal["auto", "vmap", "hfta", "loop"]
+BACKEND_NAMES: tuple[str, ...] = ("auto", "vmap", "hfta", "loop")
+
+
+def make_backend(name: str, group: StackedState) -> Backend:
+    """Build the backend called ``name`` ("vmap", "hfta" or "loop") for a stacked group."""
+    if name == "vmap":
+        return VmapBackend(group)
+    if name == "loop":
+        return LoopBackend(group)
+    if name == "hfta":
+        raise FusionError("backend='hfta' is not available yet; use backend='vmap' or 'loop'.")
+    raise ValueError(f"Unknown backend {name!r}; expected one of {', '.join(repr(n) for n in BACKEND_NAMES)}.")

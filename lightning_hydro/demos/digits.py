@@ -17,15 +17,17 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Sampler, TensorDataset
+from typing_extensions import override
 
-__all__ = ["DigitsDataModule", "DigitsMLP", "load_digits_tensors"]
+__all__ = ["DigitsDataModule", "DigitsMLP", "EpochShuffleSampler", "load_digits_tensors"]
 
 NUM_FEATURES = 64
 NUM_CLASSES = 10
@@ -48,9 +50,34 @@ def load_digits_tensors(*, val_fraction: float = 0.2, seed: int = 0) -> tuple[Te
     x = torch.tensor(data.data, dtype=torch.float32) / 16.0
     y = torch.tensor(data.target, dtype=torch.long)
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
-    n_val = int(round(len(x) * val_fraction))
+    n_val = round(len(x) * val_fraction)
     val_idx, train_idx = order[:n_val], order[n_val:]
     return TensorDataset(x[train_idx], y[train_idx]), TensorDataset(x[val_idx], y[val_idx])
+
+
+class EpochShuffleSampler(Sampler[int]):
+    """Shuffles with a permutation drawn from ``(seed, epoch)`` alone.
+
+    Lightning calls ``set_epoch`` at every epoch start, so a run resumed from a checkpoint sees the same
+    batches in its later epochs as an uninterrupted run would.
+    """
+
+    def __init__(self, num_samples: int, seed: int = 0) -> None:
+        self.num_samples = num_samples
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the permutation of this epoch."""
+        self.epoch = epoch
+
+    @override
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return iter(torch.randperm(self.num_samples, generator=generator).tolist())
+
+    def __len__(self) -> int:
+        return self.num_samples
 
 
 class DigitsDataModule(L.LightningDataModule):
@@ -72,19 +99,23 @@ class DigitsDataModule(L.LightningDataModule):
         self.train_set: TensorDataset | None = None
         self.val_set: TensorDataset | None = None
 
+    @override
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:
             self.train_set, self.val_set = load_digits_tensors(val_fraction=self.val_fraction, seed=self.seed)
 
+    @override
     def train_dataloader(self) -> DataLoader:
         assert self.train_set is not None  # set by setup(); Lightning always calls it first
-        generator = torch.Generator().manual_seed(self.seed)
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, generator=generator)
+        sampler = EpochShuffleSampler(len(self.train_set), seed=self.seed)
+        return DataLoader(self.train_set, batch_size=self.batch_size, sampler=sampler)
 
+    @override
     def val_dataloader(self) -> DataLoader:
         assert self.val_set is not None
         return DataLoader(self.val_set, batch_size=256)
 
+    @override
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()
 
@@ -126,25 +157,30 @@ class DigitsMLP(L.LightningModule):
         self.body = nn.Sequential(*layers)
         self.head = nn.Linear(width_in, NUM_CLASSES)
 
+    @override
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(x))
 
+    @override
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
         loss = F.cross_entropy(self(x), y)
         self.log("train_loss", loss)
         return loss
 
+    @override
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
         logits = self(x)
         self.log("val_loss", F.cross_entropy(logits, y))
         self.log("val_acc", (logits.argmax(-1) == y).float().mean())
 
+    @override
     def configure_optimizers(self) -> Any:
         hp = self.hparams
-        if hp.optimizer == "sgd":
-            return torch.optim.SGD(self.parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
-        if hp.optimizer == "adam":
-            return torch.optim.Adam(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
-        return torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+        if hp["optimizer"] == "sgd":
+            return torch.optim.SGD(
+                self.parameters(), lr=hp["lr"], momentum=hp["momentum"], weight_decay=hp["weight_decay"]
+            )
+        optimizer = torch.optim.Adam if hp["optimizer"] == "adam" else torch.optim.AdamW
+        return optimizer(self.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])

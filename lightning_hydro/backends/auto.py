@@ -1,0 +1,123 @@
+"""``backend="auto"``: time a few real training steps of each applicable backend and keep the fastest.
+
+The candidates run forward and backward on the real first batch (no optimizer step), after one warm-up
+call; buffers (e.g. BatchNorm running statistics), gradients and the random number generators are put
+back afterwards, so the choice does not change what the trials compute. A backend that cannot run the
+model (a :class:`~lightning_hydro.backends.errors.FusionError`) is skipped with its reason. Choices are
+cached per (model class, number of trials, parameter shapes, device) for the life of the process.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from lightning_hydro.backends.base import Backend
+from lightning_hydro.backends.errors import FusionError
+
+if TYPE_CHECKING:
+    from lightning_hydro.fused.stacked_state import StackedState
+
+__all__ = ["AutoChoice", "choose_backend", "clear_backend_cache"]
+
+_CACHE: dict[tuple[object, ...], str] = {}
+
+
+@dataclass
+class AutoChoice:
+    """The chosen backend, the measured median seconds per step of each candidate, and why others failed."""
+
+    backend: Backend
+    seconds: dict[str, float] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    cached: bool = False
+
+    def describe(self) -> str:
+        """One line saying what was chosen and the measured step times."""
+        if self.cached:
+            return f"backend='auto' reused its earlier choice {self.backend.name!r} for this model"
+        timings = ", ".join(f"{name} {1000 * s:.2f} ms" for name, s in sorted(self.seconds.items(), key=lambda i: i[1]))
+        text = f"backend='auto' chose {self.backend.name!r} (forward+backward per step on the first batch: {timings})"
+        for name, why in self.skipped.items():
+            text += f"; {name} skipped: {why.splitlines()[0]}"
+        return text
+
+
+def clear_backend_cache() -> None:
+    """Forget earlier automatic choices (e.g. after changing threads or devices)."""
+    _CACHE.clear()
+
+
+def _cache_key(group: StackedState) -> tuple[object, ...]:
+    first = next(iter(group.params.values()))
+    shapes = tuple((name, tuple(p.shape)) for name, p in group.params.items())
+    return (type(group.modules[0]).__qualname__, group.size, shapes, str(first.device), first.dtype)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def choose_backend(
+    group: StackedState,
+    candidates: Sequence[tuple[str, Callable[[], Backend]]],
+    run_step: Callable[[Backend], None],
+    *,
+    repeats: int = 3,
+) -> AutoChoice:
+    """Time ``run_step(backend)`` for each candidate and return the fastest.
+
+    Args:
+        group: the stacked state (its buffers are restored after each candidate).
+        candidates: ``(name, factory)`` pairs, in order of preference on ties.
+        run_step: one forward+backward with the given backend (gradients accumulate in the stacked state).
+        repeats: timed calls per candidate after one warm-up call; the median counts.
+
+    Raises:
+        FusionError: if no candidate can run the model (the last reason is re-raised).
+    """
+    factories = dict(candidates)
+    key = _cache_key(group)
+    if key in _CACHE and _CACHE[key] in factories:
+        return AutoChoice(factories[_CACHE[key]](), cached=True)
+    device = next(iter(group.params.values())).device
+    saved_buffers = {name: b.clone() for name, b in group.buffers.items()}
+    choice = AutoChoice(backend=None)  # type: ignore[arg-type]
+    last_error: FusionError | None = None
+    built: dict[str, Backend] = {}
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        for name, factory in candidates:
+            try:
+                backend = factory()
+                times: list[float] = []
+                for i in range(repeats + 1):
+                    _synchronize(device)
+                    start = time.perf_counter()
+                    run_step(backend)
+                    _synchronize(device)
+                    if i:  # the first call warms up
+                        times.append(time.perf_counter() - start)
+                choice.seconds[name] = statistics.median(times)
+                built[name] = backend
+            except FusionError as err:
+                choice.skipped[name] = str(err)
+                last_error = err
+            finally:
+                with torch.no_grad():
+                    for bname, value in saved_buffers.items():
+                        group.buffers[bname].copy_(value)
+                for param in group.params.values():
+                    param.grad = None
+    if not choice.seconds:
+        assert last_error is not None
+        raise last_error
+    fastest = min(choice.seconds, key=lambda n: choice.seconds[n])
+    choice.backend = built[fastest]
+    _CACHE[key] = fastest
+    return choice

@@ -1,0 +1,113 @@
+"""What every fusion backend does: run one method of the user's module for all trials of a group at once.
+
+A backend receives the group's :class:`~lightning_hydro.fused.stacked_state.StackedState` and runs e.g.
+``training_step(batch, batch_idx)`` so that every trial computes with its own row of the stacked
+parameters and buffers, gradients flowing into the stacked tensors. It returns the step's outputs and
+everything the user's code logged, stacked along a leading trial dimension.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from lightning_hydro.backends.trial_logging import LogCall
+
+if TYPE_CHECKING:
+    from lightning_hydro.fused.stacked_state import StackedState
+
+__all__ = ["Backend", "StackedLog", "StepOutputs", "stack_logs", "stack_outputs"]
+
+
+@dataclass
+class StackedLog:
+    """One metric logged by the user's code, for all rows.
+
+    ``values[row]`` belongs to row ``row``: a ``[B]`` tensor, or a list of per-row objects such as
+    torchmetrics ``Metric`` instances.
+    """
+
+    name: str
+    values: Tensor | list[Any]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepOutputs:
+    """What a fused call returned, and what it logged.
+
+    ``output`` is the user's return value with tensors stacked ``[B, ...]``: a tensor, a dict of tensors,
+    or None.
+    """
+
+    output: Tensor | dict[str, Tensor] | None
+    logs: list[StackedLog] = field(default_factory=list)
+    per_row: list[Any] | None = None  # the raw per-row return values, where the backend has them
+
+    def loss(self) -> Tensor | None:
+        """The ``[B]`` losses of a ``training_step`` (its tensor, or the dict's ``"loss"``), or None."""
+        if self.output is None or isinstance(self.output, Tensor):
+            return self.output
+        return self.output.get("loss")
+
+
+class Backend(ABC):
+    """Runs a method of the trial modules for all rows of a stacked group."""
+
+    name: ClassVar[str]
+
+    def __init__(self, group: StackedState) -> None:
+        self.group = group
+
+    def rebind(self) -> None:  # noqa: B027 - optional hook, most backends cache nothing
+        """The group's rows or devices changed: drop anything cached about them."""
+
+    @abstractmethod
+    def run(self, method: str, *args: Any) -> StepOutputs:
+        """Call ``method(*args)`` of every trial, each with its own parameters and buffers."""
+
+
+def stack_outputs(per_row: list[Any], method: str, *, strict: bool = True) -> Tensor | dict[str, Tensor] | None:
+    """Stack per-row return values (tensors, dicts of tensors or None) along a new leading dimension.
+
+    With ``strict=False`` (predictions, which may be anything) unstackable values give None.
+    """
+    first = per_row[0]
+    if first is None:
+        return None
+    if isinstance(first, Tensor):
+        return torch.stack(per_row)
+    if isinstance(first, Mapping):
+        return {
+            key: torch.stack([out[key] for out in per_row]) for key, value in first.items() if isinstance(value, Tensor)
+        }
+    if not strict:
+        return None
+    raise TypeError(
+        f"{method} returned {type(first).__name__}; a fused trial's step must return a tensor, a dict of "
+        "tensors, or None."
+    )
+
+
+def stack_logs(calls_per_row: list[list[LogCall]], device: torch.device) -> list[StackedLog]:
+    """Line up each row's recorded ``self.log`` calls by name and stack the values."""
+    names: dict[str, dict[str, Any]] = {}
+    for calls in calls_per_row:
+        for call in calls:
+            names.setdefault(call.name, call.options)
+    logs: list[StackedLog] = []
+    for name, options in names.items():
+        values = [next((c.value for c in calls if c.name == name), None) for calls in calls_per_row]
+        if all(isinstance(v, (Tensor, int, float)) for v in values):
+            stacked = torch.stack(
+                [torch.as_tensor(v, dtype=torch.float32, device=device).detach().reshape(()) for v in values]
+            )
+            logs.append(StackedLog(name, stacked, options))
+        else:
+            logs.append(StackedLog(name, values, options))
+    return logs

@@ -1,0 +1,62 @@
+"""Errors of the fusion backends, and the translation of torch.func's vmap errors into actionable ones."""
+
+from __future__ import annotations
+
+import os
+import traceback
+
+__all__ = ["FusionError", "explain_vmap_error", "user_frame"]
+
+# Substrings of torch.func's messages for code that vmap cannot batch, and what the user can do instead.
+_VMAP_LIMITS = (
+    (".item()", "calls .item() (or float()/int()) on a per-trial tensor"),
+    ("data-dependent control flow", "uses a per-trial tensor in Python control flow (if/while on a tensor)"),
+    (
+        "dynamic shape",
+        "uses an operation whose output shape depends on the data (boolean-mask indexing, nonzero)",
+    ),
+    (
+        "inplace arithmetic",
+        "updates an unbatched tensor in place with per-trial values (e.g. a torchmetrics "
+        "Metric's state, or a Python-side running statistic)",
+    ),
+    ("Batching rule not implemented", "uses an operation that vmap cannot batch"),
+    ("aten::equal", "calls torch.equal, which vmap cannot batch"),
+    ("randomness", "draws random numbers in a way vmap's randomness mode forbids"),
+)
+
+_LIBRARY_DIRS = tuple(
+    os.path.dirname(str(path)) + os.sep
+    for path in (
+        os.path.dirname(__file__),  # lightning_hydro/
+        __import__("torch").__file__,
+        __import__("lightning").__file__,
+    )
+)
+
+
+class FusionError(RuntimeError):
+    """The trials cannot run fused with the chosen backend; the message says why and what to use instead."""
+
+
+def user_frame(err: BaseException) -> str:
+    """``file:line in function: code`` of the innermost traceback frame outside torch, Lightning and us."""
+    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        if not frame.filename.startswith(_LIBRARY_DIRS) and "<" not in frame.filename:
+            code = f": {frame.line.strip()}" if frame.line else ""
+            return f"{frame.filename}:{frame.lineno} in {frame.name}{code}"
+    return "unknown location"
+
+
+def explain_vmap_error(err: Exception, *, method: str, module_name: str, backend: str = "vmap") -> FusionError | None:
+    """A :class:`FusionError` naming the op and the user's line, if ``err`` is a vmap limitation; else None."""
+    message = str(err)
+    if "vmap" not in message and "Batching rule" not in message and "aten::" not in message:
+        return None
+    what = next((why for needle, why in _VMAP_LIMITS if needle in message), "does something vmap cannot batch")
+    first_line = message.strip().splitlines()[0] if message.strip() else type(err).__name__
+    return FusionError(
+        f"backend={backend!r} cannot fuse {module_name}.{method}: it {what}, at {user_frame(err)}. "
+        f"(torch.func: {first_line}) Use backend='loop', which runs each trial's own code one after another, "
+        "or rewrite that line with batched tensor operations."
+    )

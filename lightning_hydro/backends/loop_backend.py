@@ -1,0 +1,53 @@
+"""The ``loop`` backend: the trials run one after another on the same batch.
+
+Each trial's OWN module runs its own code (so Python attributes may differ between trials, torchmetrics
+objects work, anything goes), with its parameters taken as differentiable views of its row of the stacked
+tensors, so gradients still land in the stacked state. Always correct; the fallback and the baseline
+that the other backends are measured against. Data loading is still shared by the group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.func import functional_call
+from typing_extensions import override
+
+from lightning_hydro.backends.base import Backend, StepOutputs, stack_logs, stack_outputs
+from lightning_hydro.backends.trial_logging import LogCall, capture_logs
+from lightning_hydro.backends.vmap_backend import MethodCaller
+
+__all__ = ["LoopBackend"]
+
+
+class LoopBackend(Backend):
+    """Runs the user's method once per trial, each with its own module and its row of the stacked state."""
+
+    name = "loop"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._callers: list[MethodCaller] | None = None
+
+    @override
+    def rebind(self) -> None:
+        self._callers = None
+
+    @override
+    def run(self, method: str, *args: Any) -> StepOutputs:
+        if self._callers is None:
+            self._callers = [MethodCaller(module) for module in self.group.modules]
+        outputs: list[Any] = []
+        calls_per_row: list[list[LogCall]] = []
+        for row, caller in enumerate(self._callers):
+            params = {f"module.{name}": p[row] for name, p in self.group.params.items()}
+            buffers = {f"module.{name}": b[row] for name, b in self.group.buffers.items()}
+            with capture_logs(caller.module) as calls:
+                outputs.append(functional_call(caller, (params, buffers), (method, *args)))
+            calls_per_row.append(calls)
+        device = next(iter(self.group.params.values())).device
+        return StepOutputs(
+            output=stack_outputs(outputs, method, strict=method != "predict_step"),
+            logs=stack_logs(calls_per_row, device),
+            per_row=outputs,
+        )

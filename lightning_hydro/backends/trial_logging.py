@@ -1,0 +1,83 @@
+"""Capture what a trial module's code passes to ``self.log`` so it can be logged per trial.
+
+The user's ``training_step`` calls ``self.log("train_loss", loss)``. Under a fused backend the step runs
+once for all trials (vmap) or once per trial (loop), and ``loss`` is a per-trial value; Lightning's own
+``log`` cannot take it. :func:`capture_logs` swaps the module's ``log`` for a recorder while the user's
+code runs; the fused module then aggregates the recorded values per trial (:mod:`.trial_metrics`).
+
+Example::
+
+    >>> import lightning as L
+    >>> module = L.LightningModule()
+    >>> with capture_logs(module) as calls:
+    ...     module.log("acc", 0.5, prog_bar=True)
+    ...     module.log_dict({"loss": 1.0})
+    >>> [(c.name, c.value, c.options.get("prog_bar")) for c in calls]
+    [('acc', 0.5, True), ('loss', 1.0, False)]
+    >>> "log" in vars(module)  # restored afterwards
+    False
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+__all__ = ["LogCall", "capture_logs"]
+
+_MISSING = object()
+
+
+@dataclass
+class LogCall:
+    """One call of ``self.log`` made by a trial module: the name, the value and the keyword options."""
+
+    name: str
+    value: Any
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@contextmanager
+def capture_logs(module: nn.Module) -> Iterator[list[LogCall]]:
+    """Record the module's ``self.log`` / ``self.log_dict`` calls instead of sending them to Lightning.
+
+    The recorder is an instance attribute that shadows ``LightningModule.log`` for the duration of the
+    block (``log_dict`` calls ``self.log`` per entry, so it is covered too); the previous state is restored
+    on exit, also when the block raises. Blocks may nest.
+    """
+    calls: list[LogCall] = []
+
+    def log(name: str, value: Any, *args: Any, **options: Any) -> None:
+        if args:  # positional options: map them onto LightningModule.log's parameter order
+            options.update(zip(_LOG_POSITIONAL_OPTIONS, args))
+        calls.append(LogCall(name, value, options))
+
+    previous = module.__dict__.get("log", _MISSING)
+    module.__dict__["log"] = log
+    try:
+        yield calls
+    finally:
+        if previous is _MISSING:
+            del module.__dict__["log"]
+        else:
+            module.__dict__["log"] = previous
+
+
+_LOG_POSITIONAL_OPTIONS = (
+    "prog_bar",
+    "logger",
+    "on_step",
+    "on_epoch",
+    "reduce_fx",
+    "enable_graph",
+    "sync_dist",
+    "sync_dist_group",
+    "add_dataloader_idx",
+    "batch_size",
+    "metric_attribute",
+    "rank_zero_only",
+)

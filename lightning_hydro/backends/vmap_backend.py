@@ -1,0 +1,136 @@
+"""The ``vmap`` backend: one vectorised call of the user's method over the stacked trial state.
+
+``torch.func.functional_call`` runs the user's method (e.g. ``training_step``) on a template module with
+the parameters and buffers swapped for one trial's row, and ``torch.func.vmap`` maps that over the rows:
+one forward and one backward for all B trials. The data batch is shared (not mapped); dropout draws
+independent masks per trial (``randomness="different"``); BatchNorm running statistics update in place in
+each trial's row of the stacked buffers.
+
+vmap runs ONE template module for all trials, so Python attributes of the trial modules must agree
+(the fused module verifies this on the first batch); code that vmap cannot batch raises a
+:class:`~lightning_hydro.backends.errors.FusionError` naming the op and the line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, vmap
+from typing_extensions import override
+
+from lightning_hydro.backends.base import Backend, StackedLog, StepOutputs
+from lightning_hydro.backends.errors import FusionError, explain_vmap_error
+from lightning_hydro.backends.trial_logging import LogCall, capture_logs
+
+if TYPE_CHECKING:
+    from lightning_hydro.fused.stacked_state import StackedState
+
+__all__ = ["MethodCaller", "VmapBackend"]
+
+_Kind = Literal["none", "tensor", "dict"]
+
+
+class MethodCaller(nn.Module):
+    """Makes ``functional_call`` call any method of a module, not just ``forward``."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    @override
+    def forward(self, method: str, *args: Any) -> Any:
+        return getattr(self.module, method)(*args)
+
+
+def _encode(out: Any, method: str) -> tuple[Any, _Kind]:
+    """Vmap may only return tensors: keep the tensors of what the step returned, remember its shape."""
+    if out is None:
+        return (), "none"
+    if isinstance(out, Tensor):
+        return out, "tensor"
+    if isinstance(out, Mapping):
+        return {k: v for k, v in out.items() if isinstance(v, Tensor)}, "dict"
+    raise TypeError(
+        f"{method} returned {type(out).__name__}; a fused trial's step must return a tensor, a dict of "
+        "tensors, or None."
+    )
+
+
+class VmapBackend(Backend):
+    """Runs the user's method once, vectorised over the trial rows with ``torch.func.vmap``.
+
+    Args:
+        group: the stacked state.
+        chunk_size: map this many rows at a time (lower peak memory; None: all at once).
+    """
+
+    name = "vmap"
+
+    def __init__(self, group: StackedState, *, chunk_size: int | None = None) -> None:
+        super().__init__(group)
+        self.chunk_size = chunk_size
+        self._caller: MethodCaller | None = None
+
+    def template(self) -> nn.Module:
+        """The module whose code runs for every row (subclasses convert it, e.g. into fused operators)."""
+        return self.group.modules[0]
+
+    @override
+    def rebind(self) -> None:
+        self._caller = None
+
+    @override
+    def run(self, method: str, *args: Any) -> StepOutputs:
+        if self._caller is None:
+            self._caller = MethodCaller(self.template())
+        caller = self._caller
+        template = caller.module
+        params: dict[str, Tensor] = {f"module.{name}": p for name, p in self.group.params.items()}
+        buffers = {f"module.{name}": b for name, b in self.group.buffers.items()}
+        side: dict[str, Any] = {}
+
+        def per_trial(p: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[Any, tuple[Tensor, ...]]:
+            with capture_logs(template) as calls:
+                out = functional_call(caller, (p, b), (method, *args))
+            side["calls"] = calls
+            encoded, side["kind"] = _encode(out, method)
+            return encoded, tuple(c.value for c in calls if isinstance(c.value, Tensor))
+
+        try:
+            encoded, logged = vmap(per_trial, in_dims=(0, 0), randomness="different", chunk_size=self.chunk_size)(
+                params, buffers
+            )
+        except (RuntimeError, ValueError) as err:
+            explained = explain_vmap_error(err, method=method, module_name=type(template).__name__, backend=self.name)
+            if explained is not None:
+                raise explained from err
+            raise
+        output = None if side["kind"] == "none" else encoded
+        return StepOutputs(output=output, logs=self._stack_logs(side["calls"], list(logged), method))
+
+    def _stack_logs(self, calls: list[LogCall], logged: list[Tensor], method: str) -> list[StackedLog]:
+        rows = self.group.size
+        logs: list[StackedLog] = []
+        tensors = iter(logged)
+        for call in calls:
+            if isinstance(call.value, Tensor):
+                values = next(tensors).detach().reshape(rows, -1)
+                if values.shape[1] != 1:
+                    raise ValueError(
+                        f"self.log({call.name!r}, ...) in {method} got a tensor of {values.shape[1]} elements "
+                        "per trial; log a scalar."
+                    )
+                logs.append(StackedLog(call.name, values.reshape(rows), call.options))
+            elif isinstance(call.value, (int, float)):
+                device = next(iter(self.group.params.values())).device
+                logs.append(StackedLog(call.name, torch.full((rows,), float(call.value), device=device), call.options))
+            else:
+                raise FusionError(
+                    f"backend={self.name!r}: {method} logs {call.name!r} as a {type(call.value).__name__}; under "
+                    "vmap only tensors and numbers can be logged per trial. Use backend='loop' to log "
+                    "torchmetrics Metric objects, or log metric(preds, target) values instead."
+                )
+        return logs

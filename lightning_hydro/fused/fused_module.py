@@ -1,0 +1,772 @@
+"""``FusedLightningModule``: B unmodified LightningModules of one architecture trained as one model.
+
+Example::
+
+    >>> import lightning as L
+    >>> from lightning_hydro import FusedLightningModule
+    >>> from lightning_hydro.demos import DigitsDataModule, DigitsMLP
+    >>> trials = [DigitsMLP(hidden_dim=16, lr=lr) for lr in (0.01, 0.1, 0.5)]
+    >>> fused = FusedLightningModule(trials, backend="vmap", summary=False)
+    >>> trainer = L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False,
+    ...                     enable_checkpointing=False, enable_model_summary=False)
+    >>> trainer.fit(fused, datamodule=DigitsDataModule())
+    >>> fused.trial_ids, sorted(fused.results[0])
+    ([0, 1, 2], ['budget', 'epochs', 'history', 'metrics', 'reason', 'status', 'steps'])
+    >>> fused.results[2]["status"], fused.results[2]["budget"]
+    ('completed', 1)
+    >>> best = fused.unfuse(1)  # a standalone DigitsMLP with trial 1's trained weights
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.data import extract_batch_size
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from lightning.pytorch.utilities.types import LRSchedulerConfig
+from torch import Tensor, nn
+from typing_extensions import override
+
+from lightning_hydro.backends import (
+    BACKEND_NAMES,
+    Backend,
+    BackendName,
+    FusionError,
+    LoopBackend,
+    StackedLog,
+    StepOutputs,
+    make_backend,
+)
+from lightning_hydro.backends.auto import choose_backend
+from lightning_hydro.backends.trial_logging import capture_logs
+from lightning_hydro.fused.results import TRIAL_STATUSES, TrialRecord, TrialStatus, format_results_table
+from lightning_hydro.fused.stacked_state import StackedState
+from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
+from lightning_hydro.fused.trial_specs import build_from_spec, module_spec
+from lightning_hydro.fused.verify import FusionMismatchError, differing_attributes
+from lightning_hydro.optim.clipping import clip_grad_norm_per_trial, clip_grad_value_per_trial
+from lightning_hydro.optim.group_optimizer import (
+    OptimizerPath,
+    StepReport,
+    TrialGroupOptimizer,
+    TrialScheduler,
+)
+from lightning_hydro.optim.trial_optimization import TrialOptimization, parse_optimizer_config
+
+__all__ = ["FusedLightningModule"]
+
+# Hooks of the trial modules that the fused module exposes only if the trials implement them, so that
+# Lightning sees the same loops as in an unfused run (e.g. no validation loop without a validation_step).
+_OPTIONAL_HOOKS = (
+    "validation_step",
+    "test_step",
+    "train_dataloader",
+    "val_dataloader",
+    "test_dataloader",
+    "predict_dataloader",
+)
+# Epoch- and fit-level hooks forwarded to every running trial that overrides them (with its logging captured).
+_FORWARDED_HOOKS = {
+    "on_fit_start": None,
+    "on_train_start": None,
+    "on_train_epoch_start": "train",
+    "on_train_epoch_end": "train",
+    "on_validation_epoch_start": "validate",
+    "on_validation_epoch_end": "validate",
+    "on_test_epoch_start": "test",
+    "on_test_epoch_end": "test",
+    "on_train_end": None,
+    "on_fit_end": None,
+}
+_CHECKPOINT_KEY = "lightning_hydro"
+
+
+@contextmanager
+def _eval_mode(modules: Sequence[nn.Module]) -> Iterator[None]:
+    modes = [m.training for m in modules]
+    try:
+        for m in modules:
+            m.eval()
+        yield
+    finally:
+        for m, mode in zip(modules, modes):
+            m.train(mode)
+
+
+def _as_float(value: Any) -> float:
+    if hasattr(value, "compute") and hasattr(value, "reset"):  # a torchmetrics Metric
+        value = value.compute()
+    return float(value.detach().float().reshape(()) if isinstance(value, Tensor) else value)
+
+
+class FusedLightningModule(L.LightningModule):
+    """Train B trials of one architecture (different hyperparameters) as one vectorised model.
+
+    Each trial is the user's own, unmodified LightningModule. Their parameters and buffers are stacked
+    ``[B, ...]`` (the trial modules stay bound to their rows); one backend call runs every trial's
+    ``training_step`` at once; the loss is the SUM of the trials' losses; each trial's own optimizer and LR
+    schedulers step it; what a trial logs is logged as ``"{name}/trial_{id}"``. Trials are isolated: a trial
+    whose loss or gradients go non-finite is marked diverged, not stepped, and its slot freed.
+
+    Args:
+        trials: the trial modules (one architecture: same parameter/buffer names, shapes, dtypes).
+        backend: ``"vmap"`` (torch.func), ``"hfta"`` (fused operators), ``"loop"`` (one trial after another,
+            always correct) or ``"auto"`` (time each on the first batch, keep the fastest).
+        trial_ids: one integer id per trial (default ``0..B-1``).
+        max_slots: how many trials the group may hold at once (default: ``len(trials)``); ``add_trial``
+            fills free slots up to this.
+        optimizer_path: ``"auto"`` uses one vectorised update when all trials use SGD, Adam or AdamW over
+            all their parameters (same numbers, fewer kernels), else each trial's own optimizer;
+            ``"universal"`` always steps each trial's own optimizer; ``"fused"`` requires the fast path.
+        verify: on the first batch, compare each trial's fused loss with its own module's (vmap/hfta).
+        summary: print a per-trial table at the end of ``fit``.
+        monitor: metric that orders that table and marks the best trial (e.g. ``"val_acc"``).
+        mode: ``"min"`` or ``"max"``: which ``monitor`` value is best.
+
+    Raises:
+        ValueError / TypeError: an empty list, non-LightningModules, a trial that uses manual optimization,
+            duplicate ids, an unknown backend, or trials of different architectures (the message names the
+            trial and the tensors that differ).
+    """
+
+    def __init__(
+        self,
+        trials: Sequence[L.LightningModule],
+        *,
+        backend: BackendName = "auto",
+        trial_ids: Sequence[int] | None = None,
+        max_slots: int | None = None,
+        optimizer_path: OptimizerPath = "auto",
+        verify: bool = True,
+        summary: bool = True,
+        monitor: str | None = None,
+        mode: Literal["min", "max"] = "min",
+    ) -> None:
+        super().__init__()
+        trials = list(trials)
+        ids = list(range(len(trials))) if trial_ids is None else [int(t) for t in trial_ids]
+        self._check_arguments(trials, ids, backend, max_slots, optimizer_path, mode)
+        self.stacked = nn.Module()  # holds the stacked tensors, so that .to(), state_dict() and Lightning see them
+        self._group = StackedState(self.stacked, trials, ids)
+        self._records: dict[int, TrialRecord] = {tid: TrialRecord(tid) for tid in ids}
+        self._retired: dict[int, L.LightningModule] = {}
+        self._backend_name = backend
+        self._backend: Backend | None = None if backend == "auto" else make_backend(backend, self._group)
+        self._optimizer_path: OptimizerPath = optimizer_path
+        self._optimizer: TrialGroupOptimizer | None = None
+        self._metrics = TrialMetrics()
+        self._loss_problems: dict[int, str] = {}
+        self._verify_enabled = verify
+        self._verify_ids: set[int] = set(ids) if verify else set()
+        self._eval_fallback: dict[str, Backend] = {}
+        self._epoch_ids: set[int] = set()
+        self._epoch_counted: set[int] = set()
+        self._epoch_training_done = False
+        self._epoch_metrics: dict[int, dict[str, float]] = {}
+        self.max_slots = max_slots if max_slots is not None else len(trials)
+        self.summary = summary
+        self.monitor = monitor
+        self.mode = mode
+        self.backend_report = ""
+        for hook in _OPTIONAL_HOOKS:
+            if not is_overridden(hook, trials[0], L.LightningModule):
+                self.__dict__[hook] = None  # hidden: Lightning's is_overridden() then reports False
+
+    @staticmethod
+    def _check_arguments(
+        trials: list[Any], ids: list[int], backend: str, max_slots: int | None, optimizer_path: str, mode: str
+    ) -> None:
+        if not trials:
+            raise ValueError("FusedLightningModule needs at least one trial module, got an empty list.")
+        for index, trial in enumerate(trials):
+            if not isinstance(trial, L.LightningModule):
+                raise TypeError(
+                    f"FusedLightningModule: trial {index} is a {type(trial).__name__}, expected a "
+                    "lightning.LightningModule (wrap plain nn.Modules in a LightningModule)."
+                )
+            if not trial.automatic_optimization:
+                raise ValueError(
+                    f"FusedLightningModule: trial {index} ({type(trial).__name__}) uses manual optimization; "
+                    "fused trials need automatic optimization (Lightning's default)."
+                )
+        if len({id(t) for t in trials}) != len(trials):
+            raise ValueError("FusedLightningModule: the same module object appears twice; pass distinct trials.")
+        if len(ids) != len(trials) or len(set(ids)) != len(ids):
+            raise ValueError(
+                f"FusedLightningModule: trial_ids must be {len(trials)} distinct integers, one per trial, got {ids}."
+            )
+        if backend not in BACKEND_NAMES:
+            raise ValueError(
+                f"FusedLightningModule: unknown backend {backend!r}; expected one of "
+                f"{', '.join(repr(b) for b in BACKEND_NAMES)}."
+            )
+        if max_slots is not None and max_slots < len(trials):
+            raise ValueError(
+                f"FusedLightningModule: max_slots={max_slots} is less than the {len(trials)} trials given."
+            )
+        if optimizer_path not in ("auto", "universal", "fused"):
+            raise ValueError(
+                f"FusedLightningModule: optimizer_path must be 'auto', 'universal' or 'fused', got {optimizer_path!r}."
+            )
+        if mode not in ("min", "max"):
+            raise ValueError(f"FusedLightningModule: mode must be 'min' or 'max', got {mode!r}.")
+
+    # -- the group -------------------------------------------------------------------------------------------
+
+    @property
+    def trial_ids(self) -> list[int]:
+        """Ids of the running trials, in slot order."""
+        return list(self._group.trial_ids)
+
+    @property
+    def free_slots(self) -> int:
+        """How many more trials ``add_trial`` can take."""
+        return self.max_slots - self._group.size
+
+    @property
+    def backend(self) -> str | None:
+        """The backend in use (None until ``backend="auto"`` has chosen on the first batch)."""
+        return None if self._backend is None else self._backend.name
+
+    @property
+    def results(self) -> dict[int, dict[str, Any]]:
+        """Every trial ever in the group: ``{id: {"status", "budget", "epochs", "steps", "metrics", ...}}``."""
+        return {tid: record.as_dict() for tid, record in sorted(self._records.items())}
+
+    def trial_module(self, trial_id: int) -> L.LightningModule:
+        """The trial's own module (bound to the stacked state while it runs)."""
+        if trial_id in self._group.trial_ids:
+            return self._group.modules[self._group.row_of(trial_id)]  # type: ignore[return-value]
+        if trial_id in self._retired:
+            return self._retired[trial_id]
+        raise KeyError(f"No trial {trial_id}; known trials: {sorted(self._records)}.")
+
+    def unfuse(self, trial_id: int) -> L.LightningModule:
+        """A standalone copy of the trial's module with its trained weights and buffers."""
+        module = copy.deepcopy(self.trial_module(trial_id))
+        for param in module.parameters():
+            param.grad = None
+        return module
+
+    def stop_trial(self, trial_id: int, reason: str = "", *, status: TrialStatus = "stopped") -> None:
+        """Remove a running trial from its slot: the stacked state shrinks, the others keep everything.
+
+        Args:
+            trial_id: the trial to stop.
+            reason: recorded in ``results`` and shown in the summary table.
+            status: ``"stopped"`` (a decision), ``"completed"`` (reached its budget) or ``"diverged"``.
+        """
+        if status not in TRIAL_STATUSES or status == "running":
+            raise ValueError(f"stop_trial: status must be 'stopped', 'completed' or 'diverged', got {status!r}.")
+        if trial_id not in self._group.trial_ids:
+            raise KeyError(f"stop_trial: trial {trial_id} is not running; running trials: {self._group.trial_ids}.")
+        self._metrics.reslot()
+        if self._optimizer is not None:
+            self._optimizer.materialize()
+        (module,) = self._group.remove([self._group.row_of(trial_id)])
+        self._retired[trial_id] = module  # type: ignore[assignment]
+        record = self._records[trial_id]
+        record.status, record.reason = status, reason
+        self._loss_problems.pop(trial_id, None)
+        self._verify_ids.discard(trial_id)
+        if self._optimizer is not None:
+            self._optimizer.trials.pop(trial_id, None)
+            self._optimizer.rebuild()
+            self._drop_scheduler_configs(trial_id)
+        if trial_id in self._epoch_ids and self._epoch_training_done:
+            record.epochs += 1  # it trained this whole epoch before the decision (e.g. after validation)
+            self._epoch_counted.add(trial_id)
+        self._rebind_backends()
+        if not self._group.trial_ids and self._trainer is not None:
+            self.trainer.should_stop = True
+
+    def add_trial(self, module: L.LightningModule, trial_id: int | None = None) -> int:
+        """Put a new trial into a free slot, with fresh optimizer state; returns its id."""
+        if not isinstance(module, L.LightningModule):
+            raise TypeError(f"add_trial: expected a lightning.LightningModule, got {type(module).__name__}.")
+        if self.free_slots <= 0:
+            raise RuntimeError(
+                f"add_trial: all {self.max_slots} slots are taken; stop a trial first or create the group with "
+                "a larger max_slots."
+            )
+        if any(module is m for m in self._group.modules):
+            raise ValueError("add_trial: this module is already in the group.")
+        tid = max(self._records, default=-1) + 1 if trial_id is None else int(trial_id)
+        if tid in self._records:
+            raise ValueError(f"add_trial: trial id {tid} is already used; known ids: {sorted(self._records)}.")
+        if not module.automatic_optimization:
+            raise ValueError("add_trial: the trial uses manual optimization; fused trials need automatic optimization.")
+        stacked = next(iter(self._group.params.values()))
+        module.to(device=stacked.device)
+        module.train(self.training)
+        self._metrics.reslot()
+        if self._optimizer is not None:
+            self._optimizer.materialize()
+        self._group.append(module, tid)
+        self._records[tid] = TrialRecord(tid)
+        if self._trainer is not None:
+            module.trainer = self.trainer
+        if self._optimizer is not None:
+            self._optimizer.trials[tid] = self._configure_trial_optimizer(tid, module)
+            self._optimizer.rebuild()
+            self.trainer.strategy.lr_scheduler_configs.extend(self._scheduler_configs(tid))
+        self._rebind_backends()
+        if self._verify_enabled and self._backend_name != "loop":
+            self._verify_ids.add(tid)
+        return tid
+
+    def _running(self) -> list[tuple[int, L.LightningModule]]:
+        return list(zip(self._group.trial_ids, self._group.modules))  # type: ignore[arg-type]
+
+    # -- module plumbing: devices, modes, hooks the trials implement ---------------------------------------------
+
+    @override
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> FusedLightningModule:
+        super()._apply(fn, recurse)
+        self._group.bind()
+        stacked = next(iter(self._group.params.values()))
+        for module in [*self._group.modules, *self._retired.values()]:
+            module.to(device=stacked.device)  # updates each trial's `self.device`; bound tensors are already there
+        self._rebind_backends()
+        return self
+
+    def _rebind_backends(self) -> None:
+        for backend in [self._backend, *self._eval_fallback.values()]:
+            if backend is not None:
+                backend.rebind()
+
+    @override
+    def train(self, mode: bool = True) -> FusedLightningModule:
+        super().train(mode)
+        for module in self._group.modules:
+            module.train(mode)
+        return self
+
+    def _first(self) -> L.LightningModule:
+        return self._group.modules[0]  # type: ignore[return-value]
+
+    @override
+    def prepare_data(self) -> None:
+        self._first().prepare_data()
+
+    @override
+    def setup(self, stage: str) -> None:
+        precision = str(self.trainer.precision)
+        if precision in ("16-mixed", "16", "16-mixed-amp"):
+            raise ValueError(
+                f"FusedLightningModule does not support precision={precision!r}: its one shared GradScaler would "
+                "skip every trial's step whenever one trial overflows, coupling the trials. Use "
+                "precision='bf16-mixed' (no loss scaling needed), '32-true' or '16-true'."
+            )
+        for _, module in self._running():
+            module.trainer = self.trainer
+            if is_overridden("setup", module, L.LightningModule):
+                module.setup(stage)
+
+    @override
+    def train_dataloader(self) -> Any:
+        return self._first().train_dataloader()
+
+    @override
+    def val_dataloader(self) -> Any:
+        return self._first().val_dataloader()
+
+    @override
+    def test_dataloader(self) -> Any:
+        return self._first().test_dataloader()
+
+    @override
+    def predict_dataloader(self) -> Any:
+        return self._first().predict_dataloader()
+
+    def _forward_hook(self, hook: str) -> None:
+        phase = _FORWARDED_HOOKS[hook]
+        for tid, module in self._running():
+            if not is_overridden(hook, module, L.LightningModule):
+                continue
+            with capture_logs(module) as calls:
+                getattr(module, hook)()
+            if phase is not None:
+                for call in calls:
+                    self._metrics.record_epoch_value(phase, call.name, {tid: _as_float(call.value)})
+
+    # -- optimization -----------------------------------------------------------------------------------------
+
+    def _configure_trial_optimizer(self, tid: int, module: L.LightningModule) -> TrialOptimization:
+        return parse_optimizer_config(module.configure_optimizers(), trial_id=tid, module=module)
+
+    def _scheduler_configs(self, tid: int) -> list[LRSchedulerConfig]:
+        assert self._optimizer is not None
+        configs = []
+        for spec in self._optimizer.trials[tid].schedulers:
+            configs.append(
+                LRSchedulerConfig(
+                    scheduler=TrialScheduler(self._optimizer, tid, spec.scheduler),  # type: ignore[arg-type]
+                    name=None if spec.name is None else f"{spec.name}/trial_{tid}",
+                    interval=spec.interval,
+                    frequency=spec.frequency,
+                    reduce_on_plateau=spec.reduce_on_plateau,
+                    monitor=None if spec.monitor is None else f"{spec.monitor}/trial_{tid}",
+                    strict=spec.strict,
+                )
+            )
+        return configs
+
+    def _drop_scheduler_configs(self, tid: int) -> None:
+        if self._trainer is None:
+            return
+        configs = self.trainer.strategy.lr_scheduler_configs
+        configs[:] = [c for c in configs if getattr(c.scheduler, "trial_id", None) != tid]
+
+    @override
+    def configure_optimizers(self) -> Any:
+        trials = {tid: self._configure_trial_optimizer(tid, module) for tid, module in self._running()}
+        self._optimizer = TrialGroupOptimizer(
+            self._group, trials, path=self._optimizer_path, is_skipped=lambda: self._loss_problems
+        )
+        configs = [config for tid in self._group.trial_ids for config in self._scheduler_configs(tid)]
+        return [self._optimizer], [vars(c).copy() for c in configs]
+
+    @override
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        if metric is None:
+            scheduler.step()
+        else:
+            scheduler.step(metric)
+
+    @override
+    def configure_gradient_clipping(
+        self,
+        optimizer: Any,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        if not gradient_clip_val:
+            return
+        params = list(self._group.params.values())
+        if gradient_clip_algorithm == "value":
+            clip_grad_value_per_trial(params, gradient_clip_val)
+        else:
+            clip_grad_norm_per_trial(params, gradient_clip_val)
+
+    # -- steps --------------------------------------------------------------------------------------------------
+
+    def _training_forward_backward(self, backend: Backend, batch: Any, batch_idx: int) -> None:
+        loss = backend.run("training_step", batch, batch_idx).loss()
+        if loss is not None:
+            torch.where(torch.isfinite(loss.detach()), loss, torch.zeros_like(loss)).sum().backward()
+
+    def _resolve_backend(self, batch: Any, batch_idx: int) -> Backend:
+        if self._backend is None:
+            candidates: list[tuple[str, Callable[[], Backend]]] = [
+                (name, partial(make_backend, name, self._group)) for name in ("hfta", "vmap", "loop")
+            ]
+            choice = choose_backend(
+                self._group, candidates, lambda b: self._training_forward_backward(b, batch, batch_idx)
+            )
+            self._backend = choice.backend
+            self.backend_report = f"FusedLightningModule: {choice.describe()}."
+            rank_zero_info(self.backend_report)
+        return self._backend
+
+    def _verify(self, backend: Backend, batch: Any, batch_idx: int) -> None:
+        ids = [tid for tid in self._group.trial_ids if tid in self._verify_ids]
+        if not ids or isinstance(backend, LoopBackend):
+            self._verify_ids.clear()
+            return
+        modules = list(self._group.modules)
+        device = next(iter(self._group.params.values())).device
+        with (
+            torch.no_grad(),
+            _eval_mode(modules),
+            torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+        ):
+            fused = backend.run("training_step", batch, batch_idx).loss()
+            if fused is None:
+                return  # the step skipped this batch: check the next one
+            for tid in ids:
+                module = self._group.modules[self._group.row_of(tid)]
+                with capture_logs(module):
+                    own = module.training_step(batch, batch_idx)  # type: ignore[operator]
+                own = own["loss"] if isinstance(own, dict) else own
+                mine = fused[self._group.row_of(tid)].float()
+                if not torch.allclose(mine, own.float(), rtol=1e-3, atol=1e-5, equal_nan=True):
+                    attrs = differing_attributes(modules, ids=self._group.trial_ids)
+                    hint = (
+                        "these Python attributes differ between trials: " + "; ".join(attrs[:10])
+                        if attrs
+                        else "no plain Python attribute differs; look for state the step reads that is not a "
+                        "parameter or buffer"
+                    )
+                    raise FusionMismatchError(
+                        f"FusedLightningModule(backend={backend.name!r}): trial {tid}'s fused training_step loss "
+                        f"{float(mine):.6g} differs from its own module's {float(own):.6g}. {backend.name} runs one "
+                        f"template module's code for every trial, so attributes that differ are ignored; {hint}. "
+                        "Use backend='loop', or make the differing value a parameter or buffer."
+                    )
+        self._verify_ids.difference_update(ids)
+
+    def _record_logs(self, phase: str, hook: str, logs: list[StackedLog], batch: Any) -> None:
+        batch_size: int | None = None
+        for log in logs:
+            options = resolve_options(hook, log.options)
+            if isinstance(log.values, list):  # per-trial objects (torchmetrics Metric): computed at epoch end
+                values = {tid: v for tid, v in zip(self._group.trial_ids, log.values)}
+                self._metrics.record_objects(phase, log.name, values, options)
+                continue
+            size = log.options.get("batch_size")
+            if size is None:
+                if batch_size is None:
+                    batch_size = extract_batch_size(batch)
+                size = batch_size
+            self._metrics.record(phase, log.name, log.values, options, trial_ids=self._group.trial_ids, batch_size=size)
+
+    @override
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
+        backend = self._resolve_backend(batch, batch_idx)
+        if self._verify_ids:
+            self._verify(backend, batch, batch_idx)
+        out = backend.run("training_step", batch, batch_idx)
+        self._record_logs("train", "training_step", out.logs, batch)
+        loss = out.loss()
+        if loss is None:
+            return None
+        loss = loss.reshape(self._group.size)
+        finite = torch.isfinite(loss.detach())
+        if not bool(finite.all()):
+            for tid, ok in zip(self._group.trial_ids, finite.tolist()):
+                if not ok:
+                    self._loss_problems.setdefault(tid, "non-finite loss")
+        return torch.where(finite, loss, torch.zeros_like(loss)).sum()
+
+    def _eval_backend(self, method: str) -> Backend:
+        if method in self._eval_fallback:
+            return self._eval_fallback[method]
+        if self._backend is not None:
+            return self._backend
+        # backend="auto" has not timed anything yet (e.g. the sanity check before the first training batch)
+        return self._eval_fallback.setdefault("auto", make_backend("loop", self._group))
+
+    def _run_eval(self, method: str, *args: Any) -> StepOutputs:
+        backend = self._eval_backend(method)
+        try:
+            return backend.run(method, *args)
+        except FusionError as err:
+            if isinstance(backend, LoopBackend):
+                raise
+            rank_zero_warn(
+                f"FusedLightningModule: {method} cannot run under backend={backend.name!r}, so it runs per trial "
+                f"with backend='loop' (training is unaffected). Reason: {err}"
+            )
+            self._eval_fallback[method] = make_backend("loop", self._group)
+            return self._eval_fallback[method].run(method, *args)
+
+    def _eval_args(self, method: str, batch: Any, batch_idx: int, dataloader_idx: int | None) -> tuple[Any, ...]:
+        if (
+            dataloader_idx is not None
+            and "dataloader_idx" in inspect.signature(getattr(self._first(), method)).parameters
+        ):
+            return (batch, batch_idx, dataloader_idx)
+        return (batch, batch_idx)
+
+    @override
+    def forward(self, *args: Any) -> Any:
+        """Every running trial's forward on the same input, stacked along a leading trial dimension."""
+        return self._run_eval("forward", *args).output
+
+    @override
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
+        out = self._run_eval("validation_step", *self._eval_args("validation_step", batch, batch_idx, dataloader_idx))
+        self._record_logs("validate", "validation_step", out.logs, batch)
+
+    @override
+    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
+        out = self._run_eval("test_step", *self._eval_args("test_step", batch, batch_idx, dataloader_idx))
+        self._record_logs("test", "test_step", out.logs, batch)
+
+    @override
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> dict[int, Any]:
+        """Each running trial's prediction for the batch, by trial id."""
+        out = self._run_eval("predict_step", *self._eval_args("predict_step", batch, batch_idx, dataloader_idx))
+        ids = self._group.trial_ids
+        if out.per_row is not None:
+            return dict(zip(ids, out.per_row))
+        if isinstance(out.output, Tensor):
+            return {tid: out.output[row] for row, tid in enumerate(ids)}
+        if isinstance(out.output, dict):
+            return {tid: {k: v[row] for k, v in out.output.items()} for row, tid in enumerate(ids)}
+        return dict.fromkeys(ids)
+
+    # -- per-batch and per-epoch bookkeeping ----------------------------------------------------------------------
+
+    @override
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx + 1 >= self.trainer.num_training_batches:
+            self._epoch_training_done = True
+        report = self._optimizer.last_report if self._optimizer is not None else None
+        if report is None or not (report.stepped or report.diverged):
+            return  # accumulating gradients: no optimizer step yet
+        self._optimizer.last_report = StepReport()  # type: ignore[union-attr]
+        self._loss_problems.clear()
+        for tid in report.stepped:
+            self._records[tid].steps += 1
+        for tid, reason in report.diverged.items():
+            self._records[tid].metrics.update(self._metrics.step_values().get(tid, {}))
+            self.stop_trial(tid, reason, status="diverged")
+        trainer = self.trainer
+        if trainer.loggers and self._should_log_step():
+            flat = {
+                f"{name}/trial_{tid}": value
+                for tid, values in self._metrics.step_values(logger_only=True).items()
+                for name, value in values.items()
+            }
+            if flat:
+                for logger in trainer.loggers:
+                    logger.log_metrics(flat, step=trainer.global_step)
+        if trainer.progress_bar_callback is not None:
+            self._log_progress()
+
+    def _should_log_step(self) -> bool:
+        every = getattr(self.trainer, "log_every_n_steps", 50)  # set by Lightning's logger connector
+        return bool(every) and self.trainer.global_step % every == 0
+
+    def _log_progress(self) -> None:
+        counts = {status: 0 for status in TRIAL_STATUSES}
+        for record in self._records.values():
+            counts[record.status] += 1
+        self.log("trials", float(counts["running"]), prog_bar=True, logger=False)
+        for status in ("stopped", "diverged"):
+            if counts[status]:
+                self.log(status, float(counts[status]), prog_bar=True, logger=False)
+
+    def _publish_epoch(self, phase: str) -> None:
+        """Log each trial's epoch values as ``name/trial_{id}`` and keep them in the results."""
+        options = self._metrics.epoch_options(phase)
+        values = self._metrics.finish_epoch(phase)
+        if self.trainer.sanity_checking:
+            return
+        for tid, metrics in values.items():
+            self._epoch_metrics.setdefault(tid, {}).update(metrics)
+            self._records[tid].metrics.update(metrics)
+            for name, value in metrics.items():
+                self.log(
+                    f"{name}/trial_{tid}",
+                    value,
+                    on_step=False,
+                    on_epoch=True,
+                    logger=options[name].logger if name in options else True,
+                    batch_size=1,
+                )
+
+    @override
+    def on_fit_start(self) -> None:
+        for tid in self._group.trial_ids:
+            self._records[tid].status = "running"
+        self._forward_hook("on_fit_start")
+
+    @override
+    def on_train_start(self) -> None:
+        self._forward_hook("on_train_start")
+
+    @override
+    def on_train_epoch_start(self) -> None:
+        self._epoch_ids = set(self._group.trial_ids)
+        self._epoch_counted = set()
+        self._epoch_training_done = False
+        self._epoch_metrics = {}
+        self._forward_hook("on_train_epoch_start")
+
+    @override
+    def on_train_epoch_end(self) -> None:
+        self._forward_hook("on_train_epoch_end")
+        for tid, values in self._metrics.step_values().items():
+            self._records[tid].metrics.update(values)
+        self._publish_epoch("train")
+        for tid in sorted(self._epoch_ids):
+            record = self._records[tid]
+            if tid in self._group.trial_ids and tid not in self._epoch_counted:
+                record.epochs += 1
+            entry = {"epoch": float(self.current_epoch), **self._epoch_metrics.get(tid, {})}
+            record.history.append(entry)
+
+    @override
+    def on_validation_epoch_start(self) -> None:
+        self._forward_hook("on_validation_epoch_start")
+
+    @override
+    def on_validation_epoch_end(self) -> None:
+        self._forward_hook("on_validation_epoch_end")
+        self._publish_epoch("validate")
+
+    @override
+    def on_test_epoch_start(self) -> None:
+        self._forward_hook("on_test_epoch_start")
+
+    @override
+    def on_test_epoch_end(self) -> None:
+        self._forward_hook("on_test_epoch_end")
+        self._publish_epoch("test")
+
+    @override
+    def on_train_end(self) -> None:
+        self._forward_hook("on_train_end")
+
+    @override
+    def on_fit_end(self) -> None:
+        self._forward_hook("on_fit_end")
+        if not self.trainer.interrupted:
+            for tid in self._group.trial_ids:
+                self._records[tid].status = "completed"
+        if self.summary:
+            self.print(format_results_table(self._records, monitor=self.monitor, mode=self.mode))
+
+    # -- checkpoints ---------------------------------------------------------------------------------------------
+
+    @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[_CHECKPOINT_KEY] = {
+            "trial_ids": list(self._group.trial_ids),
+            "max_slots": self.max_slots,
+            "backend": self.backend,
+            "records": {tid: r.as_dict() for tid, r in self._records.items()},
+            "retired": {
+                tid: {k: v.detach().cpu() for k, v in m.state_dict().items()} for tid, m in self._retired.items()
+            },
+            "specs": {tid: module_spec(self.trial_module(tid)) for tid in self._records},
+        }
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if _CHECKPOINT_KEY not in checkpoint:
+            raise KeyError(
+                "This checkpoint was not written by a FusedLightningModule (it has no 'lightning_hydro' entry); "
+                "load it into the trial module's own class instead."
+            )
+        data = checkpoint[_CHECKPOINT_KEY]
+        known: dict[int, L.LightningModule] = {**self._retired, **dict(self._running())}
+        for tid, spec in data["specs"].items():
+            if tid not in known:
+                known[tid] = build_from_spec(spec, trial_id=tid)
+        live = list(data["trial_ids"])
+        for module in self._group.modules:
+            self._group.detach(module)
+        self._group = StackedState(self.stacked, [known[tid] for tid in live], live)
+        self._retired = {tid: m for tid, m in known.items() if tid not in live}
+        for tid, state in data["retired"].items():
+            self._retired[tid].load_state_dict(state)
+        self._records = {tid: TrialRecord.from_dict(tid, r) for tid, r in data["records"].items()}
+        self.max_slots = data["max_slots"]
+        self._verify_ids.clear()
+        name = data.get("backend") or self._backend_name
+        self._backend = None if name == "auto" else make_backend(name, self._group)
+        if self._trainer is not None:
+            for _, module in self._running():
+                module.trainer = self.trainer

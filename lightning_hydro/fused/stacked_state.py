@@ -1,0 +1,261 @@
+"""Stacked storage for B trial modules of one architecture, with the trial modules kept alive and bound.
+
+Every parameter and buffer of the B trial modules lives in one tensor ``[B, ...]``. Each trial module
+stays a normal module, but its parameters' ``.data`` (and its buffers) are views of its row of the stacked
+tensors, so the Parameter objects - and everything attached to them, such as an optimizer's state or
+mup's ``infshape`` - survive fusion. Pure torch: nothing here knows Lightning.
+
+Example::
+
+    >>> import torch
+    >>> from torch import nn
+    >>> storage = nn.Module()
+    >>> trials = [nn.Linear(3, 2) for _ in range(4)]
+    >>> state = StackedState(storage, trials, trial_ids=[0, 1, 2, 3])
+    >>> state.params["weight"].shape
+    torch.Size([4, 2, 3])
+    >>> with torch.no_grad():
+    ...     state.params["weight"][2].fill_(1.0)
+    >>> bool((trials[2].weight == 1.0).all())  # the trial module sees its row
+    True
+    >>> state.remove([1])  # compact: three rows left, trial 2 keeps its weights
+    >>> state.trial_ids, state.params["weight"].shape[0], bool((trials[2].weight == 1.0).all())
+    ([0, 2, 3], 3, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["ArchitectureMismatchError", "StackedState", "check_same_architecture", "storage_key"]
+
+
+class ArchitectureMismatchError(ValueError):
+    """Trial modules that cannot be stacked: their parameters or buffers differ in name, shape or dtype."""
+
+
+@dataclass(frozen=True)
+class _TensorSpec:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    requires_grad: bool
+
+
+_Signature = tuple[dict[str, _TensorSpec], dict[str, _TensorSpec]]
+
+
+def _signature(module: nn.Module) -> _Signature:
+    params = {name: _TensorSpec(tuple(p.shape), p.dtype, p.requires_grad) for name, p in module.named_parameters()}
+    buffers = {name: _TensorSpec(tuple(b.shape), b.dtype, False) for name, b in module.named_buffers()}
+    return params, buffers
+
+
+def _mismatches(reference: _Signature, other: _Signature) -> list[str]:
+    problems: list[str] = []
+    for kind, ref, oth in (("parameter", reference[0], other[0]), ("buffer", reference[1], other[1])):
+        problems += [f"{kind} {name!r} is missing" for name in sorted(ref.keys() - oth.keys())]
+        problems += [f"{kind} {name!r} is extra" for name in sorted(oth.keys() - ref.keys())]
+        for name in sorted(ref.keys() & oth.keys()):
+            a, b = ref[name], oth[name]
+            if a != b:
+                problems.append(
+                    f"{kind} {name!r} is {list(b.shape)} {b.dtype} requires_grad={b.requires_grad}, "
+                    f"expected {list(a.shape)} {a.dtype} requires_grad={a.requires_grad}"
+                )
+    return problems
+
+
+def _raise_mismatch(trial_id: int, reference_id: int | str, problems: list[str]) -> None:
+    shown = "; ".join(problems[:8]) + ("; ..." if len(problems) > 8 else "")
+    raise ArchitectureMismatchError(
+        f"Trial {trial_id} cannot be fused with {reference_id}: {shown}. Fused trials must share one "
+        "architecture (same parameter and buffer names, shapes and dtypes); put trials whose shapes "
+        "differ (e.g. another hidden width) into separate groups."
+    )
+
+
+def check_same_architecture(modules: Sequence[nn.Module], *, ids: Sequence[int] | None = None) -> None:
+    """Raise :class:`ArchitectureMismatchError` unless all modules have the same parameters and buffers.
+
+    Same means: the same names, shapes, dtypes and ``requires_grad`` flags. The message names the first
+    trial that differs from trial ``ids[0]`` and every tensor in which it differs.
+    """
+    ids = list(range(len(modules))) if ids is None else list(ids)
+    reference = _signature(modules[0])
+    for tid, module in zip(ids[1:], modules[1:]):
+        problems = _mismatches(reference, _signature(module))
+        if problems:
+            _raise_mismatch(tid, f"trial {ids[0]}", problems)
+
+
+def storage_key(name: str) -> str:
+    """The attribute name under which the stacked tensor of parameter/buffer ``name`` is registered."""
+    return name.replace(".", "__")
+
+
+def _set_buffer(module: nn.Module, name: str, value: Tensor) -> None:
+    owner_name, _, leaf = name.rpartition(".")
+    owner = module.get_submodule(owner_name) if owner_name else module
+    owner._buffers[leaf] = value
+
+
+class StackedState:
+    """The stacked parameters and buffers of a group of trial modules, and the binding of each trial to its row.
+
+    Rows are *slots*: row ``i`` belongs to ``trial_ids[i]``. Removing trials compacts the rows (later steps
+    cost less); appending a trial adds a row. The stacked Parameter objects registered on ``storage`` never
+    change identity, only their ``.data``, so optimizers and Lightning keep valid references.
+
+    Args:
+        storage: module on which the stacked parameters and buffers are registered (so that ``.to()``,
+            ``state_dict()`` and Lightning see them).
+        modules: the trial modules, one per slot, all of one architecture.
+        trial_ids: one id per module.
+    """
+
+    def __init__(self, storage: nn.Module, modules: Sequence[nn.Module], trial_ids: Sequence[int]) -> None:
+        if not modules:
+            raise ValueError("StackedState needs at least one trial module, got none.")
+        check_same_architecture(modules, ids=trial_ids)
+        self._reference = _signature(modules[0])
+        self.storage = storage
+        self.modules: list[nn.Module] = list(modules)
+        self.trial_ids: list[int] = list(trial_ids)
+        self.params: dict[str, nn.Parameter] = {}
+        self.buffers: dict[str, Tensor] = {}
+        self._persistent: dict[str, bool] = {}
+        first = modules[0]
+        non_persistent = _non_persistent_buffer_names(first)
+        for name, param in first.named_parameters():
+            rows = torch.stack([m.get_parameter(name).detach() for m in modules])
+            stacked = nn.Parameter(rows, requires_grad=param.requires_grad)
+            storage.register_parameter(storage_key(name), stacked)
+            self.params[name] = stacked
+        for name, _ in first.named_buffers():
+            rows = torch.stack([m.get_buffer(name) for m in modules])
+            storage.register_buffer(storage_key(name), rows, persistent=name not in non_persistent)
+            self.buffers[name] = rows
+            self._persistent[name] = name not in non_persistent
+        self.bind()
+
+    @property
+    def size(self) -> int:
+        """Number of occupied slots (rows)."""
+        return len(self.trial_ids)
+
+    def row_of(self, trial_id: int) -> int:
+        """The row (slot index) of a live trial."""
+        try:
+            return self.trial_ids.index(trial_id)
+        except ValueError:
+            raise KeyError(f"Trial {trial_id} is not in this group; live trials: {self.trial_ids}.") from None
+
+    def refresh_buffers(self) -> None:
+        """Re-read the stacked buffers from ``storage`` (after ``.to()`` or ``load_state_dict`` replaced them)."""
+        for name in self.buffers:
+            self.buffers[name] = self.storage.get_buffer(storage_key(name))
+
+    def bind(self) -> None:
+        """Point every trial's parameters and buffers at its row of the stacked tensors."""
+        self.refresh_buffers()
+        for row, module in enumerate(self.modules):
+            for name, stacked in self.params.items():
+                module.get_parameter(name).data = stacked.data[row]
+            for name, stacked_buffer in self.buffers.items():
+                _set_buffer(module, name, stacked_buffer[row])
+
+    def distribute_grads(self, rows: Iterable[int] | None = None) -> None:
+        """Set each trial parameter's ``.grad`` to the view ``stacked.grad[row]`` (None where it has none)."""
+        rows = range(self.size) if rows is None else rows
+        for row in rows:
+            module = self.modules[row]
+            for name, stacked in self.params.items():
+                grad = stacked.grad
+                module.get_parameter(name).grad = None if grad is None else grad[row]
+
+    def clear_trial_grads(self) -> None:
+        """Drop the trials' gradient views (the stacked gradients are managed by the caller)."""
+        for module in self.modules:
+            for param in module.parameters():
+                param.grad = None
+
+    def detach(self, module: nn.Module) -> None:
+        """Give a trial module its own storage again (a copy of its current row): it leaves the group."""
+        with torch.no_grad():
+            for param in module.parameters():
+                param.data = param.data.clone()
+                param.grad = None
+            for name in self.buffers:
+                _set_buffer(module, name, module.get_buffer(name).clone())
+
+    def remove(self, rows: Sequence[int]) -> list[nn.Module]:
+        """Remove the given rows: the stacked tensors shrink and the remaining trials are re-bound.
+
+        Returns the removed trial modules, detached (each owns a copy of its last weights).
+        """
+        drop = set(rows)
+        if not drop <= set(range(self.size)):
+            raise IndexError(f"rows {sorted(drop)} out of range for a group of {self.size}")
+        keep = [r for r in range(self.size) if r not in drop]
+        removed = [self.modules[r] for r in sorted(drop)]
+        for module in removed:
+            self.detach(module)
+        self._select_rows(keep)
+        self.modules = [self.modules[r] for r in keep]
+        self.trial_ids = [self.trial_ids[r] for r in keep]
+        self.bind()
+        return removed
+
+    def reorder(self, trial_ids: Sequence[int]) -> None:
+        """Permute (and/or drop) rows so that the slots hold ``trial_ids`` in that order."""
+        rows = [self.row_of(tid) for tid in trial_ids]
+        dropped = [r for r in range(self.size) if r not in rows]
+        for row in dropped:
+            self.detach(self.modules[row])
+        self._select_rows(rows)
+        self.modules = [self.modules[r] for r in rows]
+        self.trial_ids = list(trial_ids)
+        self.bind()
+
+    def append(self, module: nn.Module, trial_id: int) -> None:
+        """Add a trial in a new last row, its tensors copied from the module, which is then bound."""
+        problems = _mismatches(self._reference, _signature(module))
+        if problems:
+            _raise_mismatch(trial_id, "the group", problems)
+        with torch.no_grad():
+            for name, stacked in self.params.items():
+                row = module.get_parameter(name).detach().to(stacked.device, stacked.dtype)
+                stacked.data = torch.cat([stacked.data, row.unsqueeze(0)])
+                stacked.grad = None
+            for name, stacked_buffer in self.buffers.items():
+                row = module.get_buffer(name).to(stacked_buffer.device)
+                self._replace_buffer(name, torch.cat([stacked_buffer, row.unsqueeze(0)]))
+        self.modules.append(module)
+        self.trial_ids.append(trial_id)
+        self.bind()
+
+    def _select_rows(self, rows: Sequence[int]) -> None:
+        with torch.no_grad():
+            for stacked in self.params.values():
+                index = torch.as_tensor(list(rows), dtype=torch.long, device=stacked.device)
+                stacked.data = stacked.data.index_select(0, index)
+                stacked.grad = None
+            for name, stacked_buffer in self.buffers.items():
+                index = torch.as_tensor(list(rows), dtype=torch.long, device=stacked_buffer.device)
+                self._replace_buffer(name, stacked_buffer.index_select(0, index))
+
+    def _replace_buffer(self, name: str, value: Tensor) -> None:
+        self.storage.register_buffer(storage_key(name), value, persistent=self._persistent[name])
+        self.buffers[name] = value
+
+
+def _non_persistent_buffer_names(module: nn.Module) -> set[str]:
+    names: set[str] = set()
+    for prefix, sub in module.named_modules():
+        for leaf in sub._non_persistent_buffers_set:
+            names.add(f"{prefix}.{leaf}" if prefix else leaf)
+    return names

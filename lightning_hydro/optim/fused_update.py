@@ -1,0 +1,289 @@
+"""The fused fast path: one vectorised SGD / Adam / AdamW update for all B trials of a group.
+
+The universal path steps each trial's own optimizer (B optimizer calls of many small kernels each). When
+every trial uses the same one of SGD, Adam or AdamW over all of its parameters in one group, the update can
+instead run once on the stacked ``[B, ...]`` tensors with each hyperparameter as a ``[B]`` tensor broadcast
+as ``[B, 1, ...]`` (torch.optim itself rejects a non-scalar tensor lr). The per-trial hyperparameters are
+read every step from the trials' own optimizers' ``param_groups``, so LR schedulers keep working.
+
+The arithmetic follows torch's single-tensor implementations operation by operation, so results agree
+with the universal path to float rounding (tested). State is kept stacked and converted to and from
+torch's per-trial format for checkpoints (:meth:`FusedUpdate.export_row` / :meth:`FusedUpdate.import_row`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+from torch.optim import SGD, Adam, AdamW, Optimizer
+from typing_extensions import override
+
+__all__ = ["FusedAdam", "FusedSGD", "FusedUpdate", "select_fused_update"]
+
+
+def _rows(values: Sequence[float], like: Tensor) -> Tensor:
+    """A ``[B, 1, ...]`` tensor of per-row scalars that broadcasts against ``like`` (``[B, ...]``)."""
+    return torch.tensor(values, dtype=like.dtype, device=like.device).view(-1, *([1] * (like.dim() - 1)))
+
+
+class FusedUpdate(ABC):
+    """Vectorised optimizer update over stacked parameters; one state tensor ``[B, ...]`` per parameter.
+
+    Args:
+        params: the stacked parameters, in the order of each trial's optimizer param group.
+    """
+
+    optimizer_classes: ClassVar[tuple[type[Optimizer], ...]]
+
+    def __init__(self, params: Sequence[nn.Parameter]) -> None:
+        self.params = list(params)
+        self.state: list[dict[str, Any]] = [{} for _ in self.params]
+
+    @property
+    def rows(self) -> int:
+        """Number of trials (rows of the stacked tensors)."""
+        return self.params[0].shape[0]
+
+    @abstractmethod
+    def step(self, groups: Sequence[dict[str, Any]], skip_rows: Sequence[int] = ()) -> None:
+        """Update all rows from ``param.grad``; ``groups[r]`` holds row r's hyperparameters.
+
+        Rows in ``skip_rows`` (diverged trials) are left exactly as they were, state included.
+        """
+
+    @abstractmethod
+    def export_row(self, row: int) -> list[dict[str, Tensor]]:
+        """Row ``row``'s state in torch's per-parameter format (empty dict: no state yet)."""
+
+    @abstractmethod
+    def import_row(self, row: int, states: Sequence[dict[str, Any]]) -> None:
+        """Load row ``row``'s state from torch's per-parameter format."""
+
+    def _save_rows(self, skip_rows: Sequence[int]) -> list[tuple[int, str | None, Tensor]]:
+        """Copies of the skipped rows of every parameter and state tensor, to restore after the update."""
+        if not skip_rows:
+            return []
+        index = list(skip_rows)
+        saved: list[tuple[int, str | None, Tensor]] = [
+            (i, None, p.data[index].clone()) for i, p in enumerate(self.params)
+        ]
+        for i, state in enumerate(self.state):
+            saved += [(i, key, v[index].clone()) for key, v in state.items() if isinstance(v, Tensor)]
+        return saved
+
+    def _restore_rows(self, saved: list[tuple[int, str | None, Tensor]], skip_rows: Sequence[int]) -> None:
+        """Put the skipped rows back; state created during this step starts from zero in those rows."""
+        if not skip_rows:
+            return
+        index = list(skip_rows)
+        restored: set[tuple[int, str]] = set()
+        with torch.no_grad():
+            for i, key, rows in saved:
+                if key is None:
+                    self.params[i].data[index] = rows
+                else:
+                    self.state[i][key][index] = rows
+                    restored.add((i, key))
+            for i, state in enumerate(self.state):
+                for key, value in state.items():
+                    if isinstance(value, Tensor) and (i, key) not in restored:
+                        value[index] = 0
+
+
+class FusedSGD(FusedUpdate):
+    """``torch.optim.SGD`` (momentum, dampening, nesterov, weight decay) for all rows at once."""
+
+    optimizer_classes = (SGD,)
+
+    @override
+    @torch.no_grad()
+    def step(self, groups: Sequence[dict[str, Any]], skip_rows: Sequence[int] = ()) -> None:
+        lr = [float(g["lr"]) for g in groups]
+        momentum = [float(g["momentum"]) for g in groups]
+        dampening = [float(g["dampening"]) for g in groups]
+        weight_decay = [float(g["weight_decay"]) for g in groups]
+        nesterov = [bool(g["nesterov"]) for g in groups]
+        uses_momentum = [m != 0 for m in momentum]
+        skip = set(skip_rows)
+        saved = self._save_rows(skip_rows)
+        for param, state in zip(self.params, self.state):
+            grad = param.grad
+            if grad is None:
+                continue
+            d_p = grad
+            if any(weight_decay):
+                d_p = d_p + _rows(weight_decay, param) * param
+            if any(uses_momentum):
+                buf = state.get("momentum_buffer")
+                initialized: list[bool] = state.get("initialized", [False] * self.rows)
+                if buf is None:
+                    buf = torch.zeros_like(param)
+                updated = buf * _rows(momentum, param) + _rows([1 - d for d in dampening], param) * d_p
+                # torch starts the buffer as a copy of the first gradient (no dampening on step one)
+                new_buf = torch.where(_rows(initialized, param).bool(), updated, d_p)
+                active = _rows(uses_momentum, param).bool()
+                buf = torch.where(active, new_buf, buf)
+                state["momentum_buffer"] = buf
+                state["initialized"] = [
+                    done or (uses and row not in skip)
+                    for row, (done, uses) in enumerate(zip(initialized, uses_momentum))
+                ]
+                direction = torch.where(_rows(nesterov, param).bool(), d_p + _rows(momentum, param) * buf, buf)
+                d_p = torch.where(active, direction, d_p)
+            param.add_(_rows([-x for x in lr], param) * d_p)
+        self._restore_rows(saved, skip_rows)
+
+    @override
+    def export_row(self, row: int) -> list[dict[str, Tensor]]:
+        out: list[dict[str, Tensor]] = []
+        for state in self.state:
+            if state.get("initialized", [False] * self.rows)[row]:
+                out.append({"momentum_buffer": state["momentum_buffer"][row].clone()})
+            else:
+                out.append({})
+        return out
+
+    @override
+    @torch.no_grad()
+    def import_row(self, row: int, states: Sequence[dict[str, Any]]) -> None:
+        for param, state, incoming in zip(self.params, self.state, states):
+            buf = incoming.get("momentum_buffer")
+            initialized = state.setdefault("initialized", [False] * self.rows)
+            if buf is None:
+                initialized[row] = False
+                continue
+            if state.get("momentum_buffer") is None:
+                state["momentum_buffer"] = torch.zeros_like(param)
+            state["momentum_buffer"][row] = buf.to(param.device, param.dtype)
+            initialized[row] = True
+
+
+class FusedAdam(FusedUpdate):
+    """``torch.optim.Adam`` / ``AdamW`` (L2 or decoupled weight decay, amsgrad) for all rows at once."""
+
+    optimizer_classes = (Adam, AdamW)
+
+    def __init__(self, params: Sequence[nn.Parameter], *, amsgrad: bool = False, decoupled: bool = False) -> None:
+        super().__init__(params)
+        self.amsgrad = amsgrad
+        self.decoupled = decoupled
+
+    def _ensure_state(self, param: Tensor, state: dict[str, Any]) -> None:
+        if "exp_avg" not in state:
+            state["exp_avg"] = torch.zeros_like(param)
+            state["exp_avg_sq"] = torch.zeros_like(param)
+            if self.amsgrad:
+                state["max_exp_avg_sq"] = torch.zeros_like(param)
+            # torch keeps `step` as a float32 scalar on the CPU per parameter; here one per row
+            state["step"] = torch.zeros(param.shape[0], dtype=torch.float32)
+
+    @override
+    @torch.no_grad()
+    def step(self, groups: Sequence[dict[str, Any]], skip_rows: Sequence[int] = ()) -> None:
+        lr = [float(g["lr"]) for g in groups]
+        beta1 = [float(g["betas"][0]) for g in groups]
+        beta2 = [float(g["betas"][1]) for g in groups]
+        eps = [float(g["eps"]) for g in groups]
+        weight_decay = [float(g["weight_decay"]) for g in groups]
+        saved = self._save_rows(skip_rows)
+        for param, state in zip(self.params, self.state):
+            grad = param.grad
+            if grad is None:
+                continue
+            self._ensure_state(param, state)
+            state["step"] += 1
+            steps = state["step"].tolist()
+            if any(weight_decay):
+                if self.decoupled:
+                    param.mul_(_rows([1 - a * w for a, w in zip(lr, weight_decay)], param))
+                else:
+                    grad = grad + _rows(weight_decay, param) * param
+            exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+            exp_avg.lerp_(grad, _rows([1 - b for b in beta1], param))
+            exp_avg_sq.mul_(_rows(beta2, param)).add_(_rows([1 - b for b in beta2], param) * grad * grad)
+            step_size = [a / (1 - b**s) for a, b, s in zip(lr, beta1, steps)]
+            bias_correction2_sqrt = [(1 - b**s) ** 0.5 for b, s in zip(beta2, steps)]
+            second_moment = exp_avg_sq
+            if self.amsgrad:
+                torch.maximum(state["max_exp_avg_sq"], exp_avg_sq, out=state["max_exp_avg_sq"])
+                second_moment = state["max_exp_avg_sq"]
+            denom = (second_moment.sqrt() / _rows(bias_correction2_sqrt, param)).add_(_rows(eps, param))
+            param.add_((_rows([-s for s in step_size], param) * exp_avg) / denom)
+        self._restore_rows(saved, skip_rows)
+
+    @override
+    def export_row(self, row: int) -> list[dict[str, Tensor]]:
+        out: list[dict[str, Tensor]] = []
+        for state in self.state:
+            if "step" not in state or state["step"][row] == 0:
+                out.append({})
+                continue
+            entry = {
+                "step": state["step"][row].clone(),
+                "exp_avg": state["exp_avg"][row].clone(),
+                "exp_avg_sq": state["exp_avg_sq"][row].clone(),
+            }
+            if self.amsgrad:
+                entry["max_exp_avg_sq"] = state["max_exp_avg_sq"][row].clone()
+            out.append(entry)
+        return out
+
+    @override
+    @torch.no_grad()
+    def import_row(self, row: int, states: Sequence[dict[str, Any]]) -> None:
+        for param, state, incoming in zip(self.params, self.state, states):
+            if not incoming:
+                if "step" in state:
+                    state["step"][row] = 0
+                    for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+                        if key in state:
+                            state[key][row] = 0
+                continue
+            self._ensure_state(param, state)
+            state["step"][row] = float(incoming["step"])
+            state["exp_avg"][row] = incoming["exp_avg"].to(param.device, param.dtype)
+            state["exp_avg_sq"][row] = incoming["exp_avg_sq"].to(param.device, param.dtype)
+            if self.amsgrad:
+                state["max_exp_avg_sq"][row] = incoming["max_exp_avg_sq"].to(param.device, param.dtype)
+
+
+def select_fused_update(
+    optimizers: Sequence[Optimizer],
+    trial_params: Sequence[Sequence[nn.Parameter]],
+    stacked: Sequence[nn.Parameter],
+) -> FusedUpdate | str:
+    """A fused update for these trial optimizers, or the reason why they need the universal path.
+
+    Args:
+        optimizers: each trial's optimizer, in row order.
+        trial_params: each trial's parameters in the order of the stacked parameters.
+        stacked: the stacked parameters.
+    """
+    kinds = {type(opt) for opt in optimizers}
+    if len(kinds) != 1:
+        return f"the trials use different optimizer classes ({', '.join(sorted(k.__name__ for k in kinds))})"
+    kind = kinds.pop()
+    if kind not in (SGD, Adam, AdamW):
+        return f"{kind.__name__} has no fused implementation (SGD, Adam and AdamW do)"
+    for opt, params in zip(optimizers, trial_params):
+        if len(opt.param_groups) != 1:
+            return "an optimizer has several param groups"
+        group = opt.param_groups[0]
+        if [id(p) for p in group["params"]] != [id(p) for p in params]:
+            return "an optimizer does not hold exactly the trial's parameters in module order"
+        if group.get("maximize") or group.get("differentiable"):
+            return "maximize=True or differentiable=True"
+        if any(p.is_complex() for p in params):
+            return "complex parameters"
+    if kind is SGD:
+        return FusedSGD(stacked)
+    groups = [opt.param_groups[0] for opt in optimizers]
+    amsgrad = {bool(g["amsgrad"]) for g in groups}
+    decoupled = {bool(g.get("decoupled_weight_decay", kind is AdamW)) for g in groups}
+    if len(amsgrad) != 1 or len(decoupled) != 1:
+        return "the trials differ in amsgrad or decoupled weight decay"
+    return FusedAdam(stacked, amsgrad=amsgrad.pop(), decoupled=decoupled.pop())
