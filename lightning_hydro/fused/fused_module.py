@@ -353,6 +353,44 @@ class FusedLightningModule(L.LightningModule):
     def _first(self) -> L.LightningModule:
         return self._group.modules[0]  # type: ignore[return-value]
 
+    # Lightning records and restores the train/eval mode of the LightningModule's submodules around
+    # evaluation; the trial modules are not submodules, so their modes are recorded and restored here.
+    def _capture_modes(self) -> None:
+        modules = [*self.modules(), *(m for trial in self._group.modules for m in trial.modules())]
+        self._saved_modes = [(m, m.training) for m in modules]
+
+    def _restore_modes(self) -> None:
+        for module, mode in getattr(self, "_saved_modes", []):
+            module.training = mode
+        self._saved_modes = []
+
+    @override
+    def on_validation_model_eval(self) -> None:
+        self._capture_modes()
+        super().on_validation_model_eval()
+
+    @override
+    def on_validation_model_train(self) -> None:
+        self._restore_modes()
+
+    @override
+    def on_test_model_eval(self) -> None:
+        self._capture_modes()
+        super().on_test_model_eval()
+
+    @override
+    def on_test_model_train(self) -> None:
+        self._restore_modes()
+
+    @override
+    def on_predict_model_eval(self) -> None:
+        self._capture_modes()
+        super().on_predict_model_eval()
+
+    @override
+    def on_predict_end(self) -> None:
+        self._restore_modes()
+
     @override
     def prepare_data(self) -> None:
         self._first().prepare_data()
@@ -662,7 +700,7 @@ class FusedLightningModule(L.LightningModule):
                     value,
                     on_step=False,
                     on_epoch=True,
-                    logger=options[name].logger if name in options else True,
+                    logger=bool(self.trainer.loggers) and (options[name].logger if name in options else True),
                     batch_size=1,
                 )
 

@@ -1,0 +1,191 @@
+"""Shared test helpers: quiet Trainers, small models of several kinds, and tensor comparisons."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_hydro import FusedLightningModule
+from lightning_hydro.demos import DigitsDataModule, DigitsMLP
+
+
+def make_trainer(**overrides: Any) -> L.Trainer:
+    kwargs: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    kwargs.update(overrides)
+    return L.Trainer(**kwargs)
+
+
+def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    denom = b.norm().item()
+    return (a - b).norm().item() / (denom if denom > 0 else 1.0)
+
+
+def max_state_difference(a: nn.Module, b: nn.Module) -> float:
+    """Largest relative difference over every parameter and floating buffer of two modules."""
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    worst = 0.0
+    for key in sa:
+        if sa[key].is_floating_point():
+            worst = max(worst, relative_difference(sa[key], sb[key]))
+        else:
+            assert torch.equal(sa[key], sb[key]), key
+    return worst
+
+
+def seeded(factory: Callable[[], L.LightningModule], seeds: Sequence[int]) -> list[L.LightningModule]:
+    modules = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        modules.append(factory())
+    return modules
+
+
+def train_separately(
+    modules: Sequence[L.LightningModule], fit: Callable[[L.Trainer, L.LightningModule], None], **trainer_kwargs: Any
+) -> list[L.LightningModule]:
+    """Train deep copies of the modules, each by its own Trainer."""
+    trained = []
+    for module in modules:
+        copy_ = copy.deepcopy(module)
+        torch.manual_seed(1234)
+        fit(make_trainer(**trainer_kwargs), copy_)
+        trained.append(copy_)
+    return trained
+
+
+def train_fused(
+    modules: Sequence[L.LightningModule],
+    fit: Callable[[L.Trainer, L.LightningModule], None],
+    *,
+    fused_kwargs: dict[str, Any] | None = None,
+    **trainer_kwargs: Any,
+) -> FusedLightningModule:
+    fused = FusedLightningModule([copy.deepcopy(m) for m in modules], summary=False, **(fused_kwargs or {}))
+    torch.manual_seed(1234)
+    fit(make_trainer(**trainer_kwargs), fused)
+    return fused
+
+
+def fit_digits(trainer: L.Trainer, module: L.LightningModule, batch_size: int = 64) -> None:
+    trainer.fit(module, datamodule=DigitsDataModule(batch_size=batch_size))
+
+
+def fit_plain(trainer: L.Trainer, module: L.LightningModule) -> None:
+    trainer.fit(module)
+
+
+def mixed_optimizer_mlps(hidden_dim: int = 32) -> list[DigitsMLP]:
+    """Four MLP trials: different learning rates, SGD with momentum, Adam and AdamW in one group."""
+    configs = [
+        dict(lr=0.05, optimizer="sgd", momentum=0.9),
+        dict(lr=0.2, optimizer="sgd", momentum=0.0, weight_decay=1e-3),
+        dict(lr=1e-3, optimizer="adam"),
+        dict(lr=3e-3, optimizer="adamw", weight_decay=0.05),
+    ]
+    modules = []
+    for seed, config in enumerate(configs):
+        torch.manual_seed(seed)
+        modules.append(DigitsMLP(hidden_dim=hidden_dim, **config))
+    return modules
+
+
+class DigitsCNN(L.LightningModule):
+    """A small CNN with BatchNorm on the 8x8 digits (running statistics are per trial)."""
+
+    def __init__(self, lr: float = 0.05, momentum: float = 0.9, channels: int = 8) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, channels, 3, padding=1),
+            nn.BatchNorm2d(channels),
+            nn.ReLU(),
+            nn.Conv2d(channels, 2 * channels, 3, padding=1),
+            nn.BatchNorm2d(2 * channels),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(2),
+        )
+        self.head = nn.Linear(8 * channels, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.view(x.size(0), 1, 8, 8)
+        return self.head(self.features(x).flatten(1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self(x), y))
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams["lr"], momentum=self.hparams["momentum"])
+
+
+def token_data(num: int = 256, seq: int = 12, vocab: int = 20, seed: int = 0) -> TensorDataset:
+    """A tiny next-token task with padding at the end of some sequences (pad id 0)."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(1, vocab, (num, seq + 1), generator=g)
+    lengths = torch.randint(seq // 2, seq + 2, (num,), generator=g)
+    positions = torch.arange(seq + 1).expand(num, -1)
+    tokens = tokens.masked_fill(positions >= lengths[:, None], 0)
+    return TensorDataset(tokens[:, :-1], tokens[:, 1:])
+
+
+class TinyAttentionLM(L.LightningModule):
+    """Embedding (with padding_idx) + LayerNorm + causal multi-head attention + MLP + readout."""
+
+    def __init__(self, lr: float = 1e-3, d_model: int = 16, vocab: int = 20, heads: int = 2) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.embed = nn.Embedding(vocab, d_model, padding_idx=0)
+        self.pos = nn.Parameter(torch.randn(32, d_model) * 0.02)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 2 * d_model), nn.GELU(), nn.Linear(2 * d_model, d_model))
+        self.readout = nn.Linear(d_model, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        n, t = tokens.shape
+        h = self.embed(tokens) + self.pos[:t]
+        q, k, v = self.qkv(self.norm1(h)).chunk(3, dim=-1)
+        heads = self.hparams["heads"]
+        q, k, v = (z.reshape(n, t, heads, -1).transpose(1, 2) for z in (q, k, v))
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = h + self.proj(attn.transpose(1, 2).reshape(n, t, -1))
+        h = h + self.mlp(self.norm2(h))
+        return self.readout(h)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=0)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"])
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(token_data(), batch_size=32)
