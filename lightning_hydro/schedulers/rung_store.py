@@ -98,13 +98,14 @@ class RungStore(ABC):
         Raises:
             StoreSettingsMismatchError: If the namespace's bracket was claimed with other settings.
         """
-        wanted = dict(settings)
+        wanted = dict(sorted(settings.items()))
 
         def work(handle: Any) -> None:
             existing = self._read_settings(handle, bracket)
             if existing is None:
                 self._write_settings(handle, bracket, wanted)
             elif existing != wanted:
+                existing = dict(sorted(existing.items()))
                 raise StoreSettingsMismatchError(
                     f"{type(self).__name__}: namespace {self.namespace!r} (bracket {bracket}) in "
                     f"{self.location} "
@@ -232,6 +233,15 @@ class MemoryRungStore(RungStore):
             for record in records:
                 self._by_rung.setdefault(record.rung_key, []).append(record)
             self._settings = {int(bracket): dict(value) for bracket, value in state["settings"].items()}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_lock"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def _atomically(self, work: Callable[[Any], T]) -> T:
         with self._lock:
