@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from lightning_hydro.schedulers.halving_config import HalvingConfig, Rounding, TrialId, keep_count
+from lightning_hydro.schedulers.halving_config import AnyTrialId, HalvingConfig, Rounding, keep_count
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,6 @@ def successive_halving_budget(
     )
 
 
-def summarize_budget(used: Mapping[TrialId, int], max_t: int) -> BudgetSummary:
+def summarize_budget(used: Mapping[AnyTrialId, int], max_t: int) -> BudgetSummary:
     """Sum the budget each trial used (as a callback measured it) against running all to ``max_t``."""
     return BudgetSummary(trials=len(used), spent=sum(used.values()), exhaustive=len(used) * max_t)

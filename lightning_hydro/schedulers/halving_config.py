@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 Mode = Literal["min", "max"]
 """Whether a lower (``"min"``, e.g. a loss) or a higher (``"max"``, e.g. an accuracy) value is better."""
@@ -14,6 +14,9 @@ Rounding = Literal["ceil", "floor"]
 
 TrialId = int | str
 """A trial's identifier: a slot's trial number in a fused group, or any string (e.g. a Hydra job id)."""
+
+AnyTrialId = TypeVar("AnyTrialId", bound=TrialId)
+"""A trial-id type kept through a call, so that e.g. a ``dict[int, float]`` of values type-checks."""
 
 
 @dataclass(frozen=True)

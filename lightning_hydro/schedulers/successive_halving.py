@@ -8,6 +8,7 @@ from typing import Any
 from lightning_hydro.schedulers.cutoff import judge_against_top_k
 from lightning_hydro.schedulers.decision import Action, Decision
 from lightning_hydro.schedulers.halving_config import (
+    AnyTrialId,
     HalvingConfig,
     Rounding,
     TrialId,
@@ -67,7 +68,7 @@ class SuccessiveHalving:
         """The trials still training (None before the first report)."""
         return None if self._alive is None else list(self._alive)
 
-    def report_rung(self, values: Mapping[TrialId, float], budget: int) -> dict[TrialId, Decision]:
+    def report_rung(self, values: Mapping[AnyTrialId, float], budget: int) -> dict[AnyTrialId, Decision]:
         """Report the cohort's values at ``budget``; decide each trial.
 
         At a budget that reaches a rung not yet decided, the best trials continue and the rest stop.
@@ -78,7 +79,9 @@ class SuccessiveHalving:
         """
         where = "SuccessiveHalving.report_rung"
         budget = check_budget(budget, where=where)
-        checked = {check_trial_id(t, where=where): check_value(v, where=where) for t, v in values.items()}
+        for trial in values:
+            check_trial_id(trial, where=where)
+        checked = {trial: check_value(value, where=where) for trial, value in values.items()}
         if self._alive is not None:
             unknown = [trial for trial in checked if trial not in self._alive]
             if unknown:
@@ -130,8 +133,8 @@ class SuccessiveHalving:
         self._store.load_state_dict(state["store"])
 
     def _decide_rung(
-        self, values: dict[TrialId, float], budget: int, milestone: int
-    ) -> dict[TrialId, Decision]:
+        self, values: dict[AnyTrialId, float], budget: int, milestone: int
+    ) -> dict[AnyTrialId, Decision]:
         config = self.config
         self._store.append([RungEntry(trial, 0, milestone, budget, value) for trial, value in values.items()])
         keep = keep_count(len(values), config.reduction_factor, self.rounding)

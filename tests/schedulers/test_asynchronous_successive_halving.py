@@ -15,6 +15,7 @@ from lightning_hydro.schedulers import (
     SqliteRungStore,
     StoreSettingsMismatchError,
     SuccessiveHalving,
+    TrialId,
 )
 
 CONFIG = HalvingConfig("min", grace_period=1, reduction_factor=3, max_t=9)
@@ -205,7 +206,7 @@ def test_a_fused_group_reporting_in_batches_equals_synchronous_halving_at_every_
     config = HalvingConfig("max", 1, eta, eta**2 + 1)
     generator = random.Random(seed)
     synchronous, asha = SuccessiveHalving(config), AsyncSuccessiveHalving(config)
-    alive = list(range(n_trials))
+    alive: list[TrialId] = list(range(n_trials))
     for budget in range(1, config.max_t + 1):
         values = {t: float(generator.randint(0, 5)) for t in alive}  # small range: many ties
         expected = synchronous.report_rung(values, budget)

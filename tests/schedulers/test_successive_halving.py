@@ -5,7 +5,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_hydro.schedulers import HalvingConfig, SuccessiveHalving, keep_count, summarize_budget
+from lightning_hydro.schedulers import (
+    Action,
+    HalvingConfig,
+    SuccessiveHalving,
+    TrialId,
+    keep_count,
+    summarize_budget,
+)
 
 CONFIG = HalvingConfig("min", grace_period=1, reduction_factor=3, max_t=9)
 
@@ -94,7 +101,7 @@ def test_rounding_is_checked() -> None:
         SuccessiveHalving(CONFIG, rounding="up")  # type: ignore[arg-type]
 
 
-def _drive(halving: SuccessiveHalving, budgets: list[int]) -> list[dict[object, str]]:
+def _drive(halving: SuccessiveHalving, budgets: list[int]) -> list[dict[TrialId, Action]]:
     """Report every alive trial (all 27 at first) at each budget; values depend on trial and budget."""
     actions = []
     for budget in budgets:
