@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from lightning_hydro.schedulers.cutoff import to_score
 from lightning_hydro.schedulers.decision import Decision
 from lightning_hydro.schedulers.group_sizing import LinearCost
-from lightning_hydro.schedulers.halving_config import HalvingConfig, TrialId, check_budget, check_trial_id
+from lightning_hydro.schedulers.halving_config import (
+    HalvingConfig,
+    TrialId,
+    check_budget,
+    check_trial_id,
+    check_value,
+)
 
 SecondsPerUnit = float | LinearCost
 """Seconds a group needs to advance every trial in it by one unit of budget (epoch or step): a constant,
@@ -102,12 +108,23 @@ class DeadlinePolicy:
     ) -> DeadlinePlan:
         """Choose which live trials keep training and whether free slots may be refilled."""
         _check_time_left(time_left_s)
+        where = "DeadlinePolicy.plan"
         for trial in trials:
-            check_trial_id(trial.trial_id, where="DeadlinePolicy.plan")
-            check_budget(trial.budget, where="DeadlinePolicy.plan")
+            check_trial_id(trial.trial_id, where=where)
+            check_budget(trial.budget, where=where)
+            if trial.value is not None:
+                check_value(trial.value, where=where)
+        trial_ids = [trial.trial_id for trial in trials]
+        repeated = sorted({str(t) for t in trial_ids if trial_ids.count(t) > 1})
+        if repeated:
+            raise ValueError(
+                f"{where}: each trial may appear once, got {repeated} more than once. Pass each live trial's "
+                "latest progress."
+            )
         diverged = [t for t in trials if t.value is not None and not math.isfinite(t.value)]
         ranked = sorted(
-            (t for t in trials if t not in diverged), key=lambda t: self._rank_key(t, trials.index(t))
+            (t for t in trials if t not in diverged),
+            key=lambda t: self._rank_key(t, trial_ids.index(t.trial_id)),
         )
         kept: list[TrialProgress] = []
         for trial in ranked:

@@ -60,7 +60,16 @@ class LinearCost:
                     "batch, or pass max_group_size."
                 )
             return max_group_size if self.predict(max_group_size) <= limit else 0
-        largest = max(0, math.floor((limit - self.fixed) / self.per_trial))
+        if max_group_size is not None and self.predict(max_group_size) <= limit:
+            return max_group_size
+        quotient = (limit - self.fixed) / self.per_trial
+        if not math.isfinite(quotient):
+            raise ValueError(
+                "LinearCost.largest_group_size: the cost grows too little per trial "
+                f"({self.per_trial}) to bound the group size. Measure again with a realistic batch, or pass "
+                "max_group_size."
+            )
+        largest = max(0, math.floor(quotient))
         while largest > 0 and self.predict(largest) > limit:  # guard against float rounding up
             largest -= 1
         return largest if max_group_size is None else min(largest, max_group_size)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -146,9 +147,10 @@ def keep_count(n_trials: int, reduction_factor: int, rounding: Rounding = "ceil"
 def check_value(value: object, *, where: str) -> float:
     """``value`` as a float, or a TypeError naming ``where`` if it is not a real number.
 
-    NaN and infinities pass: they mean a diverged trial, which every rule ranks last.
+    NaN and infinities pass: they mean a diverged trial, which every rule ranks last. Any real number
+    (including numpy scalars) is accepted; a tensor is not.
     """
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(
             f"{where}: the monitored value must be a real number (int or float), got "
             f"{type(value).__name__} {value!r}. Pass a float, e.g. float(tensor.item())."
@@ -158,7 +160,7 @@ def check_value(value: object, *, where: str) -> float:
 
 def check_budget(budget: object, *, where: str) -> int:
     """``budget`` as an int, or an error naming ``where`` if it is not a non-negative integer."""
-    if isinstance(budget, bool) or not isinstance(budget, int):
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Integral):
         raise TypeError(
             f"{where}: budget must be an integer number of epochs or steps, got {type(budget).__name__} "
             f"{budget!r}. Pass e.g. trainer.current_epoch + 1."
@@ -167,7 +169,7 @@ def check_budget(budget: object, *, where: str) -> int:
         raise ValueError(
             f"{where}: budget must be >= 0, got {budget}. Pass the epochs or steps trained so far."
         )
-    return budget
+    return int(budget)
 
 
 def check_trial_id(trial_id: object, *, where: str) -> TrialId:

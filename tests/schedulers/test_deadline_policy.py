@@ -120,3 +120,12 @@ def test_properties(trials: list[TrialProgress], time_left: float, fixed: float,
         assert best.trial_id in plan.keep or POLICY.seconds_to_top_rung(best.budget, speed) > time_left
     if len(plan.keep) > 1:
         assert plan.seconds_needed <= time_left  # everyone kept reaches the top rung in time
+
+
+def test_each_trial_appears_once_with_a_real_value() -> None:
+    with pytest.raises(
+        ValueError, match=r"DeadlinePolicy.plan: each trial may appear once, got \['a'\] more than once"
+    ):
+        POLICY.plan([TrialProgress("a", 1, 0.1), TrialProgress("a", 2, 0.2)], 10.0, 1.0)
+    with pytest.raises(TypeError, match=r"DeadlinePolicy.plan: the monitored value must be a real number"):
+        POLICY.plan([TrialProgress("a", 1, "0.1")], 10.0, 1.0)  # type: ignore[arg-type]

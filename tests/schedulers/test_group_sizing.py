@@ -91,3 +91,9 @@ def test_the_chosen_size_fits_and_one_more_would_not(
     size = memory.largest_group_size(usable)
     assert size == 0 or memory.predict(size) <= usable
     assert memory.predict(size + 1) > usable
+
+
+def test_a_cost_growing_too_little_to_bound_needs_max_group_size() -> None:
+    with pytest.raises(ValueError, match=r"grows too little per trial \(1e-320\) to bound the group size"):
+        LinearCost(1.0, 1e-320).largest_group_size(1e10)
+    assert LinearCost(1.0, 1e-320).largest_group_size(1e10, max_group_size=64) == 64

@@ -127,3 +127,11 @@ def test_value_budget_and_trial_id_checks() -> None:
         check_budget(-1, where="w")
     with pytest.raises(TypeError, match=r"w: trial_id must be an int or a str, got tuple"):
         check_trial_id((1, 2), where="w")
+
+
+def test_numpy_scalars_are_accepted_as_values_and_budgets() -> None:
+    np = pytest.importorskip("numpy")
+    assert check_value(np.float32(0.5), where="w") == 0.5
+    budget = check_budget(np.int64(3), where="w")
+    assert budget == 3
+    assert type(budget) is int
