@@ -237,3 +237,11 @@ def test_properties_best_never_stopped_fraction_and_determinism(
 def _sequential(config: HalvingConfig, arrivals: list[tuple[str, int, float]]) -> list[Decision]:
     asha = AsyncSuccessiveHalving(config)
     return [asha.report(*arrival) for arrival in arrivals]
+
+
+def test_a_deep_copy_shares_a_file_store_but_not_its_connection(tmp_path: Path) -> None:
+    asha = AsyncSuccessiveHalving(CONFIG, tmp_path / "asha.db")
+    asha.report("a", 1, 1.0)
+    copied = copy.deepcopy(asha)  # Lightning may deep-copy callbacks
+    assert copied.report("b", 1, 2.0).reason == "below_cutoff"  # judged against "a", recorded before the copy
+    assert len(asha.records()) == 2

@@ -11,6 +11,7 @@ from lightning_hydro.schedulers import (
     RungStore,
     SqlAlchemyRungStore,
     SqliteRungStore,
+    StoreOpenError,
     StoreSettingsMismatchError,
 )
 
@@ -132,3 +133,11 @@ def test_shared_stores_pickle_without_their_connections(make_store: StoreFactory
     with copy:
         pass  # closes; the next use reconnects
     assert len(copy.records()) == 2
+
+
+def test_errors_show_a_server_url_without_its_password() -> None:
+    with pytest.raises(
+        StoreOpenError, match=r"cannot open the database 'nosuchdb://user:\*\*\*@host/db'"
+    ) as error:
+        SqlAlchemyRungStore("nosuchdb://user:secret@host/db")
+    assert "secret" not in str(error.value)
