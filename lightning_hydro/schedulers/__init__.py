@@ -6,7 +6,7 @@ HyperSched-style deadline policy, and Fluid-style group sizing. Rung records liv
 server (several machines). Callbacks in :mod:`lightning_hydro.callbacks` apply these decisions in a Trainer.
 """
 
-from lightning_hydro.schedulers.asynchronous_successive_halving import AsyncSuccessiveHalving, TrialReport
+from lightning_hydro.schedulers.async_successive_halving import AsyncSuccessiveHalving, TrialReport
 from lightning_hydro.schedulers.budget_accounting import (
     BudgetSummary,
     HalvingBudget,
@@ -38,11 +38,11 @@ from lightning_hydro.schedulers.hyperband import (
     bracket_for_position,
     hyperband_brackets,
 )
+from lightning_hydro.schedulers.memory_rung_store import MemoryRungStore
 from lightning_hydro.schedulers.open_store import StoreSpec, open_store
 from lightning_hydro.schedulers.rung_record import RungEntry, RungRecord
 from lightning_hydro.schedulers.rung_store import (
     AppendResult,
-    MemoryRungStore,
     RungStore,
     RungStoreError,
     StoreOpenError,

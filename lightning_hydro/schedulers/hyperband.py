@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from lightning_hydro.schedulers.asynchronous_successive_halving import AsyncSuccessiveHalving, TrialReport
+from lightning_hydro.schedulers.async_successive_halving import AsyncSuccessiveHalving, TrialReport
 from lightning_hydro.schedulers.budget_accounting import HalvingBudget, successive_halving_budget
 from lightning_hydro.schedulers.decision import Decision
 from lightning_hydro.schedulers.halving_config import (

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import re
 
-from lightning_hydro.schedulers.rung_store import MemoryRungStore, RungStore, StoreOpenError
+from lightning_hydro.schedulers.memory_rung_store import MemoryRungStore
+from lightning_hydro.schedulers.rung_store import RungStore, StoreOpenError
 from lightning_hydro.schedulers.sqlite_rung_store import SqliteRungStore
 
 StoreSpec = RungStore | str | os.PathLike[str] | None
@@ -18,7 +19,7 @@ _SQLITE_PREFIX = "sqlite:///"
 def open_store(spec: StoreSpec = None, *, namespace: str = "default") -> RungStore:
     """Open the rung store that ``spec`` names.
 
-    - ``None``: a :class:`~lightning_hydro.schedulers.rung_store.MemoryRungStore` (one process; a fused
+    - ``None``: a :class:`~lightning_hydro.schedulers.memory_rung_store.MemoryRungStore` (one process; a fused
       group).
     - a path (``str`` without a URL scheme, or ``os.PathLike``), or a ``"sqlite:///relative.db"`` /
       ``"sqlite:////absolute.db"`` URL: a

@@ -18,8 +18,8 @@ from lightning_hydro.schedulers.halving_config import (
     is_diverged,
     keep_count,
 )
+from lightning_hydro.schedulers.memory_rung_store import MemoryRungStore
 from lightning_hydro.schedulers.rung_record import RungEntry, RungRecord
-from lightning_hydro.schedulers.rung_store import MemoryRungStore
 
 
 class SuccessiveHalving:
