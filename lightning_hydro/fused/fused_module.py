@@ -169,7 +169,6 @@ class FusedLightningModule(L.LightningModule):
         self._eval_fallback: dict[str, Backend] = {}
         self._epoch_ids: set[int] = set()
         self._epoch_counted: set[int] = set()
-        self._epoch_training_done = False
         self._epoch_metrics: dict[int, dict[str, float]] = {}
         self.max_slots = max_slots if max_slots is not None else len(trials)
         self.summary = summary
@@ -281,9 +280,6 @@ class FusedLightningModule(L.LightningModule):
             self._optimizer.trials.pop(trial_id, None)
             self._optimizer.rebuild()
             self._drop_scheduler_configs(trial_id)
-        if trial_id in self._epoch_ids and self._epoch_training_done:
-            record.epochs += 1  # it trained this whole epoch before the decision (e.g. after validation)
-            self._epoch_counted.add(trial_id)
         self._rebind_backends()
         if not self._group.trial_ids and self._trainer is not None:
             self.trainer.should_stop = True
@@ -645,10 +641,18 @@ class FusedLightningModule(L.LightningModule):
 
     # -- per-batch and per-epoch bookkeeping ----------------------------------------------------------------------
 
+    def _count_epoch(self) -> None:
+        """The epoch's training is done: credit it to every trial that trained through all of it."""
+        for tid in self._epoch_ids - self._epoch_counted:
+            if tid in self._group.trial_ids:
+                self._records[tid].epochs += 1
+        self._epoch_counted |= self._epoch_ids
+
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if batch_idx + 1 >= self.trainer.num_training_batches:
-            self._epoch_training_done = True
+            # before validation, so that decisions taken after it see this epoch in each trial's budget
+            self._count_epoch()
         report = self._optimizer.last_report if self._optimizer is not None else None
         if report is None or not (report.stepped or report.diverged):
             return  # accumulating gradients: no optimizer step yet
@@ -718,7 +722,6 @@ class FusedLightningModule(L.LightningModule):
     def on_train_epoch_start(self) -> None:
         self._epoch_ids = set(self._group.trial_ids)
         self._epoch_counted = set()
-        self._epoch_training_done = False
         self._epoch_metrics = {}
         self._forward_hook("on_train_epoch_start")
 
@@ -728,10 +731,9 @@ class FusedLightningModule(L.LightningModule):
         for tid, values in self._metrics.step_values().items():
             self._records[tid].metrics.update(values)
         self._publish_epoch("train")
+        self._count_epoch()  # for loaders of unknown length, whose last batch cannot be recognised
         for tid in sorted(self._epoch_ids):
             record = self._records[tid]
-            if tid in self._group.trial_ids and tid not in self._epoch_counted:
-                record.epochs += 1
             entry = {"epoch": float(self.current_epoch), **self._epoch_metrics.get(tid, {})}
             record.history.append(entry)
 
