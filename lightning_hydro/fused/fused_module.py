@@ -565,6 +565,8 @@ class FusedLightningModule(L.LightningModule):
 
     @override
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
+        if not self._group.trial_ids:
+            return None  # every trial has stopped; Lightning ends the fit at its next check
         backend = self._resolve_backend(batch, batch_idx)
         if self._verify_ids:
             self._verify(backend, batch, batch_idx)
@@ -590,6 +592,8 @@ class FusedLightningModule(L.LightningModule):
         return self._eval_fallback.setdefault("auto", make_backend("loop", self._group))
 
     def _run_eval(self, method: str, *args: Any) -> StepOutputs:
+        if not self._group.trial_ids:
+            return StepOutputs(output=None, per_row=[])
         backend = self._eval_backend(method)
         try:
             return backend.run(method, *args)
@@ -704,7 +708,8 @@ class FusedLightningModule(L.LightningModule):
                     value,
                     on_step=False,
                     on_epoch=True,
-                    logger=bool(self.trainer.loggers) and (options[name].logger if name in options else True),
+                    # None means Lightning's default (True) without its warning when no logger is configured
+                    logger=None if name not in options or options[name].logger else False,
                     batch_size=1,
                 )
 

@@ -23,9 +23,7 @@ CONFIG = HalvingConfig("min", grace_period=1, reduction_factor=3, max_t=9)
 
 def test_asynchronous_arrivals_hand_computed() -> None:
     asha = AsyncSuccessiveHalving(CONFIG)
-    a, b, c, d, e = (
-        asha.report(t, 1, v) for t, v in [("a", 5.0), ("b", 3.0), ("c", 4.0), ("d", 3.5), ("e", 1.0)]
-    )
+    a, b, c, d, e = (asha.report(t, 1, v) for t, v in [("a", 5.0), ("b", 3.0), ("c", 4.0), ("d", 3.5), ("e", 1.0)])
     assert (a.action, a.reason, a.cutoff) == ("continue", "first_at_rung", None)
     assert (b.action, b.cutoff) == ("continue", 5.0)  # quantile of [5] is 5
     # prior [5, 3] -> sorted losses 3, 5; the 2/3 quantile of the scores -5, -3 is -5 + 2/3 * 2 = -11/3.
@@ -96,9 +94,7 @@ def test_batch_may_mix_rungs_and_rejects_repeated_trials() -> None:
 
 def test_report_checks_its_arguments() -> None:
     asha = AsyncSuccessiveHalving(CONFIG)
-    with pytest.raises(
-        TypeError, match=r"AsyncSuccessiveHalving.report: the monitored value must be a real number"
-    ):
+    with pytest.raises(TypeError, match=r"AsyncSuccessiveHalving.report: the monitored value must be a real number"):
         asha.report("a", 1, "0.5")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"AsyncSuccessiveHalving.report_batch: budget must be an integer"):
         asha.report_batch([("a", 1.5, 0.5)])  # type: ignore[list-item]
@@ -129,9 +125,7 @@ def _arrivals(count: int, seed: int) -> list[tuple[str, int, float]]:
     return arrivals
 
 
-def _run(
-    asha: AsyncSuccessiveHalving, arrivals: list[tuple[str, int, float]], stopped: set[str]
-) -> list[Decision]:
+def _run(asha: AsyncSuccessiveHalving, arrivals: list[tuple[str, int, float]], stopped: set[str]) -> list[Decision]:
     decisions = []
     for trial, budget, value in arrivals:
         if trial in stopped:
@@ -169,9 +163,7 @@ def test_resume_after_a_crash_replays_reports_already_in_a_shared_store(tmp_path
 
 def test_load_state_dict_rejects_other_settings_and_stores() -> None:
     state = AsyncSuccessiveHalving(CONFIG).state_dict()
-    with pytest.raises(
-        ValueError, match=r"checkpoint was made with .* \(bracket 0\), but this scheduler has"
-    ):
+    with pytest.raises(ValueError, match=r"checkpoint was made with .* \(bracket 0\), but this scheduler has"):
         AsyncSuccessiveHalving(CONFIG, bracket=1).load_state_dict(state)
 
 
@@ -187,9 +179,7 @@ finite_or_diverged = st.one_of(
     eta=st.integers(2, 5),
     mode=st.sampled_from(["min", "max"]),
 )
-def test_a_batch_on_an_empty_rung_decides_like_synchronous_halving(
-    values: list[float], eta: int, mode: str
-) -> None:
+def test_a_batch_on_an_empty_rung_decides_like_synchronous_halving(values: list[float], eta: int, mode: str) -> None:
     config = HalvingConfig(mode, 1, eta, eta**3)  # type: ignore[arg-type]
     cohort = dict(enumerate(values))
     synchronous = SuccessiveHalving(config).report_rung(cohort, budget=1)
@@ -221,9 +211,7 @@ def test_a_fused_group_reporting_in_batches_equals_synchronous_halving_at_every_
     eta=st.integers(2, 5),
     mode=st.sampled_from(["min", "max"]),
 )
-def test_properties_best_never_stopped_fraction_and_determinism(
-    values: list[float], eta: int, mode: str
-) -> None:
+def test_properties_best_never_stopped_fraction_and_determinism(values: list[float], eta: int, mode: str) -> None:
     config = HalvingConfig(mode, 1, eta, eta**2)  # type: ignore[arg-type]
     arrivals = [(f"t{i}", 1, v) for i, v in enumerate(values)]
     decisions = _sequential(config, arrivals)

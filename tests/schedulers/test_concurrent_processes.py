@@ -40,9 +40,7 @@ def _train_trials(spec: str, worker: int, barrier: Any, results: Any) -> None:
 def _run_processes(spec: str) -> dict[tuple[str, int], str]:
     context = multiprocessing.get_context("fork")
     barrier, results = context.Barrier(PROCESSES), context.Queue()
-    processes = [
-        context.Process(target=_train_trials, args=(spec, w, barrier, results)) for w in range(PROCESSES)
-    ]
+    processes = [context.Process(target=_train_trials, args=(spec, w, barrier, results)) for w in range(PROCESSES)]
     for process in processes:
         process.start()
     outcomes = [results.get(timeout=120) for _ in processes]
@@ -50,9 +48,7 @@ def _run_processes(spec: str) -> dict[tuple[str, int], str]:
         process.join(timeout=30)
     errors = [error for _, _, error in outcomes if error]
     assert not errors, errors[0]
-    return {
-        (trial, milestone): action for _, decisions, _ in outcomes for trial, milestone, action in decisions
-    }
+    return {(trial, milestone): action for _, decisions, _ in outcomes for trial, milestone, action in decisions}
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "sqlalchemy"])
@@ -70,8 +66,5 @@ def test_eight_processes_lose_no_record_and_decide_as_a_sequential_replay(kind: 
     assert len(concurrent) > PROCESSES * TRIALS_PER_PROCESS  # some trials went past the first rung
 
     reference = AsyncSuccessiveHalving(CONFIG)  # one process, the same arrival order
-    replayed = {
-        (str(r.trial_id), r.milestone): reference.report(r.trial_id, r.budget, r.value).action
-        for r in records
-    }
+    replayed = {(str(r.trial_id), r.milestone): reference.report(r.trial_id, r.budget, r.value).action for r in records}
     assert replayed == concurrent

@@ -23,9 +23,7 @@ finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinit
 def test_quantile_is_numpys_linear_quantile(values: list[float], eta: int) -> None:
     exact = quantile_score([Fraction(v) for v in values], eta)
     assert exact is not None
-    assert float(exact) == pytest.approx(
-        np.quantile(values, 1 - 1 / eta, method="linear"), rel=1e-9, abs=1e-6
-    )
+    assert float(exact) == pytest.approx(np.quantile(values, 1 - 1 / eta, method="linear"), rel=1e-9, abs=1e-6)
 
 
 def test_scores_make_higher_better_and_divergence_worst() -> None:

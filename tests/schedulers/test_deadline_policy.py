@@ -34,9 +34,7 @@ def test_near_the_deadline_the_best_trials_that_can_finish_get_the_freed_capacit
     assert POLICY.plan(trials, 56.0, speed).keep == ("b", "c", "a")  # 4 * 14 s: all three finish
     plan = POLICY.plan(trials, 40.0, speed)  # only a group of two finishes: 4 * 10 s
     assert plan.keep == ("b", "c")
-    assert [(d.trial_id, d.action, d.reason) for d in plan.stop] == [
-        ("a", "stop", "cannot_finish_before_deadline")
-    ]
+    assert [(d.trial_id, d.action, d.reason) for d in plan.stop] == [("a", "stop", "cannot_finish_before_deadline")]
     assert not plan.admit_new_trials
 
 
@@ -71,16 +69,12 @@ def test_min_mode_prefers_lower_values() -> None:
 
 @pytest.mark.parametrize("seconds", [0.0, -1.0, math.nan, math.inf])
 def test_seconds_per_unit_must_be_positive_and_finite(seconds: float) -> None:
-    with pytest.raises(
-        ValueError, match=r"seconds per unit of budget must be a finite number > 0 \(for a group of 1"
-    ):
+    with pytest.raises(ValueError, match=r"seconds per unit of budget must be a finite number > 0 \(for a group of 1"):
         POLICY.admits_new_trial(10.0, seconds)
 
 
 def test_a_linear_speed_that_predicts_no_time_is_rejected() -> None:
-    with pytest.raises(
-        ValueError, match=r"for a group of 1\), got 0\.0\. Pass the measured time of one epoch"
-    ):
+    with pytest.raises(ValueError, match=r"for a group of 1\), got 0\.0\. Pass the measured time of one epoch"):
         POLICY.plan([TrialProgress("a", 1, 0.1), TrialProgress("b", 1, 0.2)], 10.0, LinearCost(2.0, -2.0))
 
 

@@ -18,9 +18,7 @@ def test_linear_extrapolation_from_one_and_two_trials() -> None:
 
 
 def test_plan_keeps_a_safety_margin_and_predicts_speed() -> None:
-    plan = plan_group_size(
-        3.0, 4.0, memory_budget=20.0, safety_margin=0.1, step_time_at_one=0.1, step_time_at_two=0.12
-    )
+    plan = plan_group_size(3.0, 4.0, memory_budget=20.0, safety_margin=0.1, step_time_at_one=0.1, step_time_at_two=0.12)
     assert (plan.group_size, plan.usable_memory, plan.predicted_memory) == (16, 18.0, 18.0)
     assert plan.predicted_step_time == pytest.approx(0.08 + 0.02 * 16)
     assert plan.predicted_trial_steps_per_second == pytest.approx(16 / 0.4)
@@ -36,9 +34,7 @@ def test_memory_that_does_not_grow_needs_an_explicit_bound() -> None:
 
 
 def test_not_even_one_trial_fits() -> None:
-    with pytest.raises(
-        ValueError, match=r"even one trial is predicted to need 30, more than the usable 18 \(20 less"
-    ):
+    with pytest.raises(ValueError, match=r"even one trial is predicted to need 30, more than the usable 18 \(20 less"):
         plan_group_size(30.0, 40.0, 20.0)
 
 

@@ -65,17 +65,13 @@ def test_budgets_and_eta_must_be_integers(name: str, kwargs: dict[str, object]) 
         "reduction_factor": 3,
         "max_t": 9,
     } | kwargs
-    with pytest.raises(
-        TypeError, match=rf"HalvingConfig: {name} must be an integer, got .*Budgets are whole"
-    ):
+    with pytest.raises(TypeError, match=rf"HalvingConfig: {name} must be an integer, got .*Budgets are whole"):
         HalvingConfig(**arguments)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("grace_period", [0, -1])
 def test_grace_period_must_be_at_least_one(grace_period: int) -> None:
-    with pytest.raises(
-        ValueError, match=rf"grace_period must be >= 1, got {grace_period}\. .*use grace_period=1"
-    ):
+    with pytest.raises(ValueError, match=rf"grace_period must be >= 1, got {grace_period}\. .*use grace_period=1"):
         HalvingConfig("min", grace_period, 3, 9)
 
 
@@ -113,15 +109,11 @@ def test_keep_count_rejects_unknown_rounding() -> None:
 def test_value_budget_and_trial_id_checks() -> None:
     assert check_value(1, where="w") == 1.0
     assert check_value(float("nan"), where="w") != check_value(float("nan"), where="w")  # NaN passes
-    with pytest.raises(
-        TypeError, match=r"w: the monitored value must be a real number \(int or float\), got str"
-    ):
+    with pytest.raises(TypeError, match=r"w: the monitored value must be a real number \(int or float\), got str"):
         check_value("0.3", where="w")
     with pytest.raises(TypeError, match=r"got NoneType None\. Pass a float"):
         check_value(None, where="w")
-    with pytest.raises(
-        TypeError, match=r"w: budget must be an integer number of epochs or steps, got float 1\.5"
-    ):
+    with pytest.raises(TypeError, match=r"w: budget must be an integer number of epochs or steps, got float 1\.5"):
         check_budget(1.5, where="w")
     with pytest.raises(ValueError, match=r"w: budget must be >= 0, got -1"):
         check_budget(-1, where="w")

@@ -75,9 +75,7 @@ def test_trials_must_be_added_once_before_they_report() -> None:
     hyperband.add_trial("a")
     with pytest.raises(ValueError, match=r"trial 'a' is already in bracket 4\. Add each trial once"):
         hyperband.add_trial("a")
-    with pytest.raises(
-        ValueError, match=r"Hyperband.report: trial 'b' has no bracket\. Call add_trial\('b'\)"
-    ):
+    with pytest.raises(ValueError, match=r"Hyperband.report: trial 'b' has no bracket\. Call add_trial\('b'\)"):
         hyperband.report("b", 1, 0.5)
     assert hyperband.add_trial("b", position=81).s == 3  # a process passes its job number
     assert hyperband.assignments == {"a": 4, "b": 3}

@@ -56,9 +56,7 @@ def test_a_path_in_a_missing_directory(tmp_path: Path) -> None:
 def test_a_path_where_no_file_can_be_written() -> None:
     if not Path("/proc").is_dir():
         pytest.skip("needs Linux's read-only /proc")
-    with pytest.raises(
-        StoreOpenError, match=r"cannot open '/proc/asha.db' for writing \(.*\)\. Check that the dir"
-    ):
+    with pytest.raises(StoreOpenError, match=r"cannot open '/proc/asha.db' for writing \(.*\)\. Check that the dir"):
         open_store("/proc/asha.db")
 
 
@@ -86,9 +84,7 @@ def test_malformed_sqlite_urls(url: str) -> None:
 
 
 def test_malformed_server_urls() -> None:
-    with pytest.raises(
-        StoreOpenError, match=r"malformed database URL 'postgresql:host/db': expected 'dialect://"
-    ):
+    with pytest.raises(StoreOpenError, match=r"malformed database URL 'postgresql:host/db': expected 'dialect://"):
         open_store("postgresql:host/db")
     pytest.importorskip("sqlalchemy")
     with pytest.raises(StoreOpenError, match=r"cannot parse the database URL 'postgresql://u@h:port/db'"):
@@ -97,9 +93,7 @@ def test_malformed_server_urls() -> None:
 
 def test_unknown_dialect_or_missing_driver() -> None:
     pytest.importorskip("sqlalchemy")
-    with pytest.raises(
-        StoreOpenError, match=r"cannot open the database 'nosuchdb://host/db' .*driver is installed"
-    ):
+    with pytest.raises(StoreOpenError, match=r"cannot open the database 'nosuchdb://host/db' .*driver is installed"):
         open_store("nosuchdb://host/db")
 
 
@@ -115,7 +109,5 @@ def test_missing_sqlalchemy_names_the_pip_install(monkeypatch: pytest.MonkeyPatc
 def test_empty_and_wrongly_typed_specs() -> None:
     with pytest.raises(StoreOpenError, match=r"open_store: got an empty string\. Pass None"):
         open_store("")
-    with pytest.raises(
-        TypeError, match=r"open_store: expected None, a path, a database URL or a RungStore, got int"
-    ):
+    with pytest.raises(TypeError, match=r"open_store: expected None, a path, a database URL or a RungStore, got int"):
         open_store(3)  # type: ignore[arg-type]

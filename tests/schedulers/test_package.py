@@ -24,9 +24,7 @@ def test_docstring_examples_run(name: str) -> None:
 def test_every_public_class_and_function_has_a_docstring() -> None:
     public = [getattr(schedulers, name) for name in schedulers.__all__]
     undocumented = [
-        obj.__name__
-        for obj in public
-        if (inspect.isclass(obj) or inspect.isfunction(obj)) and not obj.__doc__
+        obj.__name__ for obj in public if (inspect.isclass(obj) or inspect.isfunction(obj)) and not obj.__doc__
     ]
     assert undocumented == []
 

@@ -38,9 +38,7 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
 
 def test_append_returns_stored_records_and_the_rungs_they_touched(make_store: StoreFactory) -> None:
     store = make_store("default")
-    result = store.append(
-        [RungEntry("a", 0, 1, 1, 0.5), RungEntry("b", 0, 1, 2, 0.7), RungEntry("a", 0, 3, 3, 0.4)]
-    )
+    result = store.append([RungEntry("a", 0, 1, 1, 0.5), RungEntry("b", 0, 1, 2, 0.7), RungEntry("a", 0, 3, 3, 0.4)])
     assert result.inserted == (True, True, True)
     sequences = [record.sequence for record in result.stored]
     assert sequences == sorted(sequences)
@@ -88,16 +86,12 @@ def test_settings_are_claimed_once_and_then_checked(make_store: StoreFactory) ->
     store.claim_settings(0, {"mode": "min", "max_t": 9})
     make_store("default").claim_settings(0, {"mode": "min", "max_t": 9})
     store.claim_settings(1, {"mode": "min", "max_t": 27})  # another bracket may differ
-    with pytest.raises(
-        StoreSettingsMismatchError, match=r"holds records made with \{'max_t': 9, 'mode': 'min'\}"
-    ):
+    with pytest.raises(StoreSettingsMismatchError, match=r"holds records made with \{'max_t': 9, 'mode': 'min'\}"):
         make_store("default").claim_settings(0, {"mode": "max", "max_t": 9})
 
 
 def test_an_append_may_not_repeat_a_trial_at_a_rung(make_store: StoreFactory) -> None:
-    with pytest.raises(
-        ValueError, match=r"each trial may appear once per rung in one append, got \[\(0, 1, 'a'\)"
-    ):
+    with pytest.raises(ValueError, match=r"each trial may appear once per rung in one append, got \[\(0, 1, 'a'\)"):
         make_store("default").append([RungEntry("a", 0, 1, 1, 0.5), RungEntry("a", 0, 1, 2, 0.6)])
 
 
@@ -136,8 +130,6 @@ def test_shared_stores_pickle_without_their_connections(make_store: StoreFactory
 
 
 def test_errors_show_a_server_url_without_its_password() -> None:
-    with pytest.raises(
-        StoreOpenError, match=r"cannot open the database 'nosuchdb://user:\*\*\*@host/db'"
-    ) as error:
+    with pytest.raises(StoreOpenError, match=r"cannot open the database 'nosuchdb://user:\*\*\*@host/db'") as error:
         SqlAlchemyRungStore("nosuchdb://user:secret@host/db")
     assert "secret" not in str(error.value)

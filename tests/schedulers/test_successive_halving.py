@@ -28,10 +28,7 @@ def test_27_trials_hand_computed() -> None:
     # At rung 3 the order reverses: the higher ids are now better.
     at_rung_3 = halving.report_rung({t: 10.0 - t for t in range(9)}, budget=3)
     assert [t for t, d in at_rung_3.items() if d.action == "continue"] == [6, 7, 8]
-    assert (
-        at_rung_3[5].describe()
-        == "trial 5: stop at budget 3 (rung 1): value 5.0 is worse than the cutoff 4.0"
-    )
+    assert at_rung_3[5].describe() == "trial 5: stop at budget 3 (rung 1): value 5.0 is worse than the cutoff 4.0"
     used |= {t: 3 for t, d in at_rung_3.items() if d.stopped}
     at_max_t = halving.report_rung({6: 0.3, 7: 0.2, 8: 0.1}, budget=9)
     assert {d.action for d in at_max_t.values()} == {"complete"}
@@ -52,9 +49,7 @@ def test_top_rung_below_max_t_cuts_then_survivors_complete() -> None:
 
 
 def test_ties_at_the_boundary_are_all_kept() -> None:
-    decisions = SuccessiveHalving(CONFIG).report_rung(
-        {"a": 1.0, "b": 2.0, "c": 2.0, "d": 2.0, "e": 5.0}, budget=1
-    )
+    decisions = SuccessiveHalving(CONFIG).report_rung({"a": 1.0, "b": 2.0, "c": 2.0, "d": 2.0, "e": 5.0}, budget=1)
     assert [t for t, d in decisions.items() if d.action == "continue"] == ["a", "b", "c", "d"]
 
 
@@ -88,9 +83,7 @@ def test_rung_skipped_by_sparse_validation_is_judged_at_the_next_report() -> Non
 def test_only_alive_trials_may_report_and_missing_ones_leave_the_cohort() -> None:
     halving = SuccessiveHalving(CONFIG)
     halving.report_rung({t: float(t) for t in range(9)}, budget=1)
-    with pytest.raises(
-        ValueError, match=r"trials \[5\] are not alive in this cohort .*Report only the alive trials"
-    ):
+    with pytest.raises(ValueError, match=r"trials \[5\] are not alive in this cohort .*Report only the alive trials"):
         halving.report_rung({0: 1.0, 5: 1.0}, budget=3)
     halving.report_rung({0: 1.0, 1: 2.0}, budget=3)  # trial 2 left (e.g. removed as diverged)
     assert halving.alive == [0]
@@ -138,9 +131,7 @@ distinct_values = st.lists(
 
 @settings(max_examples=150, deadline=None)
 @given(values=distinct_values, eta=st.integers(2, 5), mode=st.sampled_from(["min", "max"]))
-def test_properties_best_kept_fraction_promoted_and_determinism(
-    values: list[float], eta: int, mode: str
-) -> None:
+def test_properties_best_kept_fraction_promoted_and_determinism(values: list[float], eta: int, mode: str) -> None:
     config = HalvingConfig(mode, 1, eta, eta**3)  # type: ignore[arg-type]
     cohort = dict(enumerate(values))
     decisions = SuccessiveHalving(config).report_rung(cohort, budget=1)
