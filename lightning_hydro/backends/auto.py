@@ -41,6 +41,8 @@ class AutoChoice:
         """One line saying what was chosen and the measured step times."""
         if self.cached:
             return f"backend='auto' reused its earlier choice {self.backend.name!r} for this model"
+        if not self.seconds:
+            return f"backend='auto' chose {self.backend.name!r}, the only backend that can run this model"
         timings = ", ".join(f"{name} {1000 * s:.2f} ms" for name, s in sorted(self.seconds.items(), key=lambda i: i[1]))
         text = f"backend='auto' chose {self.backend.name!r} (forward+backward per step on the first batch: {timings})"
         for name, why in self.skipped.items():
@@ -83,6 +85,9 @@ def choose_backend(
         FusionError: if no candidate can run the model (the last reason is re-raised).
     """
     factories = dict(candidates)
+    if len(factories) == 1:  # nothing to compare: no timing runs (they could update user state, e.g. metrics)
+        ((name, factory),) = factories.items()
+        return AutoChoice(factory(), skipped={}, seconds={})
     key = _cache_key(group)
     if key in _CACHE and _CACHE[key] in factories:
         return AutoChoice(factories[_CACHE[key]](), cached=True)

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Literal
 
@@ -49,9 +48,10 @@ from lightning_hydro.backends.auto import choose_backend
 from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.fused.results import TRIAL_STATUSES, TrialRecord, TrialStatus, format_results_table
 from lightning_hydro.fused.stacked_state import StackedState
+from lightning_hydro.fused.stateful_metrics import updated_metrics
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
 from lightning_hydro.fused.trial_specs import build_from_spec, module_spec
-from lightning_hydro.fused.verify import FusionMismatchError, differing_attributes
+from lightning_hydro.fused.verify import verify_fusion
 from lightning_hydro.optim.clipping import clip_grad_norm_per_trial, clip_grad_value_per_trial
 from lightning_hydro.optim.group_optimizer import (
     OptimizerPath,
@@ -87,18 +87,6 @@ _FORWARDED_HOOKS = {
     "on_fit_end": None,
 }
 _CHECKPOINT_KEY = "lightning_hydro"
-
-
-@contextmanager
-def _eval_mode(modules: Sequence[nn.Module]) -> Iterator[None]:
-    modes = [m.training for m in modules]
-    try:
-        for m in modules:
-            m.eval()
-        yield
-    finally:
-        for m, mode in zip(modules, modes):
-            m.train(mode)
 
 
 def _as_float(value: Any) -> float:
@@ -167,6 +155,7 @@ class FusedLightningModule(L.LightningModule):
         self._verify_enabled = verify
         self._verify_ids: set[int] = set(ids) if verify else set()
         self._eval_fallback: dict[str, Backend] = {}
+        self._metric_updates: dict[str, list[str]] = {}
         self._epoch_ids: set[int] = set()
         self._epoch_counted: set[int] = set()
         self._epoch_metrics: dict[int, dict[str, float]] = {}
@@ -499,9 +488,22 @@ class FusedLightningModule(L.LightningModule):
             torch.where(torch.isfinite(loss.detach()), loss, torch.zeros_like(loss)).sum().backward()
 
     def _resolve_backend(self, batch: Any, batch_idx: int) -> Backend:
+        metrics = self._metrics_block_fusion("training_step", batch, batch_idx)
+        if self._backend is not None and metrics and not isinstance(self._backend, LoopBackend):
+            raise FusionError(
+                f"backend={self._backend.name!r} cannot fuse {type(self._first()).__name__}.training_step: it updates "
+                f"torchmetrics metrics ({', '.join(metrics)}), whose state vmap cannot keep per trial. Use "
+                "backend='loop', or update those metrics in validation_step only (validation then runs per trial)."
+            )
         if self._backend is None:
+            names = ("loop",) if metrics else ("hfta", "vmap", "loop")
+            if metrics:
+                rank_zero_info(
+                    f"FusedLightningModule: training_step updates torchmetrics metrics ({', '.join(metrics)}), whose "
+                    "state vmap cannot keep per trial; backend='auto' uses 'loop'."
+                )
             candidates: list[tuple[str, Callable[[], Backend]]] = [
-                (name, partial(make_backend, name, self._group)) for name in ("hfta", "vmap", "loop")
+                (name, partial(make_backend, name, self._group)) for name in names
             ]
             choice = choose_backend(
                 self._group, candidates, lambda b: self._training_forward_backward(b, batch, batch_idx)
@@ -513,40 +515,20 @@ class FusedLightningModule(L.LightningModule):
 
     def _verify(self, backend: Backend, batch: Any, batch_idx: int) -> None:
         ids = [tid for tid in self._group.trial_ids if tid in self._verify_ids]
-        if not ids or isinstance(backend, LoopBackend):
-            self._verify_ids.clear()
-            return
-        modules = list(self._group.modules)
-        device = next(iter(self._group.params.values())).device
-        with (
-            torch.no_grad(),
-            _eval_mode(modules),
-            torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+        # the loop runs each trial's own code: nothing to check; otherwise a skipped batch checks the next one
+        if (
+            ids
+            and not isinstance(backend, LoopBackend)
+            and not verify_fusion(self._group, backend, ids, batch, batch_idx)
         ):
-            fused = backend.run("training_step", batch, batch_idx).loss()
-            if fused is None:
-                return  # the step skipped this batch: check the next one
-            for tid in ids:
-                module = self._group.modules[self._group.row_of(tid)]
-                with capture_logs(module):
-                    own = module.training_step(batch, batch_idx)  # type: ignore[operator]
-                own = own["loss"] if isinstance(own, dict) else own
-                mine = fused[self._group.row_of(tid)].float()
-                if not torch.allclose(mine, own.float(), rtol=1e-3, atol=1e-5, equal_nan=True):
-                    attrs = differing_attributes(modules, ids=self._group.trial_ids)
-                    hint = (
-                        "these Python attributes differ between trials: " + "; ".join(attrs[:10])
-                        if attrs
-                        else "no plain Python attribute differs; look for state the step reads that is not a "
-                        "parameter or buffer"
-                    )
-                    raise FusionMismatchError(
-                        f"FusedLightningModule(backend={backend.name!r}): trial {tid}'s fused training_step loss "
-                        f"{float(mine):.6g} differs from its own module's {float(own):.6g}. {backend.name} runs one "
-                        f"template module's code for every trial, so attributes that differ are ignored; {hint}. "
-                        "Use backend='loop', or make the differing value a parameter or buffer."
-                    )
+            return
         self._verify_ids.difference_update(ids)
+
+    def _metrics_block_fusion(self, method: str, *args: Any) -> list[str]:
+        """The torchmetrics metrics that ``method`` updates (cached per method; see :mod:`.stateful_metrics`)."""
+        if method not in self._metric_updates:
+            self._metric_updates[method] = updated_metrics(self._first(), method, args, trainer=self._trainer)
+        return self._metric_updates[method]
 
     def _record_logs(self, phase: str, hook: str, logs: list[StackedLog], batch: Any) -> None:
         batch_size: int | None = None
@@ -595,6 +577,12 @@ class FusedLightningModule(L.LightningModule):
         if not self._group.trial_ids:
             return StepOutputs(output=None, per_row=[])
         backend = self._eval_backend(method)
+        if not isinstance(backend, LoopBackend) and (metrics := self._metrics_block_fusion(method, *args)):
+            rank_zero_info(
+                f"FusedLightningModule: {method} updates torchmetrics metrics ({', '.join(metrics)}), whose state "
+                f"vmap cannot keep per trial, so {method} runs per trial with backend='loop' (training is unaffected)."
+            )
+            backend = self._eval_fallback[method] = make_backend("loop", self._group)
         try:
             return backend.run(method, *args)
         except FusionError as err:

@@ -16,14 +16,21 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from lightning_hydro.backends.errors import FusionError
+from lightning_hydro.backends.trial_logging import capture_logs
 
-__all__ = ["FusionMismatchError", "differing_attributes"]
+if TYPE_CHECKING:
+    from lightning_hydro.backends.base import Backend
+    from lightning_hydro.fused.stacked_state import StackedState
+
+__all__ = ["FusionMismatchError", "differing_attributes", "verify_fusion"]
 
 _SCALARS = (bool, int, float, str, type(None))
 _IGNORED = {"training", "prepare_data_per_node", "allow_zero_length_dataloader_with_multiple_devices"}
@@ -66,3 +73,82 @@ def differing_attributes(modules: Sequence[nn.Module], *, ids: Sequence[int]) ->
             if a != b and not any(entry.startswith(f"{name} ") for entry in found):
                 found.append(f"{name} (trial {ids[0]}: {a}, trial {tid}: {b})")
     return found
+
+
+@contextmanager
+def _eval_mode(modules: Sequence[nn.Module]) -> Iterator[None]:
+    modes = [(m, m.training) for module in modules for m in module.modules()]
+    try:
+        for module in modules:
+            module.eval()
+        yield
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
+def _loss(output: Any) -> Tensor | None:
+    return output.get("loss") if isinstance(output, dict) else output
+
+
+def _mismatch(a: Tensor, b: Tensor) -> bool:
+    """More than a 1e-3 relative difference (float rounding of vmap versus a plain call stays near 1e-7)."""
+    a, b = a.detach().double(), b.detach().double()
+    return bool((a - b).norm() > 1e-3 * b.norm() + 1e-7)
+
+
+def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], batch: Any, batch_idx: int) -> bool:
+    """Compare each trial's fused ``training_step`` loss and gradients with its own module's.
+
+    Runs in eval mode (no dropout, no BatchNorm statistics updates), in full precision, on a forked random
+    number generator, without touching any ``.grad``. Gradients are compared because a loss alone can hide a
+    difference (label smoothing barely changes the loss of an untrained, near-uniform classifier, but changes
+    its gradient).
+
+    Returns:
+        False if the step returned no loss for this batch (check again on the next one).
+
+    Raises:
+        FusionMismatchError: naming the trial and the Python attributes that differ between trials.
+    """
+    modules = list(group.modules)
+    names = list(group.params)
+    stacked = [group.params[name] for name in names]
+    device = stacked[0].device
+    # in full precision: under bf16 autocast two correct computations already differ at the 1e-2 level
+    with (
+        _eval_mode(modules),
+        torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+        torch.autocast(device.type, enabled=False),
+    ):
+        fused = backend.run("training_step", batch, batch_idx).loss()
+        if fused is None:
+            return False
+        fused_grads = torch.autograd.grad(fused.sum(), stacked, allow_unused=True)
+        for tid in ids:
+            row = group.row_of(tid)
+            module = modules[row]
+            with capture_logs(module):
+                own = _loss(module.training_step(batch, batch_idx))  # type: ignore[operator]
+            assert own is not None
+            own_params = [module.get_parameter(name) for name in names]
+            own_grads = torch.autograd.grad(own, own_params, allow_unused=True)
+            differs = _mismatch(fused[row], own) or any(
+                (f is None) != (o is None) or (f is not None and o is not None and _mismatch(f[row], o))
+                for f, o in zip(fused_grads, own_grads)
+            )
+            if differs:
+                attrs = differing_attributes(modules, ids=group.trial_ids)
+                hint = (
+                    "these Python attributes differ between trials: " + "; ".join(attrs[:10])
+                    if attrs
+                    else "no plain Python attribute differs; look for state the step reads that is not a "
+                    "parameter or buffer"
+                )
+                raise FusionMismatchError(
+                    f"FusedLightningModule(backend={backend.name!r}): trial {tid}'s fused training_step loss "
+                    f"{float(fused[row]):.6g} (or its gradients) differs from its own module's {float(own):.6g}. "
+                    f"{backend.name} runs one template module's code for every trial, so attributes that differ "
+                    f"are ignored; {hint}. Use backend='loop', or make the differing value a parameter or buffer."
+                )
+    return True

@@ -160,9 +160,7 @@ class AsyncSuccessiveHalving:
                 continue
             recorded = self._recorded_budget.get((report.trial_id, milestone))
             if recorded is None or recorded == report.budget:  # new at this rung, or a replay
-                entries[position] = RungEntry(
-                    report.trial_id, self.bracket, milestone, report.budget, report.value
-                )
+                entries[position] = RungEntry(report.trial_id, self.bracket, milestone, report.budget, report.value)
         result = self.store.append(list(entries.values())) if entries else AppendResult((), (), {})
         stored = dict(zip(entries, result.stored))
         last_of_batch: dict[tuple[int, int], int] = {}
@@ -184,9 +182,7 @@ class AsyncSuccessiveHalving:
 
     def _rung_decision(self, report: TrialReport, record: RungRecord, population: list[float]) -> Decision:
         config = self.config
-        reason, cutoff = judge_against_quantile(
-            record.value, population, config.mode, config.reduction_factor
-        )
+        reason, cutoff = judge_against_quantile(record.value, population, config.mode, config.reduction_factor)
         action: Action
         if reason == "diverged":
             action = "stop"
@@ -209,7 +205,5 @@ class AsyncSuccessiveHalving:
         if is_diverged(report.value):
             return Decision(report.trial_id, "stop", "diverged", budget=report.budget, value=report.value)
         if report.budget >= self.config.max_t:
-            return Decision(
-                report.trial_id, "complete", "reached_max_t", budget=report.budget, value=report.value
-            )
+            return Decision(report.trial_id, "complete", "reached_max_t", budget=report.budget, value=report.value)
         return Decision(report.trial_id, "continue", "not_at_rung", budget=report.budget, value=report.value)

@@ -49,9 +49,7 @@ class HalvingBudget(BudgetSummary):
     finishers: int
 
 
-def successive_halving_budget(
-    n_trials: int, config: HalvingConfig, *, rounding: Rounding = "ceil"
-) -> HalvingBudget:
+def successive_halving_budget(n_trials: int, config: HalvingConfig, *, rounding: Rounding = "ceil") -> HalvingBudget:
     """The budget synchronous successive halving spends on ``n_trials`` that start together.
 
     Every trial trains to the first milestone; at each milestone ``keep_count(n, eta, rounding)`` go on to

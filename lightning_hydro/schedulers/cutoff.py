@@ -105,9 +105,7 @@ def judge_against_quantile(
     return _verdict(to_score(value, mode), cutoff_score), to_value(cutoff_score, mode)
 
 
-def judge_against_top_k(
-    value: float, cohort: Sequence[float], mode: Mode, keep: int
-) -> tuple[Reason, float | None]:
+def judge_against_top_k(value: float, cohort: Sequence[float], mode: Mode, keep: int) -> tuple[Reason, float | None]:
     """Synchronous halving's verdict on ``value``: is it among the ``keep`` best of ``cohort``?
 
     Ties with the ``keep``-th best value are all kept; a diverged value is never kept. Returns the reason

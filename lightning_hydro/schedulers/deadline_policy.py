@@ -86,16 +86,12 @@ class DeadlinePolicy:
     def __init__(self, config: HalvingConfig) -> None:
         self.config = config
 
-    def seconds_to_top_rung(
-        self, budget: int, seconds_per_unit: SecondsPerUnit, *, group_size: int = 1
-    ) -> float:
+    def seconds_to_top_rung(self, budget: int, seconds_per_unit: SecondsPerUnit, *, group_size: int = 1) -> float:
         """Seconds a trial at ``budget`` needs to reach the top rung in a group of ``group_size``."""
         remaining = max(0, self.config.top_milestone - budget)
         return remaining * _seconds_per_unit(seconds_per_unit, group_size)
 
-    def admits_new_trial(
-        self, time_left_s: float, seconds_per_unit: SecondsPerUnit, *, group_size: int = 1
-    ) -> bool:
+    def admits_new_trial(self, time_left_s: float, seconds_per_unit: SecondsPerUnit, *, group_size: int = 1) -> bool:
         """Whether a trial starting now (budget 0) reaches the top rung in ``time_left_s``.
 
         ``group_size`` is the size of its group once it has joined (1 for one trial per process).
@@ -160,15 +156,8 @@ class DeadlinePolicy:
 
 
 def _seconds_per_unit(seconds_per_unit: SecondsPerUnit, group_size: int) -> float:
-    seconds = (
-        seconds_per_unit.predict(group_size) if isinstance(seconds_per_unit, LinearCost) else seconds_per_unit
-    )
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, int | float)
-        or not math.isfinite(seconds)
-        or seconds <= 0
-    ):
+    seconds = seconds_per_unit.predict(group_size) if isinstance(seconds_per_unit, LinearCost) else seconds_per_unit
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(
             "DeadlinePolicy: seconds per unit of budget must be a finite number > 0 (for a group of "
             f"{group_size}), "

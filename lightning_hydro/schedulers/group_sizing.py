@@ -139,9 +139,7 @@ def plan_group_size(
         (16, 9.0, 0.095)
     """
     if not math.isfinite(memory_budget) or memory_budget <= 0:
-        raise ValueError(
-            f"plan_group_size: memory_budget must be a finite amount > 0, got {memory_budget!r}."
-        )
+        raise ValueError(f"plan_group_size: memory_budget must be a finite amount > 0, got {memory_budget!r}.")
     if not 0 <= safety_margin < 1:
         raise ValueError(
             f"plan_group_size: safety_margin must be in [0, 1), got {safety_margin!r}. It is the fraction of "
@@ -205,9 +203,7 @@ class PredictionCheck:
         )
 
 
-def check_prediction(
-    model: LinearCost, group_size: int, measured: float, *, tolerance: float = 0.1
-) -> PredictionCheck:
+def check_prediction(model: LinearCost, group_size: int, measured: float, *, tolerance: float = 0.1) -> PredictionCheck:
     """Compare a measured cost of a group with the linear model's prediction.
 
     Example::

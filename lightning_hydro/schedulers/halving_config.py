@@ -166,9 +166,7 @@ def check_budget(budget: object, *, where: str) -> int:
             f"{budget!r}. Pass e.g. trainer.current_epoch + 1."
         )
     if budget < 0:
-        raise ValueError(
-            f"{where}: budget must be >= 0, got {budget}. Pass the epochs or steps trained so far."
-        )
+        raise ValueError(f"{where}: budget must be >= 0, got {budget}. Pass the epochs or steps trained so far.")
     return int(budget)
 
 

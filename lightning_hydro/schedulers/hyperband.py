@@ -172,9 +172,7 @@ class Hyperband:
         'not_at_rung'
     """
 
-    def __init__(
-        self, config: HalvingConfig, store: StoreSpec = None, *, order: BracketOrder = "sequential"
-    ) -> None:
+    def __init__(self, config: HalvingConfig, store: StoreSpec = None, *, order: BracketOrder = "sequential") -> None:
         self.config = config
         self.order = order
         self.brackets = hyperband_brackets(config)
@@ -215,9 +213,7 @@ class Hyperband:
                 f"{self._assignments[trial_id]}. "
                 "Add each trial once; give a refilled slot's new trial a new id."
             )
-        s = bracket_for_position(
-            self._next_position if position is None else position, self.brackets, self.order
-        )
+        s = bracket_for_position(self._next_position if position is None else position, self.brackets, self.order)
         self._assignments[trial_id] = s
         self._next_position += 1
         return self.bracket(s)
@@ -235,9 +231,7 @@ class Hyperband:
             by_bracket.setdefault(s, []).append(position)
         decisions: list[Decision | None] = [None] * len(batch)
         for s, positions in by_bracket.items():
-            for position, decision in zip(
-                positions, self._schedulers[s].report_batch([batch[p] for p in positions])
-            ):
+            for position, decision in zip(positions, self._schedulers[s].report_batch([batch[p] for p in positions])):
                 decisions[position] = decision
         return [decision for decision in decisions if decision is not None]
 

@@ -92,9 +92,7 @@ class MemoryRungStore(RungStore):
 
     def _insert(self, handle: Any, entry: RungEntry) -> RungRecord:
         sequence = self._records[-1].sequence + 1 if self._records else 0
-        record = RungRecord(
-            entry.trial_id, entry.bracket, entry.milestone, entry.budget, entry.value, sequence
-        )
+        record = RungRecord(entry.trial_id, entry.bracket, entry.milestone, entry.budget, entry.value, sequence)
         self._records.append(record)
         self._index[(entry.bracket, entry.milestone, entry.trial_id)] = record
         self._by_rung.setdefault(record.rung_key, []).append(record)

@@ -172,9 +172,7 @@ class SqlAlchemyRungStore(RungStore):
         locks = self._tables["locks"]
         sa = self._sa
         updated = connection.execute(
-            sa.update(locks)
-            .where(locks.c.namespace == self.namespace)
-            .values(generation=locks.c.generation + 1)
+            sa.update(locks).where(locks.c.namespace == self.namespace).values(generation=locks.c.generation + 1)
         ).rowcount
         if updated == 0:  # first use of the namespace; a racing creator makes this fail and retry
             connection.execute(sa.insert(locks).values(namespace=self.namespace, generation=1))

@@ -203,9 +203,7 @@ class SqliteRungStore(RungStore):
             ),
         )
         sequence = cursor.lastrowid
-        return RungRecord(
-            entry.trial_id, entry.bracket, entry.milestone, entry.budget, entry.value, int(sequence)
-        )
+        return RungRecord(entry.trial_id, entry.bracket, entry.milestone, entry.budget, entry.value, int(sequence))
 
     def _rung_records(self, handle: Any, bracket: int, milestone: int) -> list[RungRecord]:
         rows = handle.execute(

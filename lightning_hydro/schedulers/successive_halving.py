@@ -90,9 +90,7 @@ class SuccessiveHalving:
                     f"or never part of it). Report only the alive trials: {self._alive}."
                 )
         milestone = self.config.milestone_at_or_below(budget)
-        at_new_rung = milestone is not None and (
-            self._last_milestone is None or milestone > self._last_milestone
-        )
+        at_new_rung = milestone is not None and (self._last_milestone is None or milestone > self._last_milestone)
         if at_new_rung and milestone is not None:
             decisions = self._decide_rung(checked, budget, milestone)
             self._last_milestone = milestone
@@ -132,9 +130,7 @@ class SuccessiveHalving:
         self._last_milestone = state["last_milestone"]
         self._store.load_state_dict(state["store"])
 
-    def _decide_rung(
-        self, values: dict[AnyTrialId, float], budget: int, milestone: int
-    ) -> dict[AnyTrialId, Decision]:
+    def _decide_rung(self, values: dict[AnyTrialId, float], budget: int, milestone: int) -> dict[AnyTrialId, Decision]:
         config = self.config
         self._store.append([RungEntry(trial, 0, milestone, budget, value) for trial, value in values.items()])
         keep = keep_count(len(values), config.reduction_factor, self.rounding)

@@ -61,8 +61,8 @@ def test_fused_optimizer_path_gives_the_same_numbers(optimizer):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cnn_with_batchnorm_has_per_trial_running_stats(backend):
     trials = [seeded(lambda lr=lr: DigitsCNN(lr=lr), [i])[0] for i, lr in enumerate([0.02, 0.05, 0.1])]
-    separate = train_separately(trials, fit_digits, max_steps=30)
-    fused = train_fused(trials, fit_digits, fused_kwargs={"backend": backend}, max_steps=30)
+    separate = train_separately(trials, fit_digits, max_steps=50)
+    fused = train_fused(trials, fit_digits, fused_kwargs={"backend": backend}, max_steps=50)
     assert_trials_match(fused, separate, 1e-4)
     means = fused.stacked.get_buffer("features__1__running_mean")
     assert not torch.allclose(means[0], means[1])  # the statistics really are per trial

@@ -5,33 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import torch
 
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsMLP
 from lightning_hydro.optim import OptimizerConfigError
-from tests.helpers import fit_digits, make_trainer, max_state_difference, seeded, train_fused, train_separately
-
-
-class ScheduledMLP(DigitsMLP):
-    """An MLP whose configure_optimizers returns one of Lightning's scheduler configurations."""
-
-    def __init__(self, schedule: str = "step", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.schedule = schedule
-
-    def configure_optimizers(self) -> Any:
-        optimizer = super().configure_optimizers()
-        if self.schedule == "step":
-            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.5)
-            return {
-                "optimizer": optimizer,
-                "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 2},
-            }
-        if self.schedule == "epoch":
-            return [optimizer], [torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.5)]
-        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=0.1, patience=0)
-        return {"optimizer": optimizer, "lr_scheduler": plateau, "monitor": "val_acc"}
+from tests.helpers import (
+    ScheduledMLP,
+    fit_digits,
+    make_trainer,
+    max_state_difference,
+    seeded,
+    train_fused,
+    train_separately,
+)
 
 
 def lr_of(fused: FusedLightningModule, tid: int) -> float:

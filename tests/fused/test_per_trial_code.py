@@ -32,7 +32,8 @@ def test_logged_metrics_are_per_trial_and_equal_separate_runs(backend):
         assert fused.results[tid]["metrics"]["train_loss"] == pytest.approx(expected["train_loss"].item(), rel=1e-4)
         assert [h["epoch"] for h in fused.results[tid]["history"]] == [0.0, 1.0]
         assert fused.results[tid]["history"][1]["val_acc"] == fused.results[tid]["metrics"]["val_acc"]
-    assert fused.results[0]["status"] == "completed" and fused.results[0]["budget"] == 2
+    assert fused.results[0]["status"] == "completed"
+    assert fused.results[0]["budget"] == 2
 
 
 class ProbeMLP(DigitsMLP):
@@ -74,7 +75,7 @@ def test_without_a_datamodule_the_first_trials_data_hooks_feed_the_group():
     assert fused.results[1]["steps"] == 4
 
 
-class TestableMLP(DigitsMLP):
+class MLPWithTestStep(DigitsMLP):
     def test_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch
         self.log("test_acc", (self(x).argmax(-1) == y).float().mean())
@@ -87,7 +88,7 @@ def test_a_hook_the_trials_lack_is_missing_from_the_fused_module_too():
 
 
 def test_validate_test_and_predict_run_per_trial():
-    trials = [TestableMLP(hidden_dim=16, lr=lr) for lr in (0.1, 0.3)]
+    trials = [MLPWithTestStep(hidden_dim=16, lr=lr) for lr in (0.1, 0.3)]
     fused = FusedLightningModule(trials, backend="vmap", summary=False)
     trainer = make_trainer(max_epochs=1)
     dm = DigitsDataModule()

@@ -1,0 +1,139 @@
+"""Fusion is verified, not assumed; what vmap cannot batch is reported with the op, the line and the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchmetrics
+
+from lightning_hydro import FusedLightningModule, FusionError, FusionMismatchError
+from lightning_hydro.backends import LoopBackend
+from lightning_hydro.demos import DigitsMLP
+from tests.helpers import fit_digits, make_trainer, max_state_difference, seeded, train_fused, train_separately
+
+
+class SmoothedMLP(DigitsMLP):
+    """Label smoothing is a Python float used by the step: vmap would apply trial 0's to every trial."""
+
+    def __init__(self, smoothing: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.smoothing = smoothing
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y, label_smoothing=self.smoothing)
+
+
+def test_differing_python_attributes_are_caught_on_the_first_batch():
+    trials = [SmoothedMLP(smoothing=0.0, hidden_dim=8), SmoothedMLP(smoothing=0.3, hidden_dim=8)]
+    fused = FusedLightningModule(trials, backend="vmap", summary=False)
+    with pytest.raises(
+        FusionMismatchError,
+        match=r"trial 1's fused training_step loss .* differs from its own.*"
+        r"smoothing \(trial 0: 0.0, trial 1: 0.3\).*Use backend='loop'",
+    ):
+        fit_digits(make_trainer(max_steps=2), fused)
+
+
+def test_the_loop_backend_runs_each_trials_own_attributes():
+    trials = [seeded(lambda s=s: SmoothedMLP(smoothing=s, hidden_dim=8), [i])[0] for i, s in enumerate([0.0, 0.3])]
+    separate = train_separately(trials, fit_digits, max_steps=5)
+    fused = train_fused(trials, fit_digits, fused_kwargs={"backend": "loop"}, max_steps=5)
+    assert max_state_difference(fused.unfuse(1), separate[1]) <= 1e-6
+
+
+class ItemMLP(DigitsMLP):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        if loss.item() > 100:  # data-dependent Python control flow
+            loss = loss * 0
+        return loss
+
+
+def test_ops_vmap_cannot_batch_are_named_with_the_line_and_the_fix():
+    fused = FusedLightningModule([ItemMLP(hidden_dim=8), ItemMLP(hidden_dim=8)], backend="vmap", summary=False)
+    with pytest.raises(
+        FusionError,
+        match=r"backend='vmap' cannot fuse ItemMLP.training_step: it calls .item\(\).*"
+        r"test_verification.py:\d+ in training_step: if loss.item\(\) > 100:.*Use backend='loop'",
+    ):
+        fit_digits(make_trainer(max_steps=1), fused)
+
+
+class MetricMLP(DigitsMLP):
+    """The common torchmetrics pattern: a stateful metric updated in validation_step."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.accuracy = torchmetrics.Accuracy(task="multiclass", num_classes=10)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.accuracy(self(x), y)
+        self.log("val_acc", self.accuracy)
+
+
+def test_torchmetrics_in_validation_run_per_trial_while_training_stays_fused():
+    trials = [seeded(lambda lr=lr: MetricMLP(hidden_dim=16, lr=lr), [i])[0] for i, lr in enumerate([0.05, 0.2])]
+    separate = train_separately(trials, fit_digits, max_epochs=2, limit_train_batches=5)
+    fused = FusedLightningModule(trials, backend="vmap", summary=False)
+    trainer = make_trainer(max_epochs=2, limit_train_batches=5)
+    fit_digits(trainer, fused)
+    assert isinstance(fused._eval_backend("validation_step"), LoopBackend)
+    assert fused.backend == "vmap"  # training stayed fused
+    for tid, module in enumerate(separate):
+        expected = module.trainer.callback_metrics["val_acc"].item()
+        assert trainer.callback_metrics[f"val_acc/trial_{tid}"].item() == pytest.approx(expected)
+
+
+def test_auto_backend_chooses_by_timing_and_changes_no_numbers():
+    from tests.helpers import DigitsCNN
+
+    trials = [seeded(lambda lr=lr: DigitsCNN(lr=lr), [i])[0] for i, lr in enumerate([0.02, 0.05])]
+    separate = train_separately(trials, fit_digits, max_steps=8)
+    fused = train_fused(trials, fit_digits, fused_kwargs={"backend": "auto"}, max_steps=8)
+    assert fused.backend in ("vmap", "loop")
+    assert "backend='auto' chose" in fused.backend_report
+    assert " ms" in fused.backend_report
+    for tid, module in enumerate(separate):  # BatchNorm statistics and RNG were restored after timing
+        assert max_state_difference(fused.unfuse(tid), module) <= 1e-4
+
+
+def test_auto_skips_backends_that_cannot_run_the_model():
+    fused = train_fused(
+        [ItemMLP(hidden_dim=8), ItemMLP(hidden_dim=8)], fit_digits, fused_kwargs={"backend": "auto"}, max_steps=2
+    )
+    assert fused.backend == "loop"
+    assert "vmap skipped: backend='vmap' cannot fuse ItemMLP.training_step" in fused.backend_report
+
+
+class TrainMetricMLP(DigitsMLP):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.train_acc = torchmetrics.Accuracy(task="multiclass", num_classes=10)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        logits = self(x)
+        self.train_acc(logits, y)
+        return F.cross_entropy(logits, y)
+
+
+def test_torchmetrics_updated_in_training_step_are_refused_under_vmap():
+    fused = FusedLightningModule([TrainMetricMLP(hidden_dim=8), TrainMetricMLP(hidden_dim=8)], backend="vmap")
+    with pytest.raises(FusionError, match=r"it updates torchmetrics metrics \(train_acc\).*Use backend='loop'"):
+        fit_digits(make_trainer(max_steps=1), fused)
+
+
+def test_auto_runs_training_step_metrics_per_trial():
+    fused = train_fused(
+        [TrainMetricMLP(hidden_dim=8), TrainMetricMLP(hidden_dim=8)],
+        fit_digits,
+        fused_kwargs={"backend": "auto"},
+        max_steps=2,
+    )
+    assert fused.backend == "loop"
+    assert fused.trial_module(1).train_acc.update_count == 2  # each trial's own metric, updated per step
