@@ -1,14 +1,35 @@
-"""lightning_hydro: fused, muP-scaled, early-stopped hyperparameter tuning for PyTorch Lightning."""
+"""lightning_hydro: fused, muP-scaled, early-stopped hyperparameter tuning for PyTorch Lightning.
 
-from lightning_hydro.backends import FusionError
-from lightning_hydro.fused import ArchitectureMismatchError, FusedLightningModule, FusionMismatchError
+The public API is imported lazily, so that ``import lightning_hydro.schedulers`` (pure Python) and the
+Hydra plugin shim, which Hydra imports at every application start, do not pay for torch and Lightning.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ArchitectureMismatchError",
-    "FusedLightningModule",
-    "FusionError",
-    "FusionMismatchError",
-    "__version__",
-]
+_EXPORTS = {
+    "FusedLightningModule": "lightning_hydro.fused",
+    "ArchitectureMismatchError": "lightning_hydro.fused",
+    "FusionMismatchError": "lightning_hydro.fused",
+    "FusionError": "lightning_hydro.backends",
+}
+
+__all__ = ["ArchitectureMismatchError", "FusedLightningModule", "FusionError", "FusionMismatchError", "__version__"]
+
+if TYPE_CHECKING:
+    from lightning_hydro.backends import FusionError
+    from lightning_hydro.fused import ArchitectureMismatchError, FusedLightningModule, FusionMismatchError
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'lightning_hydro' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

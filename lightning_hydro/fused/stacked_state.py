@@ -15,10 +15,10 @@ Example::
     >>> state.params["weight"].shape
     torch.Size([4, 2, 3])
     >>> with torch.no_grad():
-    ...     state.params["weight"][2].fill_(1.0)
+    ...     _ = state.params["weight"][2].fill_(1.0)
     >>> bool((trials[2].weight == 1.0).all())  # the trial module sees its row
     True
-    >>> state.remove([1])  # compact: three rows left, trial 2 keeps its weights
+    >>> removed = state.remove([1])  # compact: three rows left, trial 2 keeps its weights
     >>> state.trial_ids, state.params["weight"].shape[0], bool((trials[2].weight == 1.0).all())
     ([0, 2, 3], 3, True)
 """

@@ -1,0 +1,26 @@
+from lightning_hydro.fused.results import TrialRecord, best_trial, format_results_table
+
+
+def test_round_trip_and_budget():
+    record = TrialRecord(3, status="stopped", epochs=2, steps=40, metrics={"val_loss": 0.5}, reason="ASHA rung 0")
+    data = record.as_dict()
+    assert data["budget"] == 2
+    assert TrialRecord.from_dict(3, data) == record
+
+
+def test_best_ignores_missing_and_non_finite_values():
+    records = {
+        0: TrialRecord(0, metrics={"val_loss": float("nan")}),
+        1: TrialRecord(1, metrics={"val_loss": 0.7}),
+        2: TrialRecord(2, metrics={}),
+        3: TrialRecord(3, metrics={"val_loss": 0.4}),
+    }
+    assert best_trial(records, "val_loss", "min") == 3
+    assert best_trial(records, "val_loss", "max") == 1
+    assert best_trial(records, "val_acc", "max") is None
+
+
+def test_table_lists_validation_metrics_first():
+    records = {0: TrialRecord(0, metrics={"train_loss": 1.0, "val_acc": 0.5, "lr": 0.1})}
+    header = format_results_table(records).splitlines()[0].split()
+    assert header == ["trial", "status", "epochs", "steps", "val_acc", "lr", "train_loss", "note"]

@@ -1,0 +1,91 @@
+import pytest
+import torch
+from torch import nn
+
+from lightning_hydro.fused.stacked_state import ArchitectureMismatchError, StackedState, check_same_architecture
+
+
+def bn_net() -> nn.Module:
+    return nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+
+
+def test_parameters_and_buffers_are_stacked_and_bound():
+    storage = nn.Module()
+    trials = [bn_net() for _ in range(3)]
+    state = StackedState(storage, trials, [10, 11, 12])
+    assert set(state.params) == {"0.weight", "0.bias", "1.weight", "1.bias", "2.weight", "2.bias"}
+    assert state.buffers["1.running_mean"].shape == (3, 4)
+    assert state.buffers["1.num_batches_tracked"].shape == (3,)
+    assert storage.get_parameter("0__weight") is state.params["0.weight"]
+    with torch.no_grad():
+        state.buffers["1.running_mean"][2].fill_(7.0)
+        state.params["2.bias"][1].fill_(3.0)
+    assert torch.all(trials[2][1].running_mean == 7.0)
+    assert torch.all(trials[1][2].bias == 3.0)
+    assert state.row_of(11) == 1
+    with pytest.raises(KeyError, match=r"Trial 99 is not in this group; live trials: \[10, 11, 12\]"):
+        state.row_of(99)
+
+
+def test_gradients_are_distributed_as_views():
+    storage = nn.Module()
+    trials = [nn.Linear(2, 2) for _ in range(2)]
+    state = StackedState(storage, trials, [0, 1])
+    state.params["weight"].grad = torch.arange(8.0).view(2, 2, 2)
+    state.distribute_grads()
+    assert trials[1].weight.grad.data_ptr() == state.params["weight"].grad[1].data_ptr()
+    assert trials[0].bias.grad is None  # no stacked gradient: none for the trial either
+
+
+def test_remove_compacts_and_detaches():
+    storage = nn.Module()
+    trials = [nn.Linear(2, 2) for _ in range(3)]
+    originals = [t.weight.detach().clone() for t in trials]
+    state = StackedState(storage, trials, [0, 1, 2])
+    weight = state.params["weight"]
+    (removed,) = state.remove([1])
+    assert removed is trials[1]
+    assert state.params["weight"] is weight  # same Parameter object, new rows
+    assert weight.shape == (2, 2, 2)
+    assert state.trial_ids == [0, 2]
+    assert torch.equal(trials[2].weight, originals[2])
+    with torch.no_grad():
+        weight.zero_()
+    assert torch.equal(trials[1].weight, originals[1])  # detached: owns its weights now
+    assert torch.all(trials[2].weight == 0)
+
+
+def test_append_and_reorder():
+    storage = nn.Module()
+    trials = [bn_net() for _ in range(2)]
+    state = StackedState(storage, trials, [0, 1])
+    newcomer = bn_net()
+    state.append(newcomer, 5)
+    assert state.trial_ids == [0, 1, 5]
+    assert torch.equal(state.params["0.weight"][2], newcomer[0].weight)
+    assert storage.get_buffer("1__running_var").shape == (3, 4)
+    state.reorder([5, 0])
+    assert state.trial_ids == [5, 0]
+    assert torch.equal(state.params["0.weight"][0], newcomer[0].weight)
+    with pytest.raises(ArchitectureMismatchError, match="Trial 6 cannot be fused with the group"):
+        state.append(nn.Sequential(nn.Linear(3, 5), nn.BatchNorm1d(5), nn.Linear(5, 2)), 6)
+
+
+def test_non_persistent_buffers_stay_out_of_the_state_dict():
+    class WithCache(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(2, 2)
+            self.register_buffer("cache", torch.zeros(2), persistent=False)
+
+    storage = nn.Module()
+    StackedState(storage, [WithCache(), WithCache()], [0, 1])
+    assert "cache" not in storage.state_dict()
+    assert storage.get_buffer("cache").shape == (2, 2)
+
+
+def test_architecture_checks_cover_requires_grad():
+    frozen = nn.Linear(2, 2)
+    frozen.weight.requires_grad_(False)
+    with pytest.raises(ArchitectureMismatchError, match=r"requires_grad=False, expected .* requires_grad=True"):
+        check_same_architecture([nn.Linear(2, 2), frozen])

@@ -1,0 +1,124 @@
+"""The fused fast path computes what B separate torch optimizers compute, row for row."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_hydro.optim import FusedAdam, FusedSGD, select_fused_update
+
+ROWS = 4
+
+
+def make_stacked(seed: int = 0) -> tuple[list[nn.Parameter], list[list[nn.Parameter]]]:
+    g = torch.Generator().manual_seed(seed)
+    stacked = [nn.Parameter(torch.randn(ROWS, 3, 5, generator=g)), nn.Parameter(torch.randn(ROWS, 5, generator=g))]
+    trials = [[nn.Parameter(p.detach()[r].clone()) for p in stacked] for r in range(ROWS)]
+    return stacked, trials
+
+
+SGD_SETTINGS = [
+    dict(lr=0.1, momentum=0.9),
+    dict(lr=0.05, momentum=0.0, weight_decay=0.01),
+    dict(lr=0.2, momentum=0.5, dampening=0.3, weight_decay=0.001),
+    dict(lr=0.01, momentum=0.8, nesterov=True),
+]
+ADAM_SETTINGS = [
+    dict(lr=1e-2),
+    dict(lr=3e-3, betas=(0.8, 0.99), weight_decay=0.01),
+    dict(lr=1e-3, eps=1e-6),
+    dict(lr=5e-2, betas=(0.95, 0.9), weight_decay=0.1),
+]
+
+
+def run(kind: str, settings: list[dict[str, Any]], steps: int, skip: dict[int, list[int]] | None = None, **common: Any):
+    """Train the stacked rows with the fused update and each row's copy with torch; return both."""
+    stacked, trials = make_stacked()
+    cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[kind]
+    optimizers = [cls(params, **s, **common) for params, s in zip(trials, settings)]
+    fused = select_fused_update(optimizers, trials, stacked)
+    assert not isinstance(fused, str), fused
+    for step in range(steps):
+        g = torch.Generator().manual_seed(100 + step)
+        grads = [torch.randn(p.shape, generator=g) for p in stacked]
+        skipped = (skip or {}).get(step, [])
+        for p, grad in zip(stacked, grads):
+            p.grad = grad.clone()
+        fused.step([o.param_groups[0] for o in optimizers], skip_rows=skipped)
+        for row, (params, opt) in enumerate(zip(trials, optimizers)):
+            if row in skipped:
+                continue
+            for p, grad in zip(params, grads):
+                p.grad = grad[row].clone()
+            opt.step()
+    return fused, stacked, trials, optimizers
+
+
+@pytest.mark.parametrize(
+    ("kind", "settings"), [("sgd", SGD_SETTINGS), ("adam", ADAM_SETTINGS), ("adamw", ADAM_SETTINGS)]
+)
+def test_rows_match_separate_torch_optimizers(kind, settings):
+    _fused, stacked, trials, _ = run(kind, settings, steps=10)
+    for row, params in enumerate(trials):
+        for p_fused, p_own in zip(stacked, params):
+            torch.testing.assert_close(p_fused.detach()[row], p_own.detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_amsgrad_matches():
+    fused, stacked, trials, _ = run("adam", ADAM_SETTINGS, steps=6, amsgrad=True)
+    assert isinstance(fused, FusedAdam)
+    assert fused.amsgrad
+    for row, params in enumerate(trials):
+        torch.testing.assert_close(stacked[0].detach()[row], params[0].detach(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(("kind", "settings"), [("sgd", SGD_SETTINGS), ("adam", ADAM_SETTINGS)])
+def test_skipped_rows_keep_parameters_and_state(kind, settings):
+    # row 1 is skipped at steps 0 and 3 (a diverged trial would be); it must look as if those steps never came
+    _fused, stacked, trials, _ = run(kind, settings, steps=6, skip={0: [1], 3: [1, 2]})
+    for row, params in enumerate(trials):
+        torch.testing.assert_close(stacked[0].detach()[row], params[0].detach(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(("kind", "settings"), [("sgd", SGD_SETTINGS), ("adam", ADAM_SETTINGS)])
+def test_state_round_trips_through_torchs_format(kind, settings):
+    fused, stacked, trials, optimizers = run(kind, settings, steps=3)
+    for row, (params, opt) in enumerate(zip(trials, optimizers)):
+        exported = fused.export_row(row)
+        own = [opt.state[p] for p in params]
+        for mine, theirs in zip(exported, own):
+            assert mine.keys() == {k for k in theirs if theirs[k] is not None}
+            for key in mine:
+                torch.testing.assert_close(mine[key].float(), theirs[key].float(), rtol=1e-6, atol=1e-7)
+    clone = type(fused)(stacked) if kind == "sgd" else FusedAdam(stacked)
+    for row in range(ROWS):
+        clone.import_row(row, fused.export_row(row))
+    for row in range(ROWS):
+        for a, b in zip(clone.export_row(row), fused.export_row(row)):
+            assert a.keys() == b.keys()
+
+
+def test_momentum_zero_rows_keep_no_buffer():
+    fused, _, _, _optimizers = run("sgd", SGD_SETTINGS, steps=2)
+    assert isinstance(fused, FusedSGD)
+    assert fused.export_row(1) == [{}, {}]  # momentum 0: torch keeps no buffer either
+    assert "momentum_buffer" in fused.export_row(0)[0]
+
+
+def test_select_explains_why_the_fast_path_is_unavailable():
+    stacked, trials = make_stacked()
+    mixed = [torch.optim.SGD(trials[0], lr=0.1), torch.optim.Adam(trials[1], lr=0.1)]
+    assert select_fused_update(mixed, trials[:2], stacked) == "the trials use different optimizer classes (Adam, SGD)"
+    rms = [torch.optim.RMSprop(t, lr=0.1) for t in trials]
+    assert "RMSprop has no fused implementation" in select_fused_update(rms, trials, stacked)
+    groups = [torch.optim.SGD([{"params": t[:1]}, {"params": t[1:], "lr": 0.5}], lr=0.1) for t in trials]
+    assert select_fused_update(groups, trials, stacked) == "an optimizer has several param groups"
+    subset = [torch.optim.SGD(t[:1], lr=0.1) for t in trials]
+    assert "not hold exactly the trial's parameters" in select_fused_update(subset, trials, stacked)
+    maximize = [torch.optim.SGD(t, lr=0.1, maximize=True) for t in trials]
+    assert select_fused_update(maximize, trials, stacked) == "maximize=True or differentiable=True"
+    ams = [torch.optim.Adam(t, lr=0.1, amsgrad=i == 0) for i, t in enumerate(trials)]
+    assert select_fused_update(ams, trials, stacked) == "the trials differ in amsgrad or decoupled weight decay"
