@@ -76,7 +76,9 @@ class LightningHydroSweeperConf:
         fusion_limit: most trials trained at once in one group: a number >= 1, or ``auto`` to probe.
         round_size: configurations asked of the sampler at a time; ``null``: all of them for ``grid``
             and ``random``, the fusion limit for ``tpe`` (which learns from each finished round).
-        params: the search space, ``key: override value`` in Hydra's override grammar.
+        params: the search space, ``key: override value`` in Hydra's override grammar (nested keys
+            give dotted ones, so ``hydra.sweeper.params.model.lr=...`` works on the command line; a
+            ``null`` value drops a key).
         scheduler: early stopping inside each group.
         probe: settings of ``fusion_limit: auto``.
         retrain: final retraining of the best configurations.
@@ -91,7 +93,7 @@ class LightningHydroSweeperConf:
     non_fusible: list[str] = field(default_factory=list)
     fusion_limit: Any = 16
     round_size: int | None = None
-    params: dict[str, str] | None = None
+    params: dict[str, Any] | None = None
     scheduler: SchedulerConf = field(default_factory=SchedulerConf)
     probe: FusionProbeConf = field(default_factory=FusionProbeConf)
     retrain: RetrainConf = field(default_factory=RetrainConf)

@@ -144,7 +144,9 @@ class DigitsMLP(L.LightningModule):
     def configure_optimizers(self) -> Any:
         hp = self.hparams
         if hp.optimizer == "sgd":
-            return torch.optim.SGD(self.parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
+            return torch.optim.SGD(
+                self.parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay
+            )
         if hp.optimizer == "adam":
             return torch.optim.Adam(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
         return torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)

@@ -110,7 +110,7 @@ class LightningHydroSweeperImpl(Sweeper):
         records = [self._record(g, tid) for g in self.state.groups_of_kind("search") for tid in g.trial_ids]
         self._report(records, retrained)
         if self.failures:
-            failed = "; ".join(f"{gid}: {type(err).__name__}: {err}" for gid, err in self.failures.items())
+            failed = "; ".join(f"{gid}: {_one_line(err)}" for gid, err in self.failures.items())
             raise RuntimeError(
                 f"lightning_hydro sweeper: {len(self.failures)} job(s) failed ({failed}). Their trials are "
                 "marked 'failed' in results.json. Fix the cause, then re-run the same command (same "
@@ -188,18 +188,19 @@ class LightningHydroSweeperImpl(Sweeper):
 
     def _probe_fusion_limits(self, trials: Sequence[Trial]) -> None:
         """Launch one probe job per partition whose limit is unknown; record each measured limit."""
-        by_partition: dict[Partition, list[int]] = {}
+        by_partition: dict[Partition, list[Trial]] = {}
         for trial in trials:
             partition = partition_of(trial.configuration, self.settings.non_fusible)
             if self.state.fusion_limit(partition) is None:
-                by_partition.setdefault(partition, []).append(trial.trial_id)
+                by_partition.setdefault(partition, []).append(trial)
         jobs, probes = [], []
-        for i, (partition, ids) in enumerate(by_partition.items()):
+        for i, (partition, members) in enumerate(by_partition.items()):
+            ids = tuple(t.trial_id for t in members[:2])
             group = TrialGroup(
-                f"probe_{len(self.state.fusion_limits) + i:04d}", "probe", tuple(ids[:2]), 2, partition
+                f"probe_{len(self.state.fusion_limits) + i:04d}", "probe", ids, len(ids), partition
             )
             (self.state.job_dir(group) / RESULT_FILE).unlink(missing_ok=True)
-            spec = self._spec(group, self._trial_overrides(ids[:2]))
+            spec = self._spec(group, self._trial_overrides(members[:2]))
             spec = dataclasses.replace(spec, probe=dataclasses.asdict(self.settings.probe))
             jobs.append((spec, self._job_overrides(group)))
             probes.append(group)
@@ -211,7 +212,7 @@ class LightningHydroSweeperImpl(Sweeper):
                 raise RuntimeError(
                     "lightning_hydro sweeper: the fusion-limit probe of partition "
                     f"'{partition_label(group.partition)}' failed "
-                    f"({type(cause).__name__ if cause else 'no result'}: {cause}). Fix the cause, or set "
+                    f"({_one_line(cause) if cause else 'no result'}). Fix the cause, or set "
                     "hydra.sweeper.fusion_limit to a number."
                 ) from cause
             self.state.set_fusion_limit(group.partition, int(result["fusion_limit"]))
@@ -223,12 +224,13 @@ class LightningHydroSweeperImpl(Sweeper):
 
     # -- jobs -------------------------------------------------------------------------------------------
 
-    def _trial_overrides(self, trial_ids: Sequence[int], drop: Sequence[str] = ()) -> dict[int, list[str]]:
+    def _trial_overrides(self, trials: Sequence[Trial], drop: Sequence[str] = ()) -> dict[int, list[str]]:
+        """Each trial's own (fusible) override lines, without the keys in ``drop``."""
         keys = [k for k in self.fusible if k not in drop]
-        return {
-            tid: self.space.override_lines(self.state.trials[tid].configuration.texts, keys)
-            for tid in trial_ids
-        }
+        return {t.trial_id: self.space.override_lines(t.configuration.texts, keys) for t in trials}
+
+    def _trials_of(self, group: TrialGroup) -> list[Trial]:
+        return [self.state.trials[tid] for tid in group.trial_ids]
 
     def _spec(self, group: TrialGroup, overrides: Mapping[int, list[str]]) -> GroupSpec:
         return GroupSpec(
@@ -250,7 +252,7 @@ class LightningHydroSweeperImpl(Sweeper):
             options=dict(sched.options),
         )
         return dataclasses.replace(
-            self._spec(group, self._trial_overrides(group.trial_ids)), early_stopping=early_stopping
+            self._spec(group, self._trial_overrides(self._trials_of(group))), early_stopping=early_stopping
         )
 
     def _job_overrides(self, group: TrialGroup, extra: Sequence[str] = ()) -> list[str]:
@@ -277,7 +279,7 @@ class LightningHydroSweeperImpl(Sweeper):
             try:
                 _ = ret.return_value  # raises the job's exception if it failed
             except Exception as err:
-                log.error("lightning_hydro: job %s failed: %s: %s", spec.group_id, type(err).__name__, err)
+                log.error("lightning_hydro: job %s failed: %s", spec.group_id, _one_line(err))
                 self.failures[spec.group_id] = err
                 continue
             if not (self.state.sweep_dir / spec.group_id / RESULT_FILE).is_file():
@@ -356,7 +358,7 @@ class LightningHydroSweeperImpl(Sweeper):
         self._launch(
             [
                 (
-                    self._spec(g, self._trial_overrides(g.trial_ids, drop=dropped)),
+                    self._spec(g, self._trial_overrides(self._trials_of(g), drop=dropped)),
                     self._job_overrides(g, extra),
                 )
                 for g in todo
@@ -380,3 +382,7 @@ class LightningHydroSweeperImpl(Sweeper):
                 ),
             )
         log.info("lightning_hydro: results in %s, %s; plots %s", json_path, csv_path, [str(p) for p in plots])
+
+
+def _one_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: " + " ".join(str(err).split())

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
+import socket
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -25,7 +27,6 @@ from typing import Any
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -103,6 +104,8 @@ def fit_from_config(cfg: DictConfig) -> dict[int, TrialResult]:
             {
                 "group_id": spec.group_id,
                 "job_dir": str(job_dir),
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
                 "trials": {str(k): v for k, v in results.items()},
             },
         )
@@ -133,12 +136,11 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
 
 
 def _job_dirs() -> tuple[Path, Path | None]:
-    """The job's output directory, and the sweep directory in a multirun (else ``None``)."""
+    """The job's output directory, and the sweep directory its group spec would be in (outside Hydra: cwd)."""
     if not HydraConfig.initialized():
         return Path.cwd(), None
     hydra_cfg = HydraConfig.get()
-    sweep_dir = Path(hydra_cfg.sweep.dir) if hydra_cfg.mode == RunMode.MULTIRUN else None
-    return Path(hydra_cfg.runtime.output_dir), sweep_dir
+    return Path(hydra_cfg.runtime.output_dir), Path(hydra_cfg.sweep.dir)
 
 
 def _section(cfg: DictConfig, key: str, what: str) -> DictConfig:

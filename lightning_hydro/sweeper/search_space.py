@@ -130,8 +130,8 @@ def parse_search_space(lines: Sequence[str]) -> SearchSpace:
             (override,) = parser.parse_overrides([line])
         except HydraException as err:
             raise ValueError(
-                f"lightning_hydro sweeper: cannot parse search space entry {line!r}: {err}. Expected Hydra's "
-                f"override grammar, {_EXAMPLES}."
+                f"lightning_hydro sweeper: cannot parse search space entry {line!r}: {_one_line(err)}. "
+                f"Expected Hydra's override grammar, {_EXAMPLES}."
             ) from err
         key = override.get_key_element().lstrip("+~")
         dims.pop(key, None)
@@ -157,7 +157,9 @@ def override_key(line: str) -> str:
     try:
         (override,) = OverridesParser.create().parse_overrides([line])
     except HydraException as err:
-        raise ValueError(f"lightning_hydro sweeper: cannot parse override {line!r}: {err}") from err
+        raise ValueError(
+            f"lightning_hydro sweeper: cannot parse override {line!r}: {_one_line(err)}"
+        ) from err
     return override.get_key_element().lstrip("+~")
 
 
@@ -195,6 +197,10 @@ def _dimension(override: Override, key: str, line: str, parser: OverridesParser)
         f"lightning_hydro sweeper: {line!r} is not supported (glob sweeps need the config's option list). "
         "Fix: list the options, e.g. 'model=choice(small, large)'."
     )
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())
 
 
 def _range_texts(sweep: RangeSweep) -> list[str]:

@@ -172,15 +172,28 @@ def _fusion_limit(value: Any) -> int | Literal["auto"]:
 
 
 def _param_lines(params: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """``key=value`` lines; nested mappings give dotted keys, and a ``null`` value drops its key."""
     lines = []
-    for key, value in _plain(params).items():
-        if isinstance(value, list | dict):
+    for key, value in _flatten(_plain(params), "").items():
+        if isinstance(value, list):
             raise ValueError(
                 f"{_P}: hydra.sweeper.params.{key} must be an override string in Hydra's grammar, got "
                 f"{value!r}. Fix: e.g. '{key}: choice(32, 64)' or '{key}: tag(log, interval(1e-4, 1))'."
             )
-        lines.append(f"{key}={'null' if value is None else value}")
+        if value is not None:
+            lines.append(f"{key}={value}")
     return tuple(lines)
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out.pop(f"{prefix}{key}", None)  # a later entry for the same key wins
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def _scheduler(raw: dict[str, Any]) -> SchedulerSettings:
