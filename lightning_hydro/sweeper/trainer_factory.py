@@ -72,9 +72,7 @@ class ConfigTrainerFactory:
         ]
         all_callbacks += list(callbacks)
         if self.checkpointing:
-            all_callbacks.append(
-                ModelCheckpoint(dirpath=root_dir / _CHECKPOINT_DIR, save_top_k=0, save_last=True)
-            )
+            all_callbacks.append(_last_checkpoint_callback(root_dir / _CHECKPOINT_DIR))
         logger = CSVLogger(root_dir, name="", version="") if self.use_logger else False
         return L.Trainer(
             **self.trainer_kwargs, default_root_dir=root_dir, logger=logger, callbacks=all_callbacks
@@ -84,3 +82,9 @@ class ConfigTrainerFactory:
         """``<root_dir>/checkpoints/last.ckpt`` if it exists."""
         path = root_dir / _CHECKPOINT_DIR / "last.ckpt"
         return path if self.checkpointing and path.is_file() else None
+
+
+def _last_checkpoint_callback(dirpath: Path) -> ModelCheckpoint:
+    # One file, ``last.ckpt``, rewritten after every epoch. (``save_top_k=0, save_last=True`` would only
+    # write it at the end of fit, too late for a resume.)
+    return ModelCheckpoint(dirpath=dirpath, filename="last", save_top_k=1, enable_version_counter=False)
