@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.plugins import Plugins
+from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
@@ -65,7 +66,7 @@ class LightningHydroSweeperImpl(Sweeper):
         self._raw_settings = settings
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
-        self.launcher: Any = None
+        self.launcher: Launcher | None = None
         self._job_idx = 0
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -269,6 +270,8 @@ class LightningHydroSweeperImpl(Sweeper):
         """Write each group's spec, launch all groups as one batch, and record the jobs that failed."""
         if not jobs:
             return
+        if self.launcher is None:  # pragma: no cover - sweep() checked it
+            raise RuntimeError("LightningHydroSweeperImpl: call setup() first.")
         for spec, _ in jobs:
             write_json_atomic(spec_path(self.state.sweep_dir, spec.group_id), spec.to_json())
         batch = [overrides for _, overrides in jobs]

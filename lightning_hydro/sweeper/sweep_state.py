@@ -42,6 +42,7 @@ class SweepState:
     trials: dict[int, Trial] = field(default_factory=dict)
     groups: list[TrialGroup] = field(default_factory=list)
     fusion_limits: dict[str, int] = field(default_factory=dict)
+    _results: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def open(cls, sweep_dir: Path, request: dict[str, Any]) -> SweepState:
@@ -123,8 +124,13 @@ class SweepState:
         return self.sweep_dir / group.group_id
 
     def result(self, group: TrialGroup) -> dict[str, Any] | None:
-        """The result ``group``'s job wrote, or ``None`` if it has not finished."""
-        return read_group_result(self.job_dir(group))
+        """The result ``group``'s job wrote, or ``None`` if it has not finished (cached once read)."""
+        if group.group_id not in self._results:
+            result = read_group_result(self.job_dir(group))
+            if result is None:
+                return None
+            self._results[group.group_id] = result
+        return self._results[group.group_id]
 
     def groups_of_kind(self, kind: str) -> list[TrialGroup]:
         """The planned groups of ``kind`` (``search``, ``retrain`` or ``probe``)."""

@@ -1,7 +1,8 @@
 """ConfigTrainerFactory: Lightning Trainers built from the app config's ``trainer`` and ``callbacks``.
 
 Each call builds a fresh Trainer (and fresh user callbacks, so trials never share callback state) rooted in
-one directory: a CSV logger writes ``metrics.csv`` there, and a ``ModelCheckpoint`` keeps
+one directory: a CSV logger writes ``logs/version_<n>/metrics.csv`` there (a new version per attempt:
+Lightning's CSV logger would delete the previous file on a resume), and a ``ModelCheckpoint`` keeps
 ``checkpoints/last.ckpt`` after every epoch, which a rerun resumes from.
 
 Example::
@@ -73,7 +74,7 @@ class ConfigTrainerFactory:
         all_callbacks += list(callbacks)
         if self.checkpointing:
             all_callbacks.append(_last_checkpoint_callback(root_dir / _CHECKPOINT_DIR))
-        logger = CSVLogger(root_dir, name="", version="") if self.use_logger else False
+        logger = CSVLogger(root_dir, name="logs") if self.use_logger else False
         return L.Trainer(
             **self.trainer_kwargs, default_root_dir=root_dir, logger=logger, callbacks=all_callbacks
         )

@@ -35,18 +35,28 @@ def test_accepts_model_keys_declared_non_fusible_keys_groups_and_additions():
         (
             {"model.lr": ""},
             ["data.batchsize"],
-            r"non-fusible key 'data.batchsize' is not in the config \(did you mean 'data.batch_size'\?\)\. Expected a key.*Fix: correct or remove it in hydra.sweeper.non_fusible",
+            (
+                r"non-fusible key 'data.batchsize' is not in the config "
+                r"\(did you mean 'data.batch_size'\?\)\. Expected a key.*"
+                r"Fix: correct or remove it in hydra.sweeper.non_fusible"
+            ),
         ),
         (
             {"data.batch_size": ""},
             [],
-            r"'data.batch_size' is searched but not declared non-fusible; only keys under 'model' may differ.*Fix: add 'data.batch_size' to hydra.sweeper.non_fusible",
+            (
+                r"'data.batch_size' is searched but not declared non-fusible; only keys under 'model' may "
+                r"differ.*Fix: add 'data.batch_size' to hydra.sweeper.non_fusible"
+            ),
         ),
         ({"optim": ""}, [], r"'optim' is searched but not declared non-fusible"),
         (
             {"model.lrr": ""},
             [],
-            r"searched key 'model.lrr' is not in the config \(did you mean 'model.lr'.*\)\. Fix: correct the key, or add it with '\+model.lrr=...'",
+            (
+                r"searched key 'model.lrr' is not in the config \(did you mean 'model.lr'.*\)\. Fix: correct "
+                r"the key, or add it with '\+model.lrr=...'"
+            ),
         ),
     ],
 )

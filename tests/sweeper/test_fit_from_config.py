@@ -42,7 +42,10 @@ def test_apply_overrides_makes_a_trial_config_and_leaves_the_original():
     [
         (
             "model",
-            r"the config needs a 'model' section with a _target_ \(your LightningModule class.*got None\. Fix: add 'model: \{_target_: \.\.\.\}'",
+            (
+                r"the config needs a 'model' section with a _target_ \(your LightningModule class.*"
+                r"got None\. Fix: add 'model: \{_target_: \.\.\.\}'"
+            ),
         ),
         ("data", r"the config needs a 'data' section with a _target_ \(your LightningDataModule"),
     ],
@@ -60,6 +63,7 @@ def test_a_group_spec_that_is_missing(tmp_path, monkeypatch):
     monkeypatch.setenv("LIGHTNING_HYDRO_GROUP", "group_0042")
     with pytest.raises(
         FileNotFoundError,
-        match=r"LIGHTNING_HYDRO_GROUP=group_0042 but .*group_0042.json does not exist\. The sweep directory must be shared",
+        match=r"LIGHTNING_HYDRO_GROUP=group_0042 but .*group_0042.json does not exist\. "
+        r"The sweep directory must be shared",
     ):
         read_group_spec(tmp_path)

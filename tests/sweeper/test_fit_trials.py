@@ -51,7 +51,7 @@ def test_trials_train_one_after_another_in_their_own_directories(tmp_path):
         assert result["history"][-1]["val_acc"] == result["metrics"]["val_acc"]
         root = trial_dir(tmp_path, tid)
         assert (root / "checkpoints" / "last.ckpt").is_file()
-        assert (root / "metrics.csv").is_file()
+        assert (root / "logs" / "version_0" / "metrics.csv").is_file()
         assert json.loads((root / "trial_result.json").read_text()) == result
 
 
@@ -70,13 +70,17 @@ def test_a_rerun_skips_finished_trials_and_resumes_an_interrupted_one(tmp_path, 
     assert f"trial 1: resuming from {trial_dir(tmp_path, 1) / 'checkpoints' / 'last.ckpt'}" in caplog.text
     assert results[1]["budget"] == 2
     assert [row["epoch"] for row in results[1]["history"]] == [0, 1]  # epoch 0 came back from the checkpoint
+    # Each attempt logs to a new version: the first attempt's metrics.csv is kept.
+    assert (trial_dir(tmp_path, 1) / "logs" / "version_0" / "metrics.csv").is_file()
+    assert (trial_dir(tmp_path, 1) / "logs" / "version_1" / "metrics.csv").is_file()
 
 
 def test_statuses_diverged_and_stopped(tmp_path):
-    diverged = fit(tmp_path / "a", {0: 1e9}, trainer={**TRAINER, "max_epochs": 3, "limit_train_batches": 4})[
-        0
-    ]
+    # lr=inf turns the weights non-finite after the first step: the guard stops the trial in epoch 0.
+    trainer = {**TRAINER, "max_epochs": 3, "limit_train_batches": 4}
+    diverged = fit(tmp_path / "a", {0: float("inf")}, trainer=trainer)[0]
     assert diverged["status"] == "diverged"
+    assert diverged["budget"] == 1
     stop = {
         "stop": {
             "_target_": "lightning.pytorch.callbacks.EarlyStopping",
@@ -95,7 +99,8 @@ def test_statuses_diverged_and_stopped(tmp_path):
 def test_errors(tmp_path):
     with pytest.raises(
         NotImplementedError,
-        match=r"early stopping 'asha' needs lightning_hydro's early-stopping callbacks.*Fix: set hydra.sweeper.scheduler.name=none",
+        match=r"early stopping 'asha' needs lightning_hydro's early-stopping callbacks.*"
+        r"Fix: set hydra.sweeper.scheduler.name=none",
     ):
         fit(tmp_path, {0: 0.1}, early_stopping=EarlyStoppingSpec(name="asha"))
     with pytest.raises(ValueError, match="fit_trials: slots must be >= 1, got 0"):

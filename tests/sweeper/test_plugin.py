@@ -2,15 +2,16 @@
 
 import json
 
-import hydra_plugins
 import pytest
 from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
 from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
+
+import hydra_plugins
 from hydra_plugins.lightning_hydro_sweeper.lightning_hydro_sweeper import LightningHydroSweeper
 
-from .conftest import REPO, TINY, read_results, run_sweep
+from .conftest import REPO, TINY, TRAIN, KeptSweep, read_results, run_sweep
 
 
 def test_hydra_discovers_the_sweeper_next_to_installed_plugins():
@@ -71,7 +72,7 @@ def test_a_small_sweep_writes_complete_results_and_resumes_without_retraining(tm
         trial_dir = tmp_path / trial["group"] / f"trial_{trial['trial_id']:04d}"
         assert trial["job_dir"] == str(tmp_path / trial["group"])
         assert (trial_dir / "checkpoints" / "last.ckpt").is_file()
-        assert (trial_dir / "metrics.csv").is_file()
+        assert (trial_dir / "logs" / "version_0" / "metrics.csv").is_file()
     assert all(len(g["trial_ids"]) <= 2 for g in plan["groups"] if g["kind"] == "search")
     # The job's own config is an ordinary config of the app: the partition's value, no trial values.
     job_overrides = (tmp_path / results["trials"][0]["group"] / ".hydra" / "overrides.yaml").read_text()
@@ -171,7 +172,8 @@ def test_a_failed_job_is_reported_and_the_others_are_kept(tmp_path):
     overrides = [*TINY, "hydra.sweeper.n_trials=4", "data.batch_size=choice(32, 0)"]
     with pytest.raises(
         RuntimeError,
-        match=r"1 job\(s\) failed \(group_\d+: InstantiationException: .*DigitsDataModule: batch_size must be >= 1, got 0.*\)\. "
+        match=r"1 job\(s\) failed \(group_\d+: InstantiationException: .*"
+        r"DigitsDataModule: batch_size must be >= 1, got 0.*\)\. "
         r"Their trials are marked 'failed' in results.json\. Fix the cause, then re-run the same command",
     ):
         run_sweep(tmp_path, overrides)
@@ -183,21 +185,17 @@ def test_a_failed_job_is_reported_and_the_others_are_kept(tmp_path):
 
 
 def test_a_task_that_skips_fit_from_config_is_reported(tmp_path):
+    sweep = KeptSweep()
+    sweep.calling_file, sweep.calling_module = str(TRAIN), None
+    sweep.task_function = lambda cfg: 0.5
+    sweep.config_path, sweep.config_name = "../conf", "train"
+    sweep.overrides, sweep.temp_dir = [*TINY, "hydra.sweeper.n_trials=1"], str(tmp_path)
     with pytest.raises(
         RuntimeError,
-        match=r"returned without writing group_result.json: its task function must call lightning_hydro.sweeper.fit_from_config",
+        match=r"returned without writing group_result.json: its task function must call "
+        r"lightning_hydro.sweeper.fit_from_config",
     ):
-        from hydra.test_utils.test_utils import SweepTaskFunction  # noqa: F401
-
-        from . import conftest
-
-        sweep = conftest.KeptSweep()
-        sweep.calling_file, sweep.calling_module = str(conftest.TRAIN), None
-        sweep.task_function = lambda cfg: 0.5
-        sweep.config_path, sweep.config_name = "../conf", "train"
-        sweep.overrides, sweep.temp_dir = [*TINY, "hydra.sweeper.n_trials=1"], str(tmp_path)
-        with sweep:
-            pass
+        sweep.__enter__()
 
 
 def test_auto_fusion_limit_probes_each_partition_once(tmp_path, monkeypatch):
@@ -235,7 +233,8 @@ def test_auto_fusion_limit_probes_each_partition_once(tmp_path, monkeypatch):
 def test_auto_fusion_limit_needs_the_fused_core_for_now(tmp_path):
     with pytest.raises(
         RuntimeError,
-        match=r"the fusion-limit probe of partition 'all' failed \(NotImplementedError: fusion_limit=auto probes fused training.*set hydra.sweeper.fusion_limit to a number",
+        match=r"the fusion-limit probe of partition 'all' failed \(NotImplementedError: "
+        r"fusion_limit=auto probes fused training.*set hydra.sweeper.fusion_limit to a number",
     ):
         run_sweep(
             tmp_path,

@@ -40,11 +40,17 @@ def test_the_request_ignores_ranking_and_retrain():
     [
         (
             {"sampler": "bayes", "n_trials": 4},
-            r"unknown sampler 'bayes'; expected one of \['grid', 'random', 'tpe'\]\. Fix: e\.g\. hydra\.sweeper\.sampler=random",
+            (
+                r"unknown sampler 'bayes'; expected one of \['grid', 'random', 'tpe'\]\. Fix: e\.g\. hydra\."
+                r"sweeper\.sampler=random"
+            ),
         ),
         (
             {"sampler": "random"},
-            r"sampler 'random' needs hydra.sweeper.n_trials .* got null\. Fix: e\.g\. hydra\.sweeper\.n_trials=32",
+            (
+                r"sampler 'random' needs hydra.sweeper.n_trials .* got null\. Fix: e\.g\. hydra\.sweeper\."
+                r"n_trials=32"
+            ),
         ),
         ({"n_trials": 0}, r"hydra.sweeper.n_trials must be >= 1, got 0"),
         ({"n_trials": 4, "mode": "maximize"}, r"hydra.sweeper.mode must be 'min' or 'max', got 'maximize'"),
@@ -61,7 +67,10 @@ def test_the_request_ignores_ranking_and_retrain():
         ({"n_trials": 4, "fusion_limit": 2.5}, r"must be an integer >= 1 or 'auto', got 2\.5"),
         (
             {"n_trials": 4, "scheduler": {"name": "median"}},
-            r"unknown scheduler 'median'; expected one of \['none', 'asha', 'successive_halving', 'hyperband', 'hypersched'\]\. Fix",
+            (
+                r"unknown scheduler 'median'; expected one of "
+                r"\['none', 'asha', 'successive_halving', 'hyperband', 'hypersched'\]\. Fix"
+            ),
         ),
         (
             {"n_trials": 4, "scheduler": {"name": "asha", "reduction_factor": 1}},
@@ -81,7 +90,10 @@ def test_the_request_ignores_ranking_and_retrain():
         ({"n_trials": 4, "retrain": {"top_k": -1}}, r"retrain.top_k must be >= 0, got -1"),
         (
             {"n_trials": 4, "params": {"data.batch_size": [32, 64]}},
-            r"params.data.batch_size must be an override string .* Fix: e\.g\. 'data\.batch_size: choice\(32, 64\)'",
+            (
+                r"params.data.batch_size must be an override string .* Fix: e\.g\. 'data\.batch_size: "
+                r"choice\(32, 64\)'"
+            ),
         ),
     ],
 )

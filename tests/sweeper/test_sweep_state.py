@@ -34,6 +34,7 @@ def test_a_different_sweep_in_the_same_directory_is_refused(tmp_path):
     SweepState.open(tmp_path, {"sampler": "random", "n_trials": 2}).save()
     with pytest.raises(
         ValueError,
-        match=r"holds a different sweep \(it differs in: n_trials, sampler\)\. Re-run with the same settings.*use another hydra.sweep.dir or delete",
+        match=r"holds a different sweep \(it differs in: n_trials, sampler\)\. "
+        r"Re-run with the same settings.*use another hydra.sweep.dir or delete",
     ):
         SweepState.open(tmp_path, {"sampler": "grid", "n_trials": 3})

@@ -17,7 +17,7 @@ def test_each_trainer_gets_fresh_callbacks_a_csv_logger_and_a_last_checkpoint(tm
     second = factory(root_dir=tmp_path / "b")
     assert first.max_epochs == 3
     assert isinstance(first.logger, CSVLogger)
-    assert Path(first.logger.log_dir) == tmp_path / "a"
+    assert Path(first.logger.log_dir) == tmp_path / "a" / "logs" / "version_0"
     names = [type(c).__name__ for c in first.callbacks]
     assert names.index("EarlyStopping") < names.index("MetricHistory") < names.index("ModelCheckpoint")
     (checkpoint,) = [c for c in first.callbacks if isinstance(c, ModelCheckpoint)]
@@ -50,7 +50,10 @@ def test_logger_and_checkpointing_can_be_turned_off(tmp_path):
         ),
         (
             {"callbacks": []},
-            r"trainer.callbacks is set by lightning_hydro .*put callbacks under the top-level 'callbacks' key",
+            (
+                r"trainer.callbacks is set by lightning_hydro .*"
+                r"put callbacks under the top-level 'callbacks' key"
+            ),
         ),
         (
             {"logger": "wandb"},
