@@ -40,8 +40,14 @@ def plot_sweep(
         metric: the metric to plot.
         out_dir: where the images go (created if needed).
         log_scale_keys: parameters drawn on a log axis (those sampled with ``tag(log, ...)``).
+
+    Raises:
+        ImportError: if matplotlib is not installed.
     """
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError("plot_sweep needs matplotlib: pip install matplotlib") from err
 
     matplotlib.use("Agg")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -56,6 +62,7 @@ def plot_sweep(
 
 def _learning_curves(records: Sequence[dict[str, Any]], metric: str, path: Path) -> Path:
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     seen: set[str] = set()
@@ -67,9 +74,9 @@ def _learning_curves(records: Sequence[dict[str, Any]], metric: str, path: Path)
         label = status if status not in seen else None
         seen.add(status)
         xs, ys = zip(*points)
-        ax.plot(
-            [x + 1 for x in xs], ys, color=STATUS_COLORS.get(status, "black"), alpha=0.7, lw=1.2, label=label
-        )
+        color = STATUS_COLORS.get(status, "black")
+        ax.plot([x + 1 for x in xs], ys, color=color, alpha=0.7, lw=1.2, marker=".", label=label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("epoch")
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} per trial, coloured by status")
