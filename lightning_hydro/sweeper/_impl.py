@@ -99,7 +99,7 @@ class LightningHydroSweeperImpl(Sweeper):
             n_trials=self.settings.n_trials,
         )
         self.fusible = [k for k in self.space.keys if k not in self.settings.non_fusible]
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         self.state = SweepState.open(sweep_dir, self.settings.request(lines))

@@ -140,7 +140,9 @@ def _job_dirs() -> tuple[Path, Path | None]:
     if not HydraConfig.initialized():
         return Path.cwd(), None
     hydra_cfg = HydraConfig.get()
-    return Path(hydra_cfg.runtime.output_dir), Path(hydra_cfg.sweep.dir)
+    # A relative sweep dir is relative to where the app was started, not to the job's directory
+    # (the job may have changed into it: hydra.job.chdir=true).
+    return Path(hydra_cfg.runtime.output_dir), Path(hydra_cfg.runtime.cwd) / hydra_cfg.sweep.dir
 
 
 def _section(cfg: DictConfig, key: str, what: str) -> DictConfig:

@@ -1,6 +1,7 @@
 """The Hydra plugin: discovery, and real sweeps of examples/train.py run in this process (basic launcher)."""
 
 import json
+from pathlib import Path
 
 import pytest
 from hydra.core.config_store import ConfigStore
@@ -247,3 +248,11 @@ def test_auto_fusion_limit_needs_the_fused_core_for_now(tmp_path):
             ],
         )
     assert not list(tmp_path.glob("group_*"))
+
+
+def test_a_relative_sweep_dir_works_when_jobs_change_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run_sweep(Path("sweep"), [*TINY, "hydra.job.chdir=true", "hydra.sweeper.n_trials=2"])
+    trials = read_results(tmp_path / "sweep")["trials"]
+    assert [t["status"] for t in trials] == ["completed", "completed"]
+    assert trials[0]["job_dir"].startswith(str(tmp_path / "sweep"))
