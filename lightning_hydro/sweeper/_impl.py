@@ -288,7 +288,8 @@ class LightningHydroSweeperImpl(Sweeper):
             if not (self.state.sweep_dir / spec.group_id / RESULT_FILE).is_file():
                 self.failures[spec.group_id] = RuntimeError(
                     f"job {spec.group_id} returned without writing {RESULT_FILE}: its task function must "
-                    "call lightning_hydro.sweeper.fit_from_config(cfg)"
+                    "call lightning_hydro.sweeper.fit_from_config(cfg), and every trial must finish "
+                    "(an interrupted one is resumed by a rerun)"
                 )
 
     def _tell(self, group: TrialGroup) -> None:

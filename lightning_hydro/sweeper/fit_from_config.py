@@ -98,7 +98,7 @@ def fit_from_config(cfg: DictConfig) -> dict[int, TrialResult]:
             result["budget"],
             result["metrics"],
         )
-    if in_group:
+    if in_group and all(r["status"] != "running" for r in results.values()):  # else: resume it later
         write_group_result(
             job_dir,
             {
