@@ -122,14 +122,12 @@ def test_grid_from_the_command_line(tmp_path):
             "hydra.sweeper.sampler=grid",
             "hydra.sweeper.params=null",
             "model.lr=0.1,0.2",
-            "model.momentum=0.5,0.9",
+            "model.momentum=choice(0.9)",
         ],
     )
     results = read_results(tmp_path)
     assert sorted((t["params"]["model.lr"], t["params"]["model.momentum"]) for t in results["trials"]) == [
-        (0.1, 0.5),
         (0.1, 0.9),
-        (0.2, 0.5),
         (0.2, 0.9),
     ]
     assert {t["group"] for t in results["trials"]} == {"group_0000"}  # one partition, fusion limit 16
@@ -170,7 +168,7 @@ def test_errors_come_before_any_job_starts(tmp_path, overrides, error, match):
 
 def test_a_failed_job_is_reported_and_the_others_are_kept(tmp_path):
     # DigitsDataModule rejects batch_size=0: that partition's job fails, the other one trains.
-    overrides = [*TINY, "hydra.sweeper.n_trials=4", "data.batch_size=choice(32, 0)"]
+    overrides = [*TINY, "hydra.sweeper.sampler=grid", "hydra.sweeper.params=null", "data.batch_size=32,0"]
     with pytest.raises(
         RuntimeError,
         match=r"1 job\(s\) failed \(group_\d+: InstantiationException: .*"
@@ -218,7 +216,7 @@ def test_auto_fusion_limit_probes_each_partition_once(tmp_path, monkeypatch):
         tmp_path,
         [
             *TINY,
-            "hydra.sweeper.n_trials=5",
+            "hydra.sweeper.n_trials=3",
             "hydra.sweeper.fusion_limit=auto",
             "hydra.sweeper.params=null",
             "model.lr=interval(0.01, 0.1)",
@@ -227,8 +225,8 @@ def test_auto_fusion_limit_probes_each_partition_once(tmp_path, monkeypatch):
     plan = json.loads((tmp_path / "lightning_hydro" / "plan.json").read_text())
     assert probed == [([0, 1], 0.2, 64)]
     assert plan["fusion_limits"] == {"all": 2}
-    assert [len(g["trial_ids"]) for g in plan["groups"]] == [2, 2, 1]
-    assert len(read_results(tmp_path)["trials"]) == 5
+    assert [len(g["trial_ids"]) for g in plan["groups"]] == [2, 1]
+    assert len(read_results(tmp_path)["trials"]) == 3
 
 
 def test_auto_fusion_limit_needs_the_fused_core_for_now(tmp_path):
@@ -252,7 +250,7 @@ def test_auto_fusion_limit_needs_the_fused_core_for_now(tmp_path):
 
 def test_a_relative_sweep_dir_works_when_jobs_change_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    run_sweep(Path("sweep"), [*TINY, "hydra.job.chdir=true", "hydra.sweeper.n_trials=2"])
+    run_sweep(Path("sweep"), [*TINY, "hydra.job.chdir=true", "hydra.sweeper.n_trials=1"])
     trials = read_results(tmp_path / "sweep")["trials"]
-    assert [t["status"] for t in trials] == ["completed", "completed"]
+    assert [t["status"] for t in trials] == ["completed"]
     assert trials[0]["job_dir"].startswith(str(tmp_path / "sweep"))
