@@ -13,8 +13,8 @@ HERE = Path(__file__).resolve().parent
 def test_a_killed_sweep_resumes_without_redoing_finished_groups(tmp_path):
     sweep_dir, armed, paused = tmp_path / "sweep", tmp_path / "armed", tmp_path / "paused"
     armed.touch()
-    # Two partitions (batch size 32: trials 0 and 2; 64: trials 1 and 3), run one after the other by the
-    # basic launcher. The pause callback freezes group_0001 at the start of its first trial's 2nd epoch.
+    # Two partitions (batch size 32: trial 0; 64: trial 1), run one after the other by the basic
+    # launcher. The pause callback freezes group_0001 at the start of its trial's 2nd epoch.
     args = [
         "-m",
         *TINY,
@@ -22,7 +22,6 @@ def test_a_killed_sweep_resumes_without_redoing_finished_groups(tmp_path):
         f"hydra.sweep.dir={sweep_dir}",
         "hydra.sweeper.sampler=grid",
         "hydra.sweeper.params=null",
-        "model.lr=0.1,0.2",
         "data.batch_size=32,64",
         "+callbacks.pause._target_=pause_callback.PauseInGroup",
         "+callbacks.pause.group=group_0001",
@@ -61,7 +60,7 @@ def test_a_killed_sweep_resumes_without_redoing_finished_groups(tmp_path):
     assert f"trial 1: resuming from {interrupted / 'checkpoints' / 'last.ckpt'}" in job_log
 
     trials = read_results(sweep_dir)["trials"]
-    assert sorted(t["trial_id"] for t in trials) == [0, 1, 2, 3]
+    assert sorted(t["trial_id"] for t in trials) == [0, 1]
     assert all(t["status"] == "completed" and t["budget"] == 2 for t in trials)
     resumed = next(t for t in trials if t["trial_id"] == 1)
     assert [row["epoch"] for row in resumed["history"]] == [0, 1]
