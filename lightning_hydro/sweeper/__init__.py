@@ -1,1 +1,25 @@
-__all__: list[str] = []
+"""The sweep: Hydra's ``-m`` as fused trial groups (the plugin shim lives in ``hydra_plugins``).
+
+The job side is :func:`fit_from_config` (what a task function calls) and :func:`fit_trials` (the one
+function that trains a group); everything else here runs in the sweeper: search spaces, samplers, trial
+groups, the persisted plan, results and plots.
+"""
+
+from lightning_hydro.sweeper.fit_from_config import apply_overrides, fit_from_config
+from lightning_hydro.sweeper.fit_trials import TrainerFactory, TrialResult, fit_trials
+from lightning_hydro.sweeper.fusion_limit import FusionProbe, fusion_limit_from_probe, measure_fusion_limit
+from lightning_hydro.sweeper.metric_history import MetricHistory
+from lightning_hydro.sweeper.trainer_factory import ConfigTrainerFactory
+
+__all__ = [
+    "ConfigTrainerFactory",
+    "FusionProbe",
+    "MetricHistory",
+    "TrainerFactory",
+    "TrialResult",
+    "apply_overrides",
+    "fit_from_config",
+    "fit_trials",
+    "fusion_limit_from_probe",
+    "measure_fusion_limit",
+]

@@ -1,0 +1,107 @@
+"""Config of the ``lightning_hydro`` sweeper, registered as ``hydra/sweeper=lightning_hydro``.
+
+Hydra imports this module at every application start (plugin discovery), so it imports nothing but
+Hydra and the standard library. The fields are validated by ``lightning_hydro.sweeper`` when the sweep
+starts, before any job is launched.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class SchedulerConf:
+    """Early stopping inside each trial group (``hydra.sweeper.scheduler``).
+
+    Attributes:
+        name: ``none``, ``asha``, ``successive_halving``, ``hyperband`` or ``hypersched``.
+        reduction_factor: keep the best 1/reduction_factor of trials at each rung (> 1).
+        min_budget: epochs a trial trains before its first stop decision (>= 1).
+        max_budget: epochs at the top rung; ``null`` takes the app's ``trainer.max_epochs``.
+        refill: start pending trials of the same partition in slots that stopped trials free
+            (each partition then runs as one job); ``false`` splits partitions into groups of at most
+            the fusion limit, one job each.
+        options: further keyword arguments of the scheduler (e.g. ``deadline_s`` for hypersched).
+    """
+
+    name: str = "none"
+    reduction_factor: float = 3.0
+    min_budget: int = 1
+    max_budget: int | None = None
+    refill: bool = True
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FusionProbeConf:
+    """How ``fusion_limit: auto`` turns a probe at B=1 and B=2 into a limit (``hydra.sweeper.probe``).
+
+    Attributes:
+        safety_margin: share of the device memory left free (0 <= margin < 1).
+        max_limit: never fuse more trials than this, whatever the memory allows.
+    """
+
+    safety_margin: float = 0.2
+    max_limit: int = 64
+
+
+@dataclass
+class RetrainConf:
+    """Final jobs that retrain the best configurations at full scale (``hydra.sweeper.retrain``).
+
+    Attributes:
+        top_k: number of best trials to retrain after the search (0: none).
+        overrides: extra overrides of the retrain jobs, e.g. ``[trainer.max_epochs=100]`` or a wider
+            ``model.hidden_dim`` (the full-size target of a muP surrogate).
+    """
+
+    top_k: int = 0
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LightningHydroSweeperConf:
+    """``hydra/sweeper=lightning_hydro``: a search run as fused trial groups, one Hydra job per group.
+
+    Attributes:
+        sampler: ``grid``, ``random`` (seeded) or ``tpe`` (Optuna's TPE, needs the ``optuna`` extra).
+        n_trials: configurations to try; required by ``random`` and ``tpe``, optional bound for ``grid``.
+        seed: seed of the sampler.
+        metric: name of the logged metric that ranks trials (e.g. ``val_acc``).
+        mode: ``min`` or ``max``: whether a lower or a higher ``metric`` is better.
+        non_fusible: config keys whose value must be the same for all trials of a group (anything
+            that changes shapes or the data pipeline, e.g. ``data.batch_size``, ``model.hidden_dim``).
+        fusion_limit: most trials trained at once in one group: a number >= 1, or ``auto`` to probe.
+        round_size: configurations asked of the sampler at a time; ``null``: all of them for ``grid``
+            and ``random``, the fusion limit for ``tpe`` (which learns from each finished round).
+        params: the search space, ``key: override value`` in Hydra's override grammar (nested keys
+            give dotted ones, so ``hydra.sweeper.params.model.lr=...`` works on the command line; a
+            ``null`` value drops a key).
+        scheduler: early stopping inside each group.
+        probe: settings of ``fusion_limit: auto``.
+        retrain: final retraining of the best configurations.
+    """
+
+    _target_: str = "hydra_plugins.lightning_hydro_sweeper.lightning_hydro_sweeper.LightningHydroSweeper"
+    sampler: str = "random"
+    n_trials: int | None = None
+    seed: int = 0
+    metric: str = "val_loss"
+    mode: str = "min"
+    non_fusible: list[str] = field(default_factory=list)
+    fusion_limit: Any = 16
+    round_size: int | None = None
+    params: dict[str, Any] | None = None
+    scheduler: SchedulerConf = field(default_factory=SchedulerConf)
+    probe: FusionProbeConf = field(default_factory=FusionProbeConf)
+    retrain: RetrainConf = field(default_factory=RetrainConf)
+
+
+ConfigStore.instance().store(
+    group="hydra/sweeper",
+    name="lightning_hydro",
+    node=LightningHydroSweeperConf,
+    provider="lightning_hydro",
+)

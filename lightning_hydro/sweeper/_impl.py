@@ -1,0 +1,396 @@
+"""The ``lightning_hydro`` sweeper's logic (the public class in ``hydra_plugins`` forwards here).
+
+A sweep, start to end:
+
+1. validate the settings, parse the search space, check its keys against the config (no job yet);
+2. open (or resume) the plan in ``<sweep_dir>/lightning_hydro/plan.json``;
+3. in rounds: ask the sampler for configurations, partition them by non-fusible values, cap each group by
+   the fusion limit (probe jobs measure it for ``auto``), launch every group of the round as one job of
+   the configured launcher, read each job's ``group_result.json`` and tell the sampler;
+4. retrain the top-k configurations as final jobs, if asked;
+5. write ``results.json``, ``results.csv`` and ``plots/``, and log a table of the best trials.
+
+A rerun with the same ``hydra.sweep.dir`` skips finished groups and relaunches the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.plugins import Plugins
+from hydra.plugins.launcher import Launcher
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+from lightning_hydro.sweeper.app_config import check_sweep_keys
+from lightning_hydro.sweeper.group_spec import (
+    RESULT_FILE,
+    EarlyStoppingSpec,
+    GroupSpec,
+    TrialSpec,
+    group_launch_overrides,
+    spec_path,
+)
+from lightning_hydro.sweeper.json_files import write_json_atomic
+from lightning_hydro.sweeper.plots import plot_sweep
+from lightning_hydro.sweeper.reports import format_best_table, metric_value, rank_trials, write_results
+from lightning_hydro.sweeper.samplers import GridSampler, TPESampler, TrialOutcome, make_sampler
+from lightning_hydro.sweeper.search_space import Interval, override_key, parse_search_space
+from lightning_hydro.sweeper.settings import SweepSettings
+from lightning_hydro.sweeper.sweep_state import SweepState
+from lightning_hydro.sweeper.trial_groups import (
+    Partition,
+    Trial,
+    TrialGroup,
+    partition_label,
+    partition_of,
+    plan_groups,
+)
+
+__all__ = ["LightningHydroSweeperImpl"]
+
+log = logging.getLogger(__name__)
+
+_DEFAULT_TPE_ROUND = 16
+
+
+class LightningHydroSweeperImpl(Sweeper):
+    """See the module docstring; arguments: the fields of ``hydra.sweeper``, checked by :meth:`sweep`."""
+
+    def __init__(self, **settings: Any) -> None:
+        self._raw_settings = settings
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.launcher: Launcher | None = None
+        self._job_idx = 0
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        """Keep the context and create the configured launcher."""
+        self.config = config
+        self.hydra_context = hydra_context
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    def sweep(self, arguments: list[str]) -> list[dict[str, Any]]:
+        """Run (or resume) the sweep; return one record per trial.
+
+        Raises:
+            ValueError: for invalid settings or search space (before any job starts).
+            RuntimeError: if jobs failed (after writing the results of the others).
+        """
+        if self.config is None or self.launcher is None:
+            raise RuntimeError("LightningHydroSweeperImpl.sweep: call setup() first.")
+        self.settings = SweepSettings.from_config(**self._raw_settings)
+        lines = [*self.settings.params, *arguments]
+        self.space = parse_search_space(lines)
+        swept = {dim.key: dim.prefix for dim in self.space.dimensions}
+        check_sweep_keys(self.config, swept, self.settings.non_fusible)
+        self.sampler = make_sampler(
+            self.settings.sampler,
+            self.space,
+            seed=self.settings.seed,
+            mode=self.settings.mode,
+            n_trials=self.settings.n_trials,
+        )
+        self.fusible = [k for k in self.space.keys if k not in self.settings.non_fusible]
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        self.state = SweepState.open(sweep_dir, self.settings.request(lines))
+        self.failures: dict[str, BaseException] = {}
+        self._told: set[int] = set()
+
+        self._search()
+        retrained = self._retrain()
+        records = [self._record(g, tid) for g in self.state.groups_of_kind("search") for tid in g.trial_ids]
+        self._report(records, retrained)
+        if self.failures:
+            failed = "; ".join(f"{gid}: {_one_line(err)}" for gid, err in self.failures.items())
+            raise RuntimeError(
+                f"lightning_hydro sweeper: {len(self.failures)} job(s) failed ({failed}). Their trials are "
+                "marked 'failed' in results.json. Fix the cause, then re-run the same command (same "
+                "hydra.sweep.dir): finished groups are kept, failed ones are retried."
+            )
+        return records
+
+    # -- search -----------------------------------------------------------------------------------------
+
+    def _search(self) -> None:
+        n_target = self._n_target()
+        self.sampler.skip(len(self.state.trials))
+        for group in self.state.groups_of_kind("search"):
+            self._tell(group)
+        while True:
+            pending = [
+                g
+                for g in self.state.groups_of_kind("search")
+                if self.state.result(g) is None and g.group_id not in self.failures
+            ]
+            if not pending:
+                n_new = min(n_target - len(self.state.trials), self._round_size(n_target))
+                if n_new <= 0:
+                    return
+                pending = self._plan_round(n_new)
+            self._launch([(self._search_spec(g), self._job_overrides(g)) for g in pending])
+            for group in pending:
+                self._tell(group)
+            self._check_metric_logged(pending)
+
+    def _n_target(self) -> int:
+        if isinstance(self.sampler, GridSampler):
+            return self.sampler.max_trials
+        if self.settings.n_trials is None:  # pragma: no cover - rejected by SweepSettings
+            raise ValueError("n_trials is required")
+        return self.settings.n_trials
+
+    def _round_size(self, n_target: int) -> int:
+        if self.settings.round_size is not None:
+            return self.settings.round_size
+        if isinstance(self.sampler, TPESampler):
+            limit = self.settings.fusion_limit
+            return limit if isinstance(limit, int) else _DEFAULT_TPE_ROUND
+        return n_target
+
+    def _plan_round(self, n_new: int) -> list[TrialGroup]:
+        first_id = len(self.state.trials)
+        ids = list(range(first_id, first_id + n_new))
+        trials = [Trial(tid, conf) for tid, conf in zip(ids, self.sampler.ask(ids))]
+        if self.settings.fusion_limit == "auto":
+            self._probe_fusion_limits(trials)
+        refill = self.settings.scheduler.name != "none" and self.settings.scheduler.refill
+        groups = plan_groups(
+            trials,
+            non_fusible=self.settings.non_fusible,
+            fusion_limit=self._fusion_limit,
+            refill=refill,
+            first_index=len(self.state.groups_of_kind("search")),
+        )
+        self.state.add(trials, groups)
+        sizes = ", ".join(
+            f"{g.group_id}: {len(g.trial_ids)} [{partition_label(g.partition)}]" for g in groups
+        )
+        log.info("lightning_hydro: %d new trials in %d groups (%s)", len(trials), len(groups), sizes)
+        return groups
+
+    def _fusion_limit(self, partition: Partition) -> int:
+        limit = self.settings.fusion_limit
+        if isinstance(limit, int):
+            return limit
+        measured = self.state.fusion_limit(partition)
+        if measured is None:  # pragma: no cover - _probe_fusion_limits ran first
+            raise RuntimeError(f"no fusion limit measured for {partition_label(partition)}")
+        return measured
+
+    def _probe_fusion_limits(self, trials: Sequence[Trial]) -> None:
+        """Launch one probe job per partition whose limit is unknown; record each measured limit."""
+        by_partition: dict[Partition, list[Trial]] = {}
+        for trial in trials:
+            partition = partition_of(trial.configuration, self.settings.non_fusible)
+            if self.state.fusion_limit(partition) is None:
+                by_partition.setdefault(partition, []).append(trial)
+        jobs, probes = [], []
+        for i, (partition, members) in enumerate(by_partition.items()):
+            ids = tuple(t.trial_id for t in members[:2])
+            group = TrialGroup(
+                f"probe_{len(self.state.fusion_limits) + i:04d}", "probe", ids, len(ids), partition
+            )
+            (self.state.job_dir(group) / RESULT_FILE).unlink(missing_ok=True)
+            spec = self._spec(group, self._trial_overrides(members[:2]))
+            spec = dataclasses.replace(spec, probe=dataclasses.asdict(self.settings.probe))
+            jobs.append((spec, self._job_overrides(group)))
+            probes.append(group)
+        self._launch(jobs)
+        for group in probes:
+            result = self.state.result(group)
+            if group.group_id in self.failures or result is None:
+                cause = self.failures.get(group.group_id)
+                raise RuntimeError(
+                    "lightning_hydro sweeper: the fusion-limit probe of partition "
+                    f"'{partition_label(group.partition)}' failed "
+                    f"({_one_line(cause) if cause else 'no result'}). Fix the cause, or set "
+                    "hydra.sweeper.fusion_limit to a number."
+                ) from cause
+            self.state.set_fusion_limit(group.partition, int(result["fusion_limit"]))
+            log.info(
+                "lightning_hydro: fusion limit %d for [%s]",
+                result["fusion_limit"],
+                partition_label(group.partition),
+            )
+
+    # -- jobs -------------------------------------------------------------------------------------------
+
+    def _trial_overrides(self, trials: Sequence[Trial], drop: Sequence[str] = ()) -> dict[int, list[str]]:
+        """Each trial's own (fusible) override lines, without the keys in ``drop``."""
+        keys = [k for k in self.fusible if k not in drop]
+        return {t.trial_id: self.space.override_lines(t.configuration.texts, keys) for t in trials}
+
+    def _trials_of(self, group: TrialGroup) -> list[Trial]:
+        return [self.state.trials[tid] for tid in group.trial_ids]
+
+    def _spec(self, group: TrialGroup, overrides: Mapping[int, list[str]]) -> GroupSpec:
+        return GroupSpec(
+            group_id=group.group_id,
+            kind=group.kind,
+            slots=group.slots,
+            trials=tuple(TrialSpec(tid, tuple(overrides[tid])) for tid in group.trial_ids),
+        )
+
+    def _search_spec(self, group: TrialGroup) -> GroupSpec:
+        sched = self.settings.scheduler
+        early_stopping = EarlyStoppingSpec(
+            name=sched.name,
+            metric=self.settings.metric,
+            mode=self.settings.mode,
+            reduction_factor=sched.reduction_factor,
+            min_budget=sched.min_budget,
+            max_budget=sched.max_budget,
+            options=dict(sched.options),
+        )
+        return dataclasses.replace(
+            self._spec(group, self._trial_overrides(self._trials_of(group))), early_stopping=early_stopping
+        )
+
+    def _job_overrides(self, group: TrialGroup, extra: Sequence[str] = ()) -> list[str]:
+        """A job's overrides: the fixed ones, its partition's values, ``extra`` (wins), Hydra's settings."""
+        replaced = {override_key(line) for line in extra}
+        shared = [
+            *self.space.fixed,
+            *self.space.override_lines(dict(group.partition), [k for k, _ in group.partition]),
+        ]
+        kept = [line for line in shared if override_key(line) not in replaced]
+        return [*kept, *extra, *group_launch_overrides(group.group_id)]
+
+    def _launch(self, jobs: Sequence[tuple[GroupSpec, list[str]]]) -> None:
+        """Write each group's spec, launch all groups as one batch, and record the jobs that failed."""
+        if not jobs:
+            return
+        if self.launcher is None:  # pragma: no cover - sweep() checked it
+            raise RuntimeError("LightningHydroSweeperImpl: call setup() first.")
+        for spec, _ in jobs:
+            write_json_atomic(spec_path(self.state.sweep_dir, spec.group_id), spec.to_json())
+        batch = [overrides for _, overrides in jobs]
+        self.validate_batch_is_legal(batch)
+        returns = self.launcher.launch(batch, initial_job_idx=self._job_idx)
+        self._job_idx += len(batch)
+        for (spec, _), ret in zip(jobs, returns):
+            try:
+                _ = ret.return_value  # raises the job's exception if it failed
+            except Exception as err:
+                log.error("lightning_hydro: job %s failed: %s", spec.group_id, _one_line(err))
+                self.failures[spec.group_id] = err
+                continue
+            if not (self.state.sweep_dir / spec.group_id / RESULT_FILE).is_file():
+                self.failures[spec.group_id] = RuntimeError(
+                    f"job {spec.group_id} returned without writing {RESULT_FILE}: its task function must "
+                    "call lightning_hydro.sweeper.fit_from_config(cfg), and every trial must finish "
+                    "(an interrupted one is resumed by a rerun)"
+                )
+
+    def _tell(self, group: TrialGroup) -> None:
+        """Report the trials of a finished (or failed) group to the sampler, once each."""
+        result = self.state.result(group)
+        if result is None and group.group_id not in self.failures:
+            return
+        for tid in group.trial_ids:
+            if tid in self._told:
+                continue
+            self._told.add(tid)
+            record = self._record(group, tid)
+            outcome = TrialOutcome(
+                record["status"], metric_value(record, self.settings.metric), record["budget"]
+            )
+            self.sampler.tell(tid, self.state.trials[tid].configuration, outcome)
+
+    def _check_metric_logged(self, groups: Sequence[TrialGroup]) -> None:
+        records = [self._record(g, tid) for g in groups for tid in g.trial_ids]
+        logged = sorted({name for r in records for name in r["metrics"]})
+        if logged and not any(self.settings.metric in r["metrics"] for r in records):
+            raise ValueError(
+                f"lightning_hydro sweeper: no trial logged the metric {self.settings.metric!r}; they logged "
+                f"{logged}. Fix: set hydra.sweeper.metric to one of them and re-run the same command "
+                "(finished groups are kept)."
+            )
+
+    # -- results ----------------------------------------------------------------------------------------
+
+    def _record(self, group: TrialGroup, trial_id: int) -> dict[str, Any]:
+        result = self.state.result(group)
+        trial_result = (result or {}).get("trials", {}).get(str(trial_id))
+        status = "failed" if group.group_id in self.failures else "pending"
+        conf = self.state.trials[trial_id].configuration
+        return {
+            "trial_id": trial_id,
+            "group": group.group_id,
+            "job_dir": str(self.state.job_dir(group)),
+            "params": dict(conf.values),
+            "overrides": self.space.override_lines(conf.texts),
+            "status": trial_result["status"] if trial_result else status,
+            "budget": trial_result["budget"] if trial_result else 0,
+            "metrics": trial_result["metrics"] if trial_result else {},
+            "history": trial_result.get("history", []) if trial_result else [],
+        }
+
+    def _retrain(self) -> list[dict[str, Any]]:
+        """Retrain the top-k trials as final jobs, with ``retrain.overrides`` winning over their values.
+
+        HOOK (muP): a scaled search retrains at the full-size target; that adds the target's width
+        overrides here, next to ``retrain.overrides``.
+        """
+        top_k, extra = self.settings.retrain.top_k, list(self.settings.retrain.overrides)
+        if top_k == 0:
+            return []
+        records = [self._record(g, tid) for g in self.state.groups_of_kind("search") for tid in g.trial_ids]
+        best = rank_trials(records, self.settings.metric, self.settings.mode)[:top_k]
+        known = {g.group_id: g for g in self.state.groups_of_kind("retrain")}
+        groups = []
+        for record in best:
+            source = next(g for g in self.state.groups if g.group_id == record["group"])
+            group = known.get(f"retrain_{record['trial_id']:04d}") or TrialGroup(
+                f"retrain_{record['trial_id']:04d}", "retrain", (record["trial_id"],), 1, source.partition
+            )
+            if group.group_id not in known:
+                self.state.add([], [group])
+            groups.append(group)
+        dropped = [override_key(line) for line in extra]
+        todo = [g for g in groups if self.state.result(g) is None]
+        self._launch(
+            [
+                (
+                    self._spec(g, self._trial_overrides(self._trials_of(g), drop=dropped)),
+                    self._job_overrides(g, extra),
+                )
+                for g in todo
+            ]
+        )
+        return [{**self._record(g, g.trial_ids[0]), "retrain_overrides": extra} for g in groups]
+
+    def _report(self, records: list[dict[str, Any]], retrained: list[dict[str, Any]]) -> None:
+        metric, mode = self.settings.metric, self.settings.mode
+        json_path, csv_path = write_results(
+            self.state.sweep_dir, records, retrained, metric=metric, mode=mode
+        )
+        log_keys = {d.key for d in self.space.dimensions if isinstance(d, Interval) and d.log}
+        try:
+            plots = plot_sweep(records, metric, self.state.sweep_dir / "plots", log_scale_keys=log_keys)
+        except ImportError as err:  # pragma: no cover - depends on the environment
+            log.warning("lightning_hydro: no plots (%s); results.json and results.csv are complete", err)
+            plots = []
+        log.info("%s", format_best_table(records, metric, mode))
+        if retrained:
+            log.info(
+                "%s",
+                format_best_table(retrained, metric, mode, top=len(retrained)).replace(
+                    "Best", "Retrained: best"
+                ),
+            )
+        log.info("lightning_hydro: results in %s, %s; plots %s", json_path, csv_path, [str(p) for p in plots])
+
+
+def _one_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: " + " ".join(str(err).split())

@@ -1,0 +1,109 @@
+"""The layout of an app config that :func:`~lightning_hydro.sweeper.fit_from_config` understands.
+
+.. code-block:: yaml
+
+    seed: 0                  # seeds each trial's module (optional, default 0)
+    model:                   # one trial's LightningModule; the only section trials of a group may vary
+      _target_: lightning_hydro.demos.DigitsMLP
+      lr: 0.05
+    data:                    # the LightningDataModule, shared by the trials of a group
+      _target_: lightning_hydro.demos.DigitsDataModule
+      batch_size: 64
+    trainer:                 # keyword arguments of lightning.Trainer (optional)
+      max_epochs: 10
+    callbacks:               # name -> instantiable Lightning callback (optional)
+      early_stop: {_target_: lightning.pytorch.callbacks.EarlyStopping, monitor: val_loss}
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+__all__ = [
+    "CALLBACKS_KEY",
+    "DATA_KEY",
+    "MODEL_KEY",
+    "SEED_KEY",
+    "TRAINER_KEY",
+    "check_sweep_keys",
+    "has_key",
+    "similar_keys",
+]
+
+MODEL_KEY = "model"
+DATA_KEY = "data"
+TRAINER_KEY = "trainer"
+CALLBACKS_KEY = "callbacks"
+SEED_KEY = "seed"
+
+
+def has_key(cfg: DictConfig, key: str) -> bool:
+    """Whether the dotted ``key`` exists in ``cfg`` (a mandatory ``???`` value counts as existing)."""
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key, default=None) if parent_key else cfg
+    if not isinstance(parent, DictConfig):
+        return False
+    return leaf in parent or OmegaConf.is_missing(parent, leaf)
+
+
+def similar_keys(cfg: DictConfig, key: str, n: int = 3) -> list[str]:
+    """Dotted keys of ``cfg`` (outside ``hydra``) that look like ``key``, for "did you mean" hints."""
+    tree = OmegaConf.to_container(cfg, resolve=False)
+    keys = [k for k in _dotted_keys(tree, "") if k != "hydra" and not k.startswith("hydra.")]
+    return difflib.get_close_matches(key, keys, n=n)
+
+
+def _dotted_keys(node: Any, prefix: str) -> list[str]:
+    if not isinstance(node, dict):
+        return []
+    out = []
+    for k, v in node.items():
+        out.append(f"{prefix}{k}")
+        out.extend(_dotted_keys(v, f"{prefix}{k}."))
+    return out
+
+
+def check_sweep_keys(cfg: DictConfig, swept: Mapping[str, str], non_fusible: Sequence[str]) -> None:
+    """Check, before any job starts, that the sweep's keys fit the config.
+
+    Args:
+        cfg: the composed app config (with its ``hydra`` node, whose ``runtime.choices`` lists config groups).
+        swept: each swept key and its override prefix (``""``, ``"+"`` or ``"++"``).
+        non_fusible: keys whose value must be equal within a group.
+
+    Raises:
+        ValueError: for a non-fusible key that is not in the config, a swept key that is not in the config
+            (and not added with ``+``), or a swept key outside ``model`` that is not declared non-fusible.
+    """
+    choices = OmegaConf.select(cfg, "hydra.runtime.choices", default=None)
+    groups = set(choices.keys()) if isinstance(choices, DictConfig) else set()
+    for key in non_fusible:
+        if key not in groups and not has_key(cfg, key) and not swept.get(key, "").startswith("+"):
+            raise ValueError(
+                f"lightning_hydro sweeper: non-fusible key {key!r} is not in the config{_hint(cfg, key)}. "
+                "Expected a key of the app's config (e.g. 'data.batch_size'). Fix: correct or remove it in "
+                "hydra.sweeper.non_fusible."
+            )
+    for key, prefix in swept.items():
+        if key in non_fusible:
+            continue
+        if key in groups or not key.startswith(f"{MODEL_KEY}."):
+            raise ValueError(
+                f"lightning_hydro sweeper: {key!r} is searched but not declared non-fusible; only keys under "
+                f"'{MODEL_KEY}' may differ between the trials of one fused group. Fix: add {key!r} to "
+                "hydra.sweeper.non_fusible."
+            )
+        if not prefix and not has_key(cfg, key):
+            raise ValueError(
+                f"lightning_hydro sweeper: searched key {key!r} is not in the config{_hint(cfg, key)}. Fix: "
+                f"correct the key, or add it with '+{key}=...'."
+            )
+
+
+def _hint(cfg: DictConfig, key: str) -> str:
+    close = similar_keys(cfg, key)
+    return f" (did you mean {' or '.join(repr(k) for k in close)}?)" if close else ""

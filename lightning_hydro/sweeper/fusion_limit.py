@@ -1,0 +1,123 @@
+"""``fusion_limit: auto``: how many trials of a partition fit in one fused group.
+
+A probe job trains a few steps of the partition's model fused at B=1 and B=2 and measures peak memory
+and step time (:func:`measure_fusion_limit`, whose probing the fused core provides). Memory grows about
+linearly with B, so ``memory(B) = m1 + (B - 1) * (m2 - m1)``; the limit is the largest B whose
+extrapolated memory stays within the device capacity minus a safety margin (the approach of Hydro and
+Fluid). The fused group checks its real memory when it starts.
+
+Example::
+
+    >>> probe = FusionProbe(memory_bytes=(1.0e9, 1.5e9), step_seconds=(0.010, 0.012), capacity_bytes=10.0e9)
+    >>> fusion_limit_from_probe(probe, safety_margin=0.2, max_limit=64)
+    15
+    >>> round(probe.step_seconds_at(15), 3)
+    0.038
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import lightning as L
+
+    from lightning_hydro.sweeper.fit_trials import TrainerFactory
+
+__all__ = ["FusionProbe", "fusion_limit_from_probe", "measure_fusion_limit", "probe_fusion"]
+
+
+@dataclass(frozen=True)
+class FusionProbe:
+    """Measurements of a partition fused at B=1 and B=2.
+
+    Attributes:
+        memory_bytes: peak device memory of a training step at B=1 and at B=2.
+        step_seconds: median time of a training step at B=1 and at B=2.
+        capacity_bytes: device memory the group may use.
+    """
+
+    memory_bytes: tuple[float, float]
+    step_seconds: tuple[float, float]
+    capacity_bytes: float
+
+    def memory_at(self, trials: int) -> float:
+        """Extrapolated peak memory of a step with ``trials`` fused trials."""
+        m1, m2 = self.memory_bytes
+        return m1 + (trials - 1) * max(m2 - m1, 0.0)
+
+    def step_seconds_at(self, trials: int) -> float:
+        """Extrapolated time of a step with ``trials`` fused trials."""
+        t1, t2 = self.step_seconds
+        return t1 + (trials - 1) * max(t2 - t1, 0.0)
+
+
+def fusion_limit_from_probe(probe: FusionProbe, *, safety_margin: float, max_limit: int) -> int:
+    """Return the largest B (<= ``max_limit``) whose extrapolated memory fits ``capacity * (1 - margin)``.
+
+    Raises:
+        ValueError: if the settings are out of range, or if even one trial does not fit.
+    """
+    if not 0.0 <= safety_margin < 1.0:
+        raise ValueError(f"fusion_limit_from_probe: safety_margin must be in [0, 1), got {safety_margin}.")
+    if max_limit < 1:
+        raise ValueError(f"fusion_limit_from_probe: max_limit must be >= 1, got {max_limit}.")
+    budget = probe.capacity_bytes * (1.0 - safety_margin)
+    m1, m2 = probe.memory_bytes
+    if m1 > budget:
+        raise ValueError(
+            f"fusion_limit_from_probe: one trial needs {m1 / 2**20:.0f} MiB, more than the "
+            f"{budget / 2**20:.0f} MiB allowed ({probe.capacity_bytes / 2**20:.0f} MiB less a "
+            f"{safety_margin:.0%} margin). Fix: make the partition smaller (batch size, width), or lower "
+            "hydra.sweeper.probe.safety_margin."
+        )
+    per_trial = m2 - m1
+    if per_trial <= 0:
+        return max_limit
+    return max(1, min(max_limit, 1 + math.floor((budget - m1) / per_trial)))
+
+
+def probe_fusion(
+    build_module: Callable[[int], L.LightningModule],
+    trial_ids: Sequence[int],
+    *,
+    datamodule: L.LightningDataModule,
+    trainer_factory: TrainerFactory,
+) -> FusionProbe:
+    """Measure memory and step time of ``trial_ids`` fused at B=1 and B=2. SEAM: the fused core fills this in.
+
+    Args:
+        build_module: builds the (seeded) module of a trial id.
+        trial_ids: two trials of the partition (one if the partition has a single trial).
+        datamodule: the partition's data.
+        trainer_factory: builds a Trainer in a given directory.
+
+    Raises:
+        NotImplementedError: until the fused core (``FusedLightningModule``) is available.
+    """
+    raise NotImplementedError(
+        "fusion_limit=auto probes fused training at B=1 and B=2, which needs the fused core "
+        "(FusedLightningModule); it is not available in this build. Fix: set hydra.sweeper.fusion_limit to a "
+        "number, e.g. 16."
+    )
+
+
+def measure_fusion_limit(
+    build_module: Callable[[int], L.LightningModule],
+    trial_ids: Sequence[int],
+    *,
+    datamodule: L.LightningDataModule,
+    trainer_factory: TrainerFactory,
+    safety_margin: float,
+    max_limit: int,
+) -> tuple[int, FusionProbe]:
+    """Probe the partition of ``trial_ids`` (:func:`probe_fusion`) and extrapolate its fusion limit.
+
+    Returns:
+        The limit and the measurements it was computed from.
+    """
+    probe = probe_fusion(build_module, trial_ids, datamodule=datamodule, trainer_factory=trainer_factory)
+    return fusion_limit_from_probe(probe, safety_margin=safety_margin, max_limit=max_limit), probe

@@ -1,0 +1,138 @@
+"""The contract between the sweeper and a job: which trials a job trains, and where it reports them.
+
+A job's config stays an ordinary config of the user's app: the sweeper launches each group with the
+group's shared (non-fusible and fixed) overrides plus two of Hydra's own settings:
+
+- ``hydra.sweep.subdir=<group_id>``: the job's directory, stable across resumes;
+- ``++hydra.job.env_set.LIGHTNING_HYDRO_GROUP=<group_id>``: Hydra sets this environment variable in the
+  job, which then reads ``<sweep_dir>/lightning_hydro/groups/<group_id>.json`` (a :class:`GroupSpec`:
+  the trials, each with its own fusible overrides, the number of slots, the early-stopping settings).
+
+When done, the job writes ``<job_dir>/group_result.json``; the sweeper reads it, also after a resume.
+The sweep directory must therefore be on a file system shared by the sweeper and its jobs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightning_hydro.sweeper.json_files import read_json, write_json_atomic
+from lightning_hydro.sweeper.trial_groups import GroupKind
+
+__all__ = [
+    "GROUP_ENV",
+    "RESULT_FILE",
+    "STATE_DIR",
+    "EarlyStoppingSpec",
+    "GroupSpec",
+    "TrialSpec",
+    "group_launch_overrides",
+    "read_group_result",
+    "read_group_spec",
+    "spec_path",
+    "write_group_result",
+]
+
+GROUP_ENV = "LIGHTNING_HYDRO_GROUP"
+STATE_DIR = "lightning_hydro"
+RESULT_FILE = "group_result.json"
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """A trial of a group: its id and the override lines that make its config from the job's config."""
+
+    trial_id: int
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EarlyStoppingSpec:
+    """Early stopping inside a group; ``name == "none"`` trains every trial to ``trainer.max_epochs``."""
+
+    name: str = "none"
+    metric: str = "val_loss"
+    mode: str = "min"
+    reduction_factor: float = 3.0
+    min_budget: int = 1
+    max_budget: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """What one job trains.
+
+    Attributes:
+        group_id: the group's id, also its job directory name.
+        kind: ``search``, ``retrain`` or ``probe``.
+        slots: trials trained at once; trials beyond the first ``slots`` wait for a freed slot.
+        trials: the group's trials, in start order.
+        early_stopping: the early-stopping settings of the group.
+        probe: ``{"safety_margin": ..., "max_limit": ...}`` for a probe group, else empty.
+    """
+
+    group_id: str
+    kind: GroupKind
+    slots: int
+    trials: tuple[TrialSpec, ...]
+    early_stopping: EarlyStoppingSpec = field(default_factory=EarlyStoppingSpec)
+    probe: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GroupSpec:
+        """Inverse of :meth:`to_json`."""
+        return cls(
+            group_id=data["group_id"],
+            kind=data["kind"],
+            slots=int(data["slots"]),
+            trials=tuple(TrialSpec(int(t["trial_id"]), tuple(t["overrides"])) for t in data["trials"]),
+            early_stopping=EarlyStoppingSpec(**data["early_stopping"]),
+            probe=dict(data.get("probe", {})),
+        )
+
+
+def spec_path(sweep_dir: Path, group_id: str) -> Path:
+    """Where the spec of ``group_id`` lives."""
+    return sweep_dir / STATE_DIR / "groups" / f"{group_id}.json"
+
+
+def group_launch_overrides(group_id: str) -> list[str]:
+    """The Hydra overrides that tell a job its group and put it in its own directory."""
+    return [f"hydra.sweep.subdir={group_id}", f"++hydra.job.env_set.{GROUP_ENV}={group_id}"]
+
+
+def read_group_spec(sweep_dir: Path) -> GroupSpec | None:
+    """The spec of the group this job runs, or ``None`` outside a sweep group (a plain run).
+
+    Raises:
+        FileNotFoundError: if the environment names a group whose spec file is missing.
+    """
+    group_id = os.environ.get(GROUP_ENV)
+    if not group_id:
+        return None
+    path = spec_path(sweep_dir, group_id)
+    data = read_json(path)
+    if data is None:
+        raise FileNotFoundError(
+            f"{GROUP_ENV}={group_id} but {path} does not exist. The sweep directory must be shared by the "
+            f"sweeper and its jobs; outside a sweep, unset {GROUP_ENV}."
+        )
+    return GroupSpec.from_json(data)
+
+
+def write_group_result(job_dir: Path, result: dict[str, Any]) -> None:
+    """Write a finished group's result (atomically) into its job directory."""
+    write_json_atomic(job_dir / RESULT_FILE, result)
+
+
+def read_group_result(job_dir: Path) -> dict[str, Any] | None:
+    """The result a finished group wrote, or ``None`` if the group has not finished."""
+    return read_json(job_dir / RESULT_FILE)

@@ -1,0 +1,239 @@
+"""Validated sweeper settings: ``hydra.sweeper.*`` checked once, before any job starts.
+
+Every error names the setting, what was expected, what came, and how to fix it.
+
+Example::
+
+    >>> settings = SweepSettings.from_config(sampler="random", n_trials=8, fusion_limit="auto")
+    >>> settings.fusion_limit, settings.scheduler.name
+    ('auto', 'none')
+    >>> SweepSettings.from_config(sampler="bayes", n_trials=8)
+    Traceback (most recent call last):
+    ...
+    ValueError: lightning_hydro sweeper: unknown sampler 'bayes'; expected one of ['grid', 'random', ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from omegaconf import DictConfig, OmegaConf
+
+from lightning_hydro.sweeper.samplers import SAMPLERS
+
+__all__ = ["SCHEDULERS", "ProbeSettings", "RetrainSettings", "SchedulerSettings", "SweepSettings"]
+
+SCHEDULERS = ("none", "asha", "successive_halving", "hyperband", "hypersched")
+_P = "lightning_hydro sweeper"
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """``hydra.sweeper.scheduler``: early stopping inside each group."""
+
+    name: str = "none"
+    reduction_factor: float = 3.0
+    min_budget: int = 1
+    max_budget: int | None = None
+    refill: bool = True
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """``hydra.sweeper.probe``: how ``fusion_limit: auto`` turns a probe into a limit."""
+
+    safety_margin: float = 0.2
+    max_limit: int = 64
+
+
+@dataclass(frozen=True)
+class RetrainSettings:
+    """``hydra.sweeper.retrain``: final full-scale jobs for the best configurations."""
+
+    top_k: int = 0
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """All of ``hydra.sweeper``, validated (see ``LightningHydroSweeperConf`` for each field)."""
+
+    sampler: str
+    n_trials: int | None
+    seed: int
+    metric: str
+    mode: Literal["min", "max"]
+    non_fusible: tuple[str, ...]
+    fusion_limit: int | Literal["auto"]
+    round_size: int | None
+    params: tuple[str, ...]
+    scheduler: SchedulerSettings
+    probe: ProbeSettings
+    retrain: RetrainSettings
+
+    @classmethod
+    def from_config(
+        cls,
+        *,
+        sampler: str = "random",
+        n_trials: int | None = None,
+        seed: int = 0,
+        metric: str = "val_loss",
+        mode: str = "min",
+        non_fusible: Sequence[str] = (),
+        fusion_limit: Any = 16,
+        round_size: int | None = None,
+        params: Mapping[str, Any] | None = None,
+        scheduler: Mapping[str, Any] | None = None,
+        probe: Mapping[str, Any] | None = None,
+        retrain: Mapping[str, Any] | None = None,
+    ) -> SweepSettings:
+        """Validate the fields of ``hydra.sweeper`` (plain values, dicts or DictConfigs).
+
+        Raises:
+            ValueError: naming the first invalid setting and how to fix it.
+        """
+        if sampler not in SAMPLERS:
+            raise ValueError(
+                f"{_P}: unknown sampler {sampler!r}; expected one of {list(SAMPLERS)}. Fix: e.g. "
+                "hydra.sweeper.sampler=random."
+            )
+        if n_trials is not None and n_trials < 1:
+            raise ValueError(f"{_P}: hydra.sweeper.n_trials must be >= 1, got {n_trials}.")
+        if n_trials is None and sampler != "grid":
+            raise ValueError(
+                f"{_P}: sampler {sampler!r} needs hydra.sweeper.n_trials (how many configurations to try), "
+                "got null. Fix: e.g. hydra.sweeper.n_trials=32."
+            )
+        if mode not in ("min", "max"):
+            raise ValueError(f"{_P}: hydra.sweeper.mode must be 'min' or 'max', got {mode!r}.")
+        if round_size is not None and round_size < 1:
+            raise ValueError(f"{_P}: hydra.sweeper.round_size must be >= 1 or null, got {round_size}.")
+        return cls(
+            sampler=sampler,
+            n_trials=n_trials,
+            seed=int(seed),
+            metric=metric,
+            mode=mode,  # type: ignore[arg-type]  # checked above
+            non_fusible=tuple(str(k) for k in non_fusible),
+            fusion_limit=_fusion_limit(fusion_limit),
+            round_size=round_size,
+            params=_param_lines(params),
+            scheduler=_scheduler(_plain(scheduler)),
+            probe=_probe(_plain(probe)),
+            retrain=_retrain(_plain(retrain)),
+        )
+
+    def request(self, search_space: Sequence[str]) -> dict[str, Any]:
+        """What defines the sweep for a resume: everything but ``metric``, ``mode`` and ``retrain``.
+
+        Those three only rank and retrain finished trials, so a resume may change them.
+        """
+        return {
+            "sampler": self.sampler,
+            "n_trials": self.n_trials,
+            "seed": self.seed,
+            "non_fusible": list(self.non_fusible),
+            "fusion_limit": self.fusion_limit,
+            "round_size": self.round_size,
+            "scheduler": asdict(self.scheduler),
+            "search_space": list(search_space),
+        }
+
+
+def _plain(node: Mapping[str, Any] | None) -> dict[str, Any]:
+    if node is None:
+        return {}
+    if isinstance(node, DictConfig):
+        container = OmegaConf.to_container(node, resolve=True)
+        return {str(k): v for k, v in container.items()} if isinstance(container, dict) else {}
+    return dict(node)
+
+
+def _fusion_limit(value: Any) -> int | Literal["auto"]:
+    if value == "auto":
+        return "auto"
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(
+            f"{_P}: hydra.sweeper.fusion_limit must be an integer >= 1 or 'auto', got {value!r}. Fix: e.g. "
+            "hydra.sweeper.fusion_limit=16."
+        )
+    if value < 1:
+        raise ValueError(
+            f"{_P}: hydra.sweeper.fusion_limit must be >= 1 (trials fused in one group), got {value}. Fix: "
+            "e.g. hydra.sweeper.fusion_limit=16, or 'auto' to measure it."
+        )
+    return value
+
+
+def _param_lines(params: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """``key=value`` lines; nested mappings give dotted keys, and a ``null`` value drops its key."""
+    lines = []
+    for key, value in _flatten(_plain(params), "").items():
+        if isinstance(value, list):
+            raise ValueError(
+                f"{_P}: hydra.sweeper.params.{key} must be an override string in Hydra's grammar, got "
+                f"{value!r}. Fix: e.g. '{key}: choice(32, 64)' or '{key}: tag(log, interval(1e-4, 1))'."
+            )
+        if value is not None:
+            lines.append(f"{key}={value}")
+    return tuple(lines)
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out.pop(f"{prefix}{key}", None)  # a later entry for the same key wins
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _scheduler(raw: dict[str, Any]) -> SchedulerSettings:
+    settings = SchedulerSettings(**raw)
+    if settings.name not in SCHEDULERS:
+        raise ValueError(
+            f"{_P}: unknown scheduler {settings.name!r}; expected one of {list(SCHEDULERS)}. Fix: e.g. "
+            "hydra.sweeper.scheduler.name=asha, or none for no early stopping."
+        )
+    if not settings.reduction_factor > 1:
+        raise ValueError(
+            f"{_P}: hydra.sweeper.scheduler.reduction_factor must be > 1 (each rung keeps 1/reduction_factor "
+            f"of its trials), got {settings.reduction_factor}. Fix: e.g. "
+            "hydra.sweeper.scheduler.reduction_factor=3."
+        )
+    if settings.min_budget < 1:
+        raise ValueError(
+            f"{_P}: hydra.sweeper.scheduler.min_budget must be >= 1 epoch, got {settings.min_budget}."
+        )
+    if settings.max_budget is not None and settings.max_budget < settings.min_budget:
+        raise ValueError(
+            f"{_P}: hydra.sweeper.scheduler.max_budget ({settings.max_budget}) must be >= min_budget "
+            f"({settings.min_budget}), or null to use trainer.max_epochs."
+        )
+    return settings
+
+
+def _probe(raw: dict[str, Any]) -> ProbeSettings:
+    settings = ProbeSettings(**raw)
+    if not 0.0 <= settings.safety_margin < 1.0:
+        raise ValueError(
+            f"{_P}: hydra.sweeper.probe.safety_margin must be in [0, 1), got {settings.safety_margin}."
+        )
+    if settings.max_limit < 1:
+        raise ValueError(f"{_P}: hydra.sweeper.probe.max_limit must be >= 1, got {settings.max_limit}.")
+    return settings
+
+
+def _retrain(raw: dict[str, Any]) -> RetrainSettings:
+    settings = RetrainSettings(top_k=int(raw.get("top_k", 0)), overrides=tuple(raw.get("overrides", ())))
+    if settings.top_k < 0:
+        raise ValueError(f"{_P}: hydra.sweeper.retrain.top_k must be >= 0, got {settings.top_k}.")
+    return settings

@@ -1,0 +1,91 @@
+"""ConfigTrainerFactory: Lightning Trainers built from the app config's ``trainer`` and ``callbacks``.
+
+Each call builds a fresh Trainer (and fresh user callbacks, so trials never share callback state) rooted in
+one directory: a CSV logger writes ``logs/version_<n>/metrics.csv`` there (a new version per attempt:
+Lightning's CSV logger would delete the previous file on a resume), and a ``ModelCheckpoint`` keeps
+``checkpoints/last.ckpt`` after every epoch, which a rerun resumes from.
+
+Example::
+
+    >>> from pathlib import Path
+    >>> import tempfile
+    >>> factory = ConfigTrainerFactory({"max_epochs": 1, "enable_progress_bar": False})
+    >>> root = Path(tempfile.mkdtemp())
+    >>> trainer = factory(root_dir=root)
+    >>> trainer.max_epochs, factory.last_checkpoint(root)
+    (1, None)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+
+__all__ = ["ConfigTrainerFactory"]
+
+_MANAGED = ("default_root_dir", "callbacks")
+_CHECKPOINT_DIR = "checkpoints"
+
+
+class ConfigTrainerFactory:
+    """Builds Trainers from ``trainer`` keyword arguments and instantiable ``callbacks`` configs.
+
+    Args:
+        trainer_kwargs: keyword arguments of :class:`lightning.Trainer` (``logger`` may be ``true`` or
+            ``false``; ``enable_checkpointing: false`` turns off the resume checkpoint).
+        callbacks: name -> config with ``_target_`` (``null`` entries are skipped).
+
+    Raises:
+        ValueError: if ``trainer_kwargs`` sets what the factory manages (``default_root_dir``,
+            ``callbacks``) or gives ``logger`` something other than a bool.
+    """
+
+    def __init__(self, trainer_kwargs: Mapping[str, Any], callbacks: Mapping[str, Any] | None = None) -> None:
+        for key in _MANAGED:
+            if key in trainer_kwargs:
+                raise ValueError(
+                    f"ConfigTrainerFactory: trainer.{key} is set by lightning_hydro (each trial's directory "
+                    f"and callbacks), got {key}={trainer_kwargs[key]!r}. Fix: remove trainer.{key}; put "
+                    "callbacks under the top-level 'callbacks' key."
+                )
+        logger = trainer_kwargs.get("logger", True)
+        if not isinstance(logger, bool):
+            raise ValueError(
+                "ConfigTrainerFactory: trainer.logger must be true (a CSV logger in each run's directory) or "
+                f"false, got {logger!r}. Fix: add other loggers as callbacks, or log from your module."
+            )
+        self.trainer_kwargs = {k: v for k, v in trainer_kwargs.items() if k != "logger"}
+        self.use_logger = logger
+        self.checkpointing = bool(trainer_kwargs.get("enable_checkpointing", True))
+        self.callbacks_config = dict(callbacks or {})
+
+    def __call__(self, *, root_dir: Path, callbacks: Sequence[Callback] = ()) -> L.Trainer:
+        """A Trainer rooted in ``root_dir``: the app's callbacks, then ``callbacks``, then the checkpoint."""
+        root_dir.mkdir(parents=True, exist_ok=True)
+        all_callbacks: list[Callback] = [
+            instantiate(c) for c in self.callbacks_config.values() if c is not None
+        ]
+        all_callbacks += list(callbacks)
+        if self.checkpointing:
+            all_callbacks.append(_last_checkpoint_callback(root_dir / _CHECKPOINT_DIR))
+        logger = CSVLogger(root_dir, name="logs") if self.use_logger else False
+        return L.Trainer(
+            **self.trainer_kwargs, default_root_dir=root_dir, logger=logger, callbacks=all_callbacks
+        )
+
+    def last_checkpoint(self, root_dir: Path) -> Path | None:
+        """``<root_dir>/checkpoints/last.ckpt`` if it exists."""
+        path = root_dir / _CHECKPOINT_DIR / "last.ckpt"
+        return path if self.checkpointing and path.is_file() else None
+
+
+def _last_checkpoint_callback(dirpath: Path) -> ModelCheckpoint:
+    # One file, ``last.ckpt``, rewritten after every epoch. (``save_top_k=0, save_last=True`` would only
+    # write it at the end of fit, too late for a resume.)
+    return ModelCheckpoint(dirpath=dirpath, filename="last", save_top_k=1, enable_version_counter=False)

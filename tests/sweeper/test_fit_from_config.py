@@ -1,0 +1,69 @@
+import pytest
+from omegaconf import OmegaConf
+
+from lightning_hydro.sweeper.fit_from_config import apply_overrides, fit_from_config
+
+CFG = {
+    "seed": 1,
+    "model": {"_target_": "lightning_hydro.demos.DigitsMLP", "hidden_dim": 8, "lr": 0.1},
+    "data": {"_target_": "lightning_hydro.demos.DigitsDataModule", "batch_size": 32},
+    "trainer": {
+        "max_epochs": 1,
+        "limit_train_batches": 2,
+        "limit_val_batches": 1,
+        "enable_progress_bar": False,
+    },
+}
+
+
+def test_a_plain_run_outside_hydra_trains_trial_zero_in_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LIGHTNING_HYDRO_GROUP", raising=False)
+    results = fit_from_config(OmegaConf.create(CFG))
+    assert list(results) == [0]
+    assert results[0]["status"] == "completed"
+    assert (tmp_path / "trial_0000" / "checkpoints" / "last.ckpt").is_file()
+    assert not (tmp_path / "group_result.json").exists()
+
+
+def test_apply_overrides_makes_a_trial_config_and_leaves_the_original():
+    cfg = OmegaConf.create(CFG)
+    trial = apply_overrides(cfg, ["model.lr=0.5", "+model.dropout=0.1", "model.optimizer='adam'"])
+    assert (trial.model.lr, trial.model.dropout, trial.model.optimizer) == (0.5, 0.1, "adam")
+    assert cfg.model.lr == 0.1
+    with pytest.raises(
+        ValueError, match=r"apply_overrides: a trial override needs a single value, got 'model.lr=0.1,0.2'"
+    ):
+        apply_overrides(cfg, ["model.lr=0.1,0.2"])
+
+
+@pytest.mark.parametrize(
+    ("drop", "match"),
+    [
+        (
+            "model",
+            (
+                r"the config needs a 'model' section with a _target_ \(your LightningModule class.*"
+                r"got None\. Fix: add 'model: \{_target_: \.\.\.\}'"
+            ),
+        ),
+        ("data", r"the config needs a 'data' section with a _target_ \(your LightningDataModule"),
+    ],
+)
+def test_missing_sections(tmp_path, monkeypatch, drop, match):
+    monkeypatch.chdir(tmp_path)
+    cfg = OmegaConf.create({k: v for k, v in CFG.items() if k != drop})
+    with pytest.raises(ValueError, match=match):
+        fit_from_config(cfg)
+
+
+def test_a_group_spec_that_is_missing(tmp_path, monkeypatch):
+    from lightning_hydro.sweeper.group_spec import read_group_spec
+
+    monkeypatch.setenv("LIGHTNING_HYDRO_GROUP", "group_0042")
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"LIGHTNING_HYDRO_GROUP=group_0042 but .*group_0042.json does not exist\. "
+        r"The sweep directory must be shared",
+    ):
+        read_group_spec(tmp_path)

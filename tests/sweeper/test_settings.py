@@ -1,0 +1,102 @@
+import pytest
+from omegaconf import OmegaConf
+
+from lightning_hydro.sweeper.settings import SweepSettings
+
+
+def test_defaults_and_dictconfig_input():
+    s = SweepSettings.from_config(
+        sampler="random",
+        n_trials=8,
+        fusion_limit="4",
+        params=OmegaConf.create(
+            {
+                "model.lr": "tag(log, interval(1e-3, 1))",
+                "model.depth": 2,
+                "data": {"batch_size": "32,64"},
+                "x": None,
+            }
+        ),
+        scheduler=OmegaConf.create({"name": "asha", "reduction_factor": 4}),
+        retrain={"top_k": 2, "overrides": ["trainer.max_epochs=50"]},
+    )
+    assert s.fusion_limit == 4
+    assert s.params == ("model.lr=tag(log, interval(1e-3, 1))", "model.depth=2", "data.batch_size=32,64")
+    assert s.scheduler.name == "asha"
+    assert s.scheduler.reduction_factor == 4
+    assert s.retrain.overrides == ("trainer.max_epochs=50",)
+    assert SweepSettings.from_config(sampler="grid").n_trials is None
+
+
+def test_the_request_ignores_ranking_and_retrain():
+    a = SweepSettings.from_config(n_trials=4, metric="val_acc", mode="max", retrain={"top_k": 1})
+    b = SweepSettings.from_config(n_trials=4, metric="val_loss", mode="min")
+    assert a.request(["model.lr=0.1,0.2"]) == b.request(["model.lr=0.1,0.2"])
+    assert a.request(["model.lr=0.1,0.2"]) != a.request(["model.lr=0.1,0.3"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (
+            {"sampler": "bayes", "n_trials": 4},
+            (
+                r"unknown sampler 'bayes'; expected one of \['grid', 'random', 'tpe'\]\. Fix: e\.g\. hydra\."
+                r"sweeper\.sampler=random"
+            ),
+        ),
+        (
+            {"sampler": "random"},
+            (
+                r"sampler 'random' needs hydra.sweeper.n_trials .* got null\. Fix: e\.g\. hydra\.sweeper\."
+                r"n_trials=32"
+            ),
+        ),
+        ({"n_trials": 0}, r"hydra.sweeper.n_trials must be >= 1, got 0"),
+        ({"n_trials": 4, "mode": "maximize"}, r"hydra.sweeper.mode must be 'min' or 'max', got 'maximize'"),
+        ({"n_trials": 4, "round_size": 0}, r"hydra.sweeper.round_size must be >= 1 or null, got 0"),
+        (
+            {"n_trials": 4, "fusion_limit": 0},
+            r"hydra.sweeper.fusion_limit must be >= 1 \(trials fused in one group\), got 0\. Fix",
+        ),
+        ({"n_trials": 4, "fusion_limit": -3}, r"fusion_limit must be >= 1 .*got -3"),
+        (
+            {"n_trials": 4, "fusion_limit": "many"},
+            r"hydra.sweeper.fusion_limit must be an integer >= 1 or 'auto', got 'many'\. Fix",
+        ),
+        ({"n_trials": 4, "fusion_limit": 2.5}, r"must be an integer >= 1 or 'auto', got 2\.5"),
+        (
+            {"n_trials": 4, "scheduler": {"name": "median"}},
+            (
+                r"unknown scheduler 'median'; expected one of "
+                r"\['none', 'asha', 'successive_halving', 'hyperband', 'hypersched'\]\. Fix"
+            ),
+        ),
+        (
+            {"n_trials": 4, "scheduler": {"name": "asha", "reduction_factor": 1}},
+            r"reduction_factor must be > 1 \(each rung keeps 1/reduction_factor of its trials\), got 1\. Fix",
+        ),
+        ({"n_trials": 4, "scheduler": {"reduction_factor": 0.5}}, r"reduction_factor must be > 1 .*got 0\.5"),
+        ({"n_trials": 4, "scheduler": {"min_budget": 0}}, r"min_budget must be >= 1 epoch, got 0"),
+        (
+            {"n_trials": 4, "scheduler": {"min_budget": 3, "max_budget": 2}},
+            r"max_budget \(2\) must be >= min_budget \(3\)",
+        ),
+        (
+            {"n_trials": 4, "probe": {"safety_margin": 1.5}},
+            r"probe.safety_margin must be in \[0, 1\), got 1\.5",
+        ),
+        ({"n_trials": 4, "probe": {"max_limit": 0}}, r"probe.max_limit must be >= 1, got 0"),
+        ({"n_trials": 4, "retrain": {"top_k": -1}}, r"retrain.top_k must be >= 0, got -1"),
+        (
+            {"n_trials": 4, "params": {"data.batch_size": [32, 64]}},
+            (
+                r"params.data.batch_size must be an override string .* Fix: e\.g\. 'data\.batch_size: "
+                r"choice\(32, 64\)'"
+            ),
+        ),
+    ],
+)
+def test_errors_name_the_setting_and_the_fix(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SweepSettings.from_config(**kwargs)
