@@ -76,13 +76,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n-trials", type=int, default=32)
     parser.add_argument("--fusion-limit", type=int, default=16)
-    parser.add_argument(
-        "--epochs", type=int, default=None, help="trainer.max_epochs (default: conf/train.yaml)"
-    )
+    parser.add_argument("--epochs", type=int, default=None, help="trainer.max_epochs (default: conf/train.yaml)")
     parser.add_argument("--scheduler", default="none", help="hydra.sweeper.scheduler.name, e.g. asha")
-    parser.add_argument(
-        "--launcher", default="basic", help="launcher of the lightning_hydro sweep, e.g. joblib"
-    )
+    parser.add_argument("--launcher", default="basic", help="launcher of the lightning_hydro sweep, e.g. joblib")
     parser.add_argument("--metric", default="val_acc")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "sweep_vs_basic")
     parser.add_argument("--quick", action="store_true", help="4 trials of 2 epochs, groups of 2")
@@ -116,9 +112,7 @@ def main() -> None:
     for trial in sweep["trials"]:
         name = f"t{trial['trial_id']:03d}"
         names[name] = trial
-        (group_dir / f"{name}.yaml").write_text(
-            "# @package _global_\n" + yaml.safe_dump(nest(trial["params"]))
-        )
+        (group_dir / f"{name}.yaml").write_text("# @package _global_\n" + yaml.safe_dump(nest(trial["params"])))
     basic_dir = args.out / "basic"
     basic_time = run_train(
         [

@@ -23,6 +23,7 @@ from lightning_hydro.demos import DigitsDataModule, DigitsMLP
 
 
 def main(argv: list[str] | None = None) -> dict[int, dict]:
+    """Train the trials fused, print the table and the best trial, and return `fused.results`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=16, help="number of learning rates to try")
     parser.add_argument("--epochs", type=int, default=10)

@@ -6,10 +6,6 @@ import torch
 
 from lightning_hydro.backends.auto import clear_backend_cache
 
-# The test models are tiny: one thread is as fast as two, and it avoids OpenMP threads spinning against
-# each other (and against other processes) on a small machine, which slows such models down 10-100x.
-torch.set_num_threads(1)
-
 
 @pytest.fixture(autouse=True)
 def _quiet_and_seeded():

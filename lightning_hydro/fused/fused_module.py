@@ -118,6 +118,8 @@ class FusedLightningModule(L.LightningModule):
         summary: print a per-trial table at the end of ``fit``.
         monitor: metric that orders that table and marks the best trial (e.g. ``"val_acc"``).
         mode: ``"min"`` or ``"max"``: which ``monitor`` value is best.
+        trial_factory: builds the module of a trial id; used when a checkpoint holds trials that joined
+            the group during the run (refills). Without it they are rebuilt as ``class(**hparams)``.
 
     Raises:
         ValueError / TypeError: an empty list, non-LightningModules, a trial that uses manual optimization,
@@ -137,6 +139,7 @@ class FusedLightningModule(L.LightningModule):
         summary: bool = True,
         monitor: str | None = None,
         mode: Literal["min", "max"] = "min",
+        trial_factory: Callable[[int], L.LightningModule] | None = None,
     ) -> None:
         super().__init__()
         trials = list(trials)
@@ -164,6 +167,7 @@ class FusedLightningModule(L.LightningModule):
         self.monitor = monitor
         self.mode = mode
         self.backend_report = ""
+        self.trial_factory = trial_factory
         for hook in _OPTIONAL_HOOKS:
             if not is_overridden(hook, trials[0], L.LightningModule):
                 self.__dict__[hook] = None  # hidden: Lightning's is_overridden() then reports False
@@ -787,7 +791,7 @@ class FusedLightningModule(L.LightningModule):
         known: dict[int, L.LightningModule] = {**self._retired, **dict(self._running())}
         for tid, spec in data["specs"].items():
             if tid not in known:
-                known[tid] = build_from_spec(spec, trial_id=tid)
+                known[tid] = self.trial_factory(tid) if self.trial_factory else build_from_spec(spec, trial_id=tid)
         live = list(data["trial_ids"])
         for module in self._group.modules:
             self._group.detach(module)

@@ -172,9 +172,7 @@ class LightningHydroSweeperImpl(Sweeper):
             first_index=len(self.state.groups_of_kind("search")),
         )
         self.state.add(trials, groups)
-        sizes = ", ".join(
-            f"{g.group_id}: {len(g.trial_ids)} [{partition_label(g.partition)}]" for g in groups
-        )
+        sizes = ", ".join(f"{g.group_id}: {len(g.trial_ids)} [{partition_label(g.partition)}]" for g in groups)
         log.info("lightning_hydro: %d new trials in %d groups (%s)", len(trials), len(groups), sizes)
         return groups
 
@@ -197,9 +195,7 @@ class LightningHydroSweeperImpl(Sweeper):
         jobs, probes = [], []
         for i, (partition, members) in enumerate(by_partition.items()):
             ids = tuple(t.trial_id for t in members[:2])
-            group = TrialGroup(
-                f"probe_{len(self.state.fusion_limits) + i:04d}", "probe", ids, len(ids), partition
-            )
+            group = TrialGroup(f"probe_{len(self.state.fusion_limits) + i:04d}", "probe", ids, len(ids), partition)
             (self.state.job_dir(group) / RESULT_FILE).unlink(missing_ok=True)
             spec = self._spec(group, self._trial_overrides(members[:2]))
             spec = dataclasses.replace(spec, probe=dataclasses.asdict(self.settings.probe))
@@ -302,9 +298,7 @@ class LightningHydroSweeperImpl(Sweeper):
                 continue
             self._told.add(tid)
             record = self._record(group, tid)
-            outcome = TrialOutcome(
-                record["status"], metric_value(record, self.settings.metric), record["budget"]
-            )
+            outcome = TrialOutcome(record["status"], metric_value(record, self.settings.metric), record["budget"])
             self.sampler.tell(tid, self.state.trials[tid].configuration, outcome)
 
     def _check_metric_logged(self, groups: Sequence[TrialGroup]) -> None:
@@ -372,9 +366,7 @@ class LightningHydroSweeperImpl(Sweeper):
 
     def _report(self, records: list[dict[str, Any]], retrained: list[dict[str, Any]]) -> None:
         metric, mode = self.settings.metric, self.settings.mode
-        json_path, csv_path = write_results(
-            self.state.sweep_dir, records, retrained, metric=metric, mode=mode
-        )
+        json_path, csv_path = write_results(self.state.sweep_dir, records, retrained, metric=metric, mode=mode)
         log_keys = {d.key for d in self.space.dimensions if isinstance(d, Interval) and d.log}
         try:
             plots = plot_sweep(records, metric, self.state.sweep_dir / "plots", log_scale_keys=log_keys)
@@ -385,9 +377,7 @@ class LightningHydroSweeperImpl(Sweeper):
         if retrained:
             log.info(
                 "%s",
-                format_best_table(retrained, metric, mode, top=len(retrained)).replace(
-                    "Best", "Retrained: best"
-                ),
+                format_best_table(retrained, metric, mode, top=len(retrained)).replace("Best", "Retrained: best"),
             )
         log.info("lightning_hydro: results in %s, %s; plots %s", json_path, csv_path, [str(p) for p in plots])
 

@@ -13,6 +13,9 @@
       max_epochs: 10
     callbacks:               # name -> instantiable Lightning callback (optional)
       early_stop: {_target_: lightning.pytorch.callbacks.EarlyStopping, monitor: val_loss}
+    fused:                   # how sweep jobs fuse their trials (optional; FusedLightningModule's options)
+      backend: auto
+      optimizer_path: auto
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 __all__ = [
     "CALLBACKS_KEY",
     "DATA_KEY",
+    "FUSED_KEY",
     "MODEL_KEY",
     "SEED_KEY",
     "TRAINER_KEY",
@@ -38,6 +42,7 @@ MODEL_KEY = "model"
 DATA_KEY = "data"
 TRAINER_KEY = "trainer"
 CALLBACKS_KEY = "callbacks"
+FUSED_KEY = "fused"
 SEED_KEY = "seed"
 
 

@@ -30,8 +30,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_hydro.sweeper.app_config import CALLBACKS_KEY, DATA_KEY, MODEL_KEY, SEED_KEY, TRAINER_KEY
-from lightning_hydro.sweeper.fit_trials import TrialResult, fit_trials
+from lightning_hydro.sweeper.app_config import CALLBACKS_KEY, DATA_KEY, FUSED_KEY, MODEL_KEY, SEED_KEY, TRAINER_KEY
+from lightning_hydro.sweeper.fit_trials import FusedSettings, TrialResult, fit_trials
 from lightning_hydro.sweeper.fusion_limit import measure_fusion_limit
 from lightning_hydro.sweeper.group_spec import GroupSpec, TrialSpec, read_group_spec, write_group_result
 from lightning_hydro.sweeper.trainer_factory import ConfigTrainerFactory
@@ -77,9 +77,7 @@ def fit_from_config(cfg: DictConfig) -> dict[int, TrialResult]:
         limit, probe = measure_fusion_limit(
             build_module, trial_ids, datamodule=datamodule, trainer_factory=trainer_factory, **spec.probe
         )
-        write_group_result(
-            job_dir, {"group_id": spec.group_id, "fusion_limit": limit, "probe": asdict(probe)}
-        )
+        write_group_result(job_dir, {"group_id": spec.group_id, "fusion_limit": limit, "probe": asdict(probe)})
         return {}
     results = fit_trials(
         build_module,
@@ -89,6 +87,7 @@ def fit_from_config(cfg: DictConfig) -> dict[int, TrialResult]:
         trainer_factory=trainer_factory,
         workdir=job_dir,
         early_stopping=spec.early_stopping,
+        fused=FusedSettings(**_plain(cfg.get(FUSED_KEY))) if in_group else None,
     )
     for trial_id, result in results.items():
         log.info(
@@ -127,9 +126,7 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
     out = copy.deepcopy(cfg)
     for override in OverridesParser.create().parse_overrides(list(overrides)):
         if override.is_delete() or override.is_sweep_override():
-            raise ValueError(
-                f"apply_overrides: a trial override needs a single value, got {override.input_line!r}."
-            )
+            raise ValueError(f"apply_overrides: a trial override needs a single value, got {override.input_line!r}.")
         force_add = override.is_add() or override.is_force_add()
         OmegaConf.update(out, override.key_or_group, override.value(), force_add=force_add)
     return out

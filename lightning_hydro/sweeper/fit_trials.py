@@ -1,17 +1,16 @@
-"""``fit_trials``: THE seam between the sweep and the training of one group's trials.
+"""``fit_trials``: the one function that trains a group's trials, fused.
 
 Everything around it (which trials, their modules, the data, the Trainer settings, where results go)
 is decided by the sweeper and :func:`~lightning_hydro.sweeper.fit_from_config`; this one function trains.
 
-Today it trains the trials one after another, each with an ordinary Lightning Trainer in its own
-directory ``<job_dir>/trial_<id>/`` (logs, ``checkpoints/last.ckpt``, ``trial_result.json``), so a rerun
-skips finished trials and resumes an interrupted one from its last checkpoint.
+In a sweep job (``fused`` settings given) the group's trials train as ONE
+:class:`~lightning_hydro.FusedLightningModule` of ``slots`` trials, by one Trainer rooted in
+``<job_dir>/fused_<k>/`` (logs, ``checkpoints/last.ckpt``, ``group_fit.json``); with early stopping the
+callback frees slots and refills them from the group's pending trials, otherwise the pending trials train
+as the next fused round. A rerun skips finished rounds and resumes an interrupted one from its checkpoint.
 
-The fused core replaces the body: ``FusedLightningModule([build_module(t) for t in trial_ids[:slots]],
-trial_ids=...)`` trained by ONE ``trainer_factory(root_dir=workdir, callbacks=[history, early_stopping])``
-resumed from ``trainer_factory.last_checkpoint(workdir)``, where the early-stopping callback built from
-``early_stopping`` frees slots and refills them with ``build_module(t)`` for the pending
-``trial_ids[slots:]`` (the same partition), and returns ``fused.results`` plus each trial's history.
+In a plain run (``python train.py``, no ``fused`` settings) the trial trains as an ordinary
+LightningModule in ``<job_dir>/trial_<id>/``.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypedDict
 
@@ -31,12 +31,26 @@ from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec
 from lightning_hydro.sweeper.json_files import read_json, write_json_atomic
 from lightning_hydro.sweeper.metric_history import MetricHistory, scalar_metrics
 
-__all__ = ["TrainerFactory", "TrialResult", "TrialStatus", "fit_trials", "trial_dir"]
+__all__ = ["FusedSettings", "TrainerFactory", "TrialResult", "TrialStatus", "fit_trials", "trial_dir"]
 
 log = logging.getLogger(__name__)
 
 TrialStatus = Literal["completed", "stopped", "diverged", "running"]
 TRIAL_RESULT_FILE = "trial_result.json"
+ROUND_RESULT_FILE = "group_fit.json"
+
+
+@dataclass(frozen=True)
+class FusedSettings:
+    """How a sweep job fuses its trials (the app config's optional ``fused`` section).
+
+    Attributes:
+        backend: ``auto``, ``vmap``, ``hfta`` or ``loop`` (see ``FusedLightningModule``).
+        optimizer_path: ``auto``, ``universal`` or ``fused``.
+    """
+
+    backend: str = "auto"
+    optimizer_path: str = "auto"
 
 
 class TrialResult(TypedDict):
@@ -82,6 +96,7 @@ def fit_trials(
     trainer_factory: TrainerFactory,
     workdir: Path,
     early_stopping: EarlyStoppingSpec | None = None,
+    fused: FusedSettings | None = None,
 ) -> dict[int, TrialResult]:
     """Train the trials of one group and return each trial's result.
 
@@ -95,6 +110,7 @@ def fit_trials(
         workdir: the job directory; every log and checkpoint goes under it.
         early_stopping: settings of the early-stopping callback; ``None`` or name ``none``: train every
             trial to the Trainer's ``max_epochs``.
+        fused: train the trials fused with these settings; ``None``: one ordinary run per trial.
 
     Returns:
         ``{trial_id: TrialResult}`` for every id in ``trial_ids``.
@@ -109,7 +125,51 @@ def fit_trials(
         )
     if slots < 1:
         raise ValueError(f"fit_trials: slots must be >= 1, got {slots}.")
-    return {tid: _fit_one(build_module, tid, datamodule, trainer_factory, workdir) for tid in trial_ids}
+    if fused is None:
+        return {tid: _fit_one(build_module, tid, datamodule, trainer_factory, workdir) for tid in trial_ids}
+    results: dict[int, TrialResult] = {}
+    ids = list(trial_ids)
+    for round_index, start in enumerate(range(0, len(ids), slots)):
+        round_ids = ids[start : start + slots]
+        results.update(
+            _fit_fused(build_module, round_ids, datamodule, trainer_factory, workdir / f"fused_{round_index}", fused)
+        )
+    return results
+
+
+def _fit_fused(
+    build_module: Callable[[int], L.LightningModule],
+    trial_ids: list[int],
+    datamodule: L.LightningDataModule,
+    trainer_factory: TrainerFactory,
+    root: Path,
+    settings: FusedSettings,
+) -> dict[int, TrialResult]:
+    from lightning_hydro.fused import FusedLightningModule
+
+    done: dict[str, TrialResult] | None = read_json(root / ROUND_RESULT_FILE)
+    if done is not None:
+        log.info("trials %s: finished before, not retrained (%s)", trial_ids, root / ROUND_RESULT_FILE)
+        return {int(k): v for k, v in done.items()}
+    fused = FusedLightningModule(
+        [build_module(t) for t in trial_ids],
+        trial_ids=trial_ids,
+        backend=settings.backend,  # type: ignore[arg-type]
+        optimizer_path=settings.optimizer_path,  # type: ignore[arg-type]
+        trial_factory=build_module,
+    )
+    trainer = trainer_factory(root_dir=root)
+    checkpoint = trainer_factory.last_checkpoint(root)
+    if checkpoint is not None:
+        log.info("trials %s: resuming from %s", trial_ids, checkpoint)
+    trainer.fit(fused, datamodule=datamodule, ckpt_path=checkpoint)
+    results = {
+        tid: TrialResult(status=r["status"], budget=r["budget"], metrics=r["metrics"], history=r["history"])
+        for tid, r in fused.results.items()
+    }
+    if all(r["status"] != "running" for r in results.values()):
+        write_json_atomic(root / ROUND_RESULT_FILE, {str(k): v for k, v in results.items()})
+    return results
 
 
 def _fit_one(
@@ -147,9 +207,7 @@ def _status(trainer: L.Trainer, guard: _DivergenceGuard) -> TrialStatus:
         return "running"
     if guard.diverged:
         return "diverged"
-    max_epochs = (
-        trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs >= 0 else math.inf
-    )
+    max_epochs = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs >= 0 else math.inf
     reached_epochs = trainer.current_epoch >= max_epochs
     reached_steps = trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps
     return "completed" if reached_epochs or reached_steps else "stopped"

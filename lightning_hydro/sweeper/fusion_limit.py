@@ -1,7 +1,8 @@
 """``fusion_limit: auto``: how many trials of a partition fit in one fused group.
 
 A probe job trains a few steps of the partition's model fused at B=1 and B=2 and measures peak memory
-and step time (:func:`measure_fusion_limit`, whose probing the fused core provides). Memory grows about
+and step time (:func:`measure_fusion_limit`, through
+:func:`~lightning_hydro.fused.memory_probe.measure_fused_step`). Memory grows about
 linearly with B, so ``memory(B) = m1 + (B - 1) * (m2 - m1)``; the limit is the largest B whose
 extrapolated memory stays within the device capacity minus a safety margin (the approach of Hydro and
 Fluid). The fused group checks its real memory when it starts.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -86,22 +88,31 @@ def probe_fusion(
     *,
     datamodule: L.LightningDataModule,
     trainer_factory: TrainerFactory,
+    steps: int = 5,
+    backend: str = "vmap",
 ) -> FusionProbe:
-    """Measure memory and step time of ``trial_ids`` fused at B=1 and B=2. SEAM: the fused core fills this in.
+    """Measure memory and step time of ``trial_ids`` fused at B=1 and B=2.
 
     Args:
         build_module: builds the (seeded) module of a trial id.
-        trial_ids: two trials of the partition (one if the partition has a single trial).
+        trial_ids: two trials of the partition (one if the partition has a single trial: it is built twice).
         datamodule: the partition's data.
-        trainer_factory: builds a Trainer in a given directory.
-
-    Raises:
-        NotImplementedError: until the fused core (``FusedLightningModule``) is available.
+        trainer_factory: the app's Trainer settings; its ``accelerator`` is used for the probe.
+        steps: training steps per measurement (the first is excluded from the time).
+        backend: the fusion backend measured, the same at B=1 and B=2 (not ``auto``, whose choice could
+            differ between the two and spoil the extrapolation).
     """
-    raise NotImplementedError(
-        "fusion_limit=auto probes fused training at B=1 and B=2, which needs the fused core "
-        "(FusedLightningModule); it is not available in this build. Fix: set hydra.sweeper.fusion_limit to a "
-        "number, e.g. 16."
+    from lightning_hydro.fused.memory_probe import device_capacity_bytes, measure_fused_step
+
+    accelerator = str(getattr(trainer_factory, "trainer_kwargs", {}).get("accelerator", "auto"))
+    pair = list(trial_ids[:2]) if len(trial_ids) >= 2 else [trial_ids[0], trial_ids[0]]
+    measure = partial(measure_fused_step, datamodule=datamodule, steps=steps, backend=backend, accelerator=accelerator)
+    one = measure([build_module(pair[0])])
+    two = measure([build_module(t) for t in pair])
+    return FusionProbe(
+        memory_bytes=(one.peak_bytes, two.peak_bytes),
+        step_seconds=(one.step_seconds, two.step_seconds),
+        capacity_bytes=device_capacity_bytes(one.device),
     )
 
 

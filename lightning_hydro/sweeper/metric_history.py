@@ -92,6 +92,4 @@ class MetricHistory(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._records = {
-            int(t): {int(e): dict(m) for e, m in r.items()} for t, r in state_dict["records"].items()
-        }
+        self._records = {int(t): {int(e): dict(m) for e, m in r.items()} for t, r in state_dict["records"].items()}

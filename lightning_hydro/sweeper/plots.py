@@ -54,9 +54,7 @@ def plot_sweep(
     written = [_learning_curves(records, metric, out_dir / "learning_curves.png")]
     params = list(dict.fromkeys(k for r in records for k in r.get("params", {})))
     if params:
-        written.append(
-            _metric_vs_params(records, metric, params, log_scale_keys, out_dir / "metric_vs_params.png")
-        )
+        written.append(_metric_vs_params(records, metric, params, log_scale_keys, out_dir / "metric_vs_params.png"))
     return written
 
 

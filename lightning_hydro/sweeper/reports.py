@@ -87,8 +87,7 @@ def format_best_table(records: Sequence[Record], metric: str, mode: str, *, top:
     if not ranked:
         logged = sorted(_union_keys(r.get("metrics", {}) for r in records))
         return (
-            f"No trial logged a finite {metric!r} (logged metrics: {logged}); "
-            "set hydra.sweeper.metric to one of them."
+            f"No trial logged a finite {metric!r} (logged metrics: {logged}); set hydra.sweeper.metric to one of them."
         )
     params = _union_keys(r.get("params", {}) for r in ranked)
     header = ["rank", "trial", "status", "budget", metric, *params]

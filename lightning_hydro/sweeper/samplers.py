@@ -237,9 +237,7 @@ class TPESampler:
             return
         params: dict[str, Any] = {}
         for dim in self._space.dimensions:
-            params[dim.key] = (
-                configuration.texts[dim.key] if isinstance(dim, Choice) else configuration.values[dim.key]
-            )
+            params[dim.key] = configuration.texts[dim.key] if isinstance(dim, Choice) else configuration.values[dim.key]
         self._study.add_trial(
             self._optuna.trial.create_trial(
                 params=params,

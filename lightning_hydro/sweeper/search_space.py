@@ -39,10 +39,7 @@ __all__ = [
 ]
 
 INTERVAL_TAGS = frozenset({"log", "int"})
-_EXAMPLES = (
-    "e.g. 'model.lr=tag(log, interval(1e-4, 1))', 'model.momentum=choice(0.8, 0.9)' "
-    "or 'data.batch_size=32,64'"
-)
+_EXAMPLES = "e.g. 'model.lr=tag(log, interval(1e-4, 1))', 'model.momentum=choice(0.8, 0.9)' or 'data.batch_size=32,64'"
 
 
 @dataclass(frozen=True)
@@ -157,9 +154,7 @@ def override_key(line: str) -> str:
     try:
         (override,) = OverridesParser.create().parse_overrides([line])
     except HydraException as err:
-        raise ValueError(
-            f"lightning_hydro sweeper: cannot parse override {line!r}: {_one_line(err)}"
-        ) from err
+        raise ValueError(f"lightning_hydro sweeper: cannot parse override {line!r}: {_one_line(err)}") from err
     return override.get_key_element().lstrip("+~")
 
 
@@ -170,9 +165,7 @@ def _dimension(override: Override, key: str, line: str, parser: OverridesParser)
             "be searched. Fix: give a single value, or sweep a key of your config instead."
         )
     if override.is_delete():
-        raise ValueError(
-            f"lightning_hydro sweeper: {line!r} sweeps a deletion ('~'); give the key a value instead."
-        )
+        raise ValueError(f"lightning_hydro sweeper: {line!r} sweeps a deletion ('~'); give the key a value instead.")
     prefix = "++" if override.is_force_add() else "+" if override.is_add() else ""
     sweep = override.value()
     if isinstance(sweep, IntervalSweep):
@@ -184,11 +177,7 @@ def _dimension(override: Override, key: str, line: str, parser: OverridesParser)
                 f"({', '.join(sorted(INTERVAL_TAGS))}) apply to interval(...) only. Fix: remove the tag, or "
                 "use tag(log, interval(low, high))."
             )
-        texts = (
-            [Transformer.str(x) for x in sweep.list]
-            if isinstance(sweep, ChoiceSweep)
-            else _range_texts(sweep)
-        )
+        texts = [Transformer.str(x) for x in sweep.list] if isinstance(sweep, ChoiceSweep) else _range_texts(sweep)
         if not texts:
             raise ValueError(f"lightning_hydro sweeper: {line!r} has no values; give at least one value.")
         values = [parser.parse_overrides([f"x={text}"])[0].value() for text in texts]

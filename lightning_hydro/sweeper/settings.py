@@ -210,9 +210,7 @@ def _scheduler(raw: dict[str, Any]) -> SchedulerSettings:
             "hydra.sweeper.scheduler.reduction_factor=3."
         )
     if settings.min_budget < 1:
-        raise ValueError(
-            f"{_P}: hydra.sweeper.scheduler.min_budget must be >= 1 epoch, got {settings.min_budget}."
-        )
+        raise ValueError(f"{_P}: hydra.sweeper.scheduler.min_budget must be >= 1 epoch, got {settings.min_budget}.")
     if settings.max_budget is not None and settings.max_budget < settings.min_budget:
         raise ValueError(
             f"{_P}: hydra.sweeper.scheduler.max_budget ({settings.max_budget}) must be >= min_budget "
@@ -224,9 +222,7 @@ def _scheduler(raw: dict[str, Any]) -> SchedulerSettings:
 def _probe(raw: dict[str, Any]) -> ProbeSettings:
     settings = ProbeSettings(**raw)
     if not 0.0 <= settings.safety_margin < 1.0:
-        raise ValueError(
-            f"{_P}: hydra.sweeper.probe.safety_margin must be in [0, 1), got {settings.safety_margin}."
-        )
+        raise ValueError(f"{_P}: hydra.sweeper.probe.safety_margin must be in [0, 1), got {settings.safety_margin}.")
     if settings.max_limit < 1:
         raise ValueError(f"{_P}: hydra.sweeper.probe.max_limit must be >= 1, got {settings.max_limit}.")
     return settings

@@ -99,8 +99,7 @@ def plan_groups(
         limit = fusion_limit(partition)
         if limit < 1:
             raise ValueError(
-                f"plan_groups: the fusion limit of partition '{partition_label(partition)}' must be >= 1, "
-                f"got {limit}."
+                f"plan_groups: the fusion limit of partition '{partition_label(partition)}' must be >= 1, got {limit}."
             )
         chunks = [ids] if refill else _balanced_chunks(ids, limit)
         for chunk in chunks:

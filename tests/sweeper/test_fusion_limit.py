@@ -45,11 +45,20 @@ def test_errors(probe, kwargs, match):
         fusion_limit_from_probe(probe, **kwargs)
 
 
-def test_the_probe_is_a_seam_until_the_fused_core_lands():
-    with pytest.raises(
-        NotImplementedError,
-        match=r"fusion_limit=auto probes fused training.*set hydra.sweeper.fusion_limit to a number",
-    ):
-        measure_fusion_limit(
-            lambda t: None, [0, 1], datamodule=None, trainer_factory=None, safety_margin=0.2, max_limit=8
-        )  # type: ignore[arg-type]
+def test_the_probe_measures_the_partition_fused_at_one_and_two_trials():
+    from lightning_hydro.demos import DigitsDataModule, DigitsMLP
+    from lightning_hydro.sweeper import ConfigTrainerFactory
+
+    limit, probe = measure_fusion_limit(
+        lambda t: DigitsMLP(hidden_dim=16, lr=0.1 * (t + 1)),
+        [0, 1],
+        datamodule=DigitsDataModule(),
+        trainer_factory=ConfigTrainerFactory({"accelerator": "cpu"}),
+        safety_margin=0.2,
+        max_limit=8,
+    )
+    m1, m2 = probe.memory_bytes
+    assert 0 < m1 < m2 < 2.2 * m1  # a second trial adds about one trial's share of the memory
+    assert all(t > 0 for t in probe.step_seconds)
+    assert probe.capacity_bytes > 2**28  # this machine's available memory
+    assert limit == 8  # a tiny MLP: the cap, not the memory, limits the group

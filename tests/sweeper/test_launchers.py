@@ -29,9 +29,7 @@ def test_joblib_runs_two_groups_in_parallel_processes(tmp_path):
     # The sweeper runs here; joblib's two worker processes train one group each.
     args = [a for a in TWO_GROUPS if a not in ("-m", "model.lr=0.1,0.2")]
     run_sweep(tmp_path, [*args, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"])
-    results = [
-        json.loads((tmp_path / g / "group_result.json").read_text()) for g in ("group_0000", "group_0001")
-    ]
+    results = [json.loads((tmp_path / g / "group_result.json").read_text()) for g in ("group_0000", "group_0001")]
     assert len({r["pid"] for r in results} | {os.getpid()}) == 3
     trials = read_results(tmp_path)["trials"]
     assert sorted(t["trial_id"] for t in trials) == [0, 1]

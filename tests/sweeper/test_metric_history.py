@@ -5,9 +5,7 @@ from lightning_hydro.sweeper.metric_history import MetricHistory, scalar_metrics
 
 def test_records_per_trial_and_epoch_and_survives_a_checkpoint():
     history = MetricHistory(default_trial=0)
-    history.record(
-        epoch=0, metrics={"val_acc": torch.tensor(0.5), "val_acc/trial_3": 0.25, "vec": torch.ones(2)}
-    )
+    history.record(epoch=0, metrics={"val_acc": torch.tensor(0.5), "val_acc/trial_3": 0.25, "vec": torch.ones(2)})
     history.record(epoch=0, metrics={"train_loss": 1.0})
     history.record(epoch=1, metrics={"val_acc": 0.75, "val_loss/trial_3": float("nan")})
     assert history.of(0) == [{"epoch": 0, "val_acc": 0.5, "train_loss": 1.0}, {"epoch": 1, "val_acc": 0.75}]

@@ -24,9 +24,7 @@ def test_hydra_discovers_the_sweeper_next_to_installed_plugins():
     launchers = {c.__name__ for c in Plugins.instance().discover(Launcher)}
     assert {"BasicLauncher", "JoblibLauncher"} <= launchers
     node = ConfigStore.instance().load("hydra/sweeper/lightning_hydro.yaml").node
-    assert (
-        node._target_ == "hydra_plugins.lightning_hydro_sweeper.lightning_hydro_sweeper.LightningHydroSweeper"
-    )
+    assert node._target_ == "hydra_plugins.lightning_hydro_sweeper.lightning_hydro_sweeper.LightningHydroSweeper"
     assert node.fusion_limit == 16
 
 
@@ -70,19 +68,17 @@ def test_a_small_sweep_writes_complete_results_and_resumes_without_retraining(tm
         group = groups[trial["group"]]
         assert trial["trial_id"] in group["trial_ids"]
         assert group["partition"] == [["data.batch_size", str(trial["params"]["data.batch_size"])]]
-        trial_dir = tmp_path / trial["group"] / f"trial_{trial['trial_id']:04d}"
+        fused_dir = tmp_path / trial["group"] / "fused_0"  # the group's trials trained as one fused model
         assert trial["job_dir"] == str(tmp_path / trial["group"])
-        assert (trial_dir / "checkpoints" / "last.ckpt").is_file()
-        assert (trial_dir / "logs" / "version_0" / "metrics.csv").is_file()
+        assert (fused_dir / "checkpoints" / "last.ckpt").is_file()
+        metrics_csv = (fused_dir / "logs" / "version_0" / "metrics.csv").read_text()
+        assert f"val_acc/trial_{trial['trial_id']}" in metrics_csv.splitlines()[0]
     assert all(len(g["trial_ids"]) <= 2 for g in plan["groups"] if g["kind"] == "search")
     # The job's own config is an ordinary config of the app: the partition's value, no trial values.
     job_overrides = (tmp_path / results["trials"][0]["group"] / ".hydra" / "overrides.yaml").read_text()
     assert "data.batch_size=" in job_overrides
     assert "model.lr" not in job_overrides
-    assert (
-        results["best"]["trial_id"]
-        == max(results["trials"], key=lambda t: t["metrics"]["val_acc"])["trial_id"]
-    )
+    assert results["best"]["trial_id"] == max(results["trials"], key=lambda t: t["metrics"]["val_acc"])["trial_id"]
     (retrained,) = results["retrain"]
     assert retrained["trial_id"] == results["best"]["trial_id"]
     assert retrained["budget"] == 2
@@ -229,23 +225,22 @@ def test_auto_fusion_limit_probes_each_partition_once(tmp_path, monkeypatch):
     assert len(read_results(tmp_path)["trials"]) == 3
 
 
-def test_auto_fusion_limit_needs_the_fused_core_for_now(tmp_path):
-    with pytest.raises(
-        RuntimeError,
-        match=r"the fusion-limit probe of partition 'all' failed \(NotImplementedError: "
-        r"fusion_limit=auto probes fused training.*set hydra.sweeper.fusion_limit to a number",
-    ):
-        run_sweep(
-            tmp_path,
-            [
-                *TINY,
-                "hydra.sweeper.n_trials=2",
-                "hydra.sweeper.fusion_limit=auto",
-                "hydra.sweeper.params=null",
-                "model.lr=0.1,0.2",
-            ],
-        )
-    assert not list(tmp_path.glob("group_*"))
+def test_auto_fusion_limit_is_measured_by_a_probe_job(tmp_path):
+    run_sweep(
+        tmp_path,
+        [
+            *TINY,
+            "hydra.sweeper.n_trials=3",
+            "hydra.sweeper.fusion_limit=auto",
+            "hydra.sweeper.probe.max_limit=2",
+            "hydra.sweeper.params=null",
+            "model.lr=0.1,0.2,0.3",
+        ],
+    )
+    plan = json.loads((tmp_path / "lightning_hydro" / "plan.json").read_text())
+    assert plan["fusion_limits"] == {"all": 2}  # measured, then capped by max_limit
+    assert [len(g["trial_ids"]) for g in plan["groups"]] == [2, 1]
+    assert len(read_results(tmp_path)["trials"]) == 3
 
 
 def test_a_relative_sweep_dir_works_when_jobs_change_directory(tmp_path, monkeypatch):

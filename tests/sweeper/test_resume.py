@@ -40,10 +40,10 @@ def test_a_killed_sweep_resumes_without_redoing_finished_groups(tmp_path):
         first.wait()
     assert first.returncode == -signal.SIGKILL
     done_first = sweep_dir / "group_0000" / "group_result.json"
-    interrupted = sweep_dir / "group_0001" / "trial_0001"
+    interrupted = sweep_dir / "group_0001" / "fused_0"  # the group's first (and only) fused round
     assert done_first.is_file()
     assert (interrupted / "checkpoints" / "last.ckpt").is_file()
-    assert not (interrupted / "trial_result.json").exists()
+    assert not (interrupted / "group_fit.json").exists()
     assert not (sweep_dir / "group_0001" / "group_result.json").exists()
     assert not (sweep_dir / "results.json").exists()
     finished_at = done_first.stat().st_mtime_ns
@@ -57,7 +57,7 @@ def test_a_killed_sweep_resumes_without_redoing_finished_groups(tmp_path):
     assert "LIGHTNING_HYDRO_GROUP=group_0001" in launched[0]
     assert done_first.stat().st_mtime_ns == finished_at
     job_log = (sweep_dir / "group_0001" / "train.log").read_text()
-    assert f"trial 1: resuming from {interrupted / 'checkpoints' / 'last.ckpt'}" in job_log
+    assert f"trials [1]: resuming from {interrupted / 'checkpoints' / 'last.ckpt'}" in job_log
 
     trials = read_results(sweep_dir)["trials"]
     assert sorted(t["trial_id"] for t in trials) == [0, 1]

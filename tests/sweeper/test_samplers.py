@@ -76,7 +76,5 @@ def test_tpe_asks_tells_and_replays():
 
 
 def test_unknown_sampler():
-    with pytest.raises(
-        ValueError, match=r"unknown sampler 'bayes'; expected one of \['grid', 'random', 'tpe'\]. Fix"
-    ):
+    with pytest.raises(ValueError, match=r"unknown sampler 'bayes'; expected one of \['grid', 'random', 'tpe'\]. Fix"):
         make_sampler("bayes", SPACE, seed=0, mode="max")

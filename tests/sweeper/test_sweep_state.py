@@ -11,9 +11,7 @@ def test_roundtrip_and_completion(tmp_path):
     trials = [
         Trial(
             0,
-            Configuration(
-                {"model.lr": 0.1, "data.batch_size": 32}, {"model.lr": "0.1", "data.batch_size": "32"}
-            ),
+            Configuration({"model.lr": 0.1, "data.batch_size": 32}, {"model.lr": "0.1", "data.batch_size": "32"}),
         )
     ]
     group = TrialGroup("group_0000", "search", (0,), 1, (("data.batch_size", "32"),))

@@ -6,15 +6,12 @@ from lightning_hydro.sweeper.trial_groups import Trial, partition_label, partiti
 
 def trials(batch_sizes):
     return [
-        Trial(i, Configuration({"bs": bs, "lr": 0.1}, {"bs": str(bs), "lr": "0.1"}))
-        for i, bs in enumerate(batch_sizes)
+        Trial(i, Configuration({"bs": bs, "lr": 0.1}, {"bs": str(bs), "lr": "0.1"})) for i, bs in enumerate(batch_sizes)
     ]
 
 
 def test_partitions_then_balanced_groups_under_the_limit():
-    groups = plan_groups(
-        trials([32] * 20 + [64] * 3), non_fusible=["bs"], fusion_limit=lambda p: 16, refill=False
-    )
+    groups = plan_groups(trials([32] * 20 + [64] * 3), non_fusible=["bs"], fusion_limit=lambda p: 16, refill=False)
     assert [len(g.trial_ids) for g in groups] == [10, 10, 3]
     assert [g.slots for g in groups] == [10, 10, 3]
     assert [partition_label(g.partition) for g in groups] == ["bs=32", "bs=32", "bs=64"]
@@ -23,9 +20,7 @@ def test_partitions_then_balanced_groups_under_the_limit():
 
 
 def test_refill_puts_a_partition_in_one_group_with_capped_slots():
-    groups = plan_groups(
-        trials([32] * 20), non_fusible=["bs"], fusion_limit=lambda p: 16, refill=True, first_index=5
-    )
+    groups = plan_groups(trials([32] * 20), non_fusible=["bs"], fusion_limit=lambda p: 16, refill=True, first_index=5)
     assert [(g.group_id, len(g.trial_ids), g.slots) for g in groups] == [("group_0005", 20, 16)]
 
 
