@@ -23,7 +23,12 @@ from torch import nn
 from lightning_hydro.backends.hfta.errors import ConversionError
 from lightning_hydro.backends.hfta.fused_module import FusedModule, TrialAnchor
 from lightning_hydro.backends.hfta.per_trial import values_equal
-from lightning_hydro.backends.hfta.registry import FUSED_OPERATORS, ONLY_WHEN_TRIALS_DIFFER, is_groupable
+from lightning_hydro.backends.hfta.registry import (
+    FUSED_CONTAINERS,
+    FUSED_OPERATORS,
+    ONLY_WHEN_TRIALS_DIFFER,
+    is_groupable,
+)
 from lightning_hydro.backends.hfta.trial_groups import TrialGroupedModule
 
 Outcome = Literal["fused", "grouped", "native", "rejected"]
@@ -212,6 +217,10 @@ def plan_conversion(template: nn.Module, trials: Sequence[nn.Module]) -> Convers
         differing = differing_attributes(trial_modules)
         fused = FUSED_OPERATORS.get(type(module))
         if fused is None and any(True for _ in module.children()):
+            container = FUSED_CONTAINERS.get(type(module))
+            if container is not None:
+                reason = f"{container.__name__}: runs its Python path, whose submodules are fused"
+                decisions.append(ModuleDecision(path, type_name, "fused", reason))
             if differing:
                 unverified.append(
                     f"module '{path}' ({type_name}): {_describe_values(trial_modules, differing)}"
@@ -277,7 +286,8 @@ def convert_to_fused(template: nn.Module, trials: Sequence[nn.Module], *, inplac
         trial_modules = [trial.get_submodule(decision.path) for trial in trials]
         if decision.outcome == "fused":
             module = model.get_submodule(decision.path)
-            FUSED_OPERATORS[type(module)].fuse(module, trial_modules, path=decision.path, anchor=anchor)
+            fused = FUSED_OPERATORS.get(type(module)) or FUSED_CONTAINERS[type(module)]
+            fused.fuse(module, trial_modules, path=decision.path, anchor=anchor)
         elif decision.outcome == "grouped":
             differing = differing_attributes(trial_modules)
             grouped = TrialGroupedModule(trial_modules, differing, path=decision.path, anchor=anchor)

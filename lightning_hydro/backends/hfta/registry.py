@@ -33,6 +33,7 @@ from lightning_hydro.backends.hfta.pooling import (
     FusedMaxPool2d,
     FusedMaxPool3d,
 )
+from lightning_hydro.backends.hfta.transformer import FusedTransformerEncoder, FusedTransformerEncoderLayer
 
 FUSED_OPERATORS: dict[type[nn.Module], type[FusedModule]] = {
     fused.fused_from: fused
@@ -72,6 +73,11 @@ FUSED_OPERATORS: dict[type[nn.Module], type[FusedModule]] = {
     )
 }
 """Exact torch module type -> its fused operator (subclasses may override forward, so they are not fused)."""
+
+FUSED_CONTAINERS: dict[type[nn.Module], type[FusedModule]] = {
+    fused.fused_from: fused for fused in (FusedTransformerEncoder, FusedTransformerEncoderLayer)
+}
+"""Modules with children that are swapped too (their children are converted one by one as usual)."""
 
 ONLY_WHEN_TRIALS_DIFFER: frozenset[type[nn.Module]] = frozenset(
     {nn.LeakyReLU, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d}
