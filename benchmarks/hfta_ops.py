@@ -1,13 +1,14 @@
 """Side-by-side timing of hfta fused operators, torch's own vmap rules and a loop over trials.
 
-For Linear, Conv2d and BatchNorm2d at B in {1, 4, 16}: forward + backward of B trials on one batch,
+For Linear, Conv2d, BatchNorm2d and two small blocks at B in {1, 4, 16}: forward + backward (with a
+dense random upstream gradient) of B trials on one batch,
 (a) a Python loop over B ordinary modules, (b) torch.func.vmap over the stacked state of the ordinary
 module ("vmap"), (c) the same vmap over the hfta-converted module ("hfta"). "first" feeds the shared
 data batch (a first layer); "inner" feeds per-trial activations in the layout the previous fused layer
 returns (trial dim 1 after a convolution or norm, 0 after a Linear). Rounds are interleaved, the
 median is reported, and times are also given as ratios to the loop (lower is faster).
 
-Run: PYTHONPATH=. python benchmarks/hfta_ops.py [--repeats 9] [--device cuda] [--output results.md]
+Run: PYTHONPATH=. python benchmarks/hfta_ops.py [--repeats 9] [--threads 1] [--device cuda] [--output out.md]
 """
 
 from __future__ import annotations
@@ -34,12 +35,30 @@ class Case:
     in_dim: int | None  # None: shared input; else the trial dim of the per-trial input
 
 
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+
+
+def conv_block() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1, bias=False),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.Conv2d(32, 32, 3, padding=1, bias=False),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+    )
+
+
 CASES = [
     Case("Linear 784->256, first", lambda: nn.Linear(784, 256), (128, 784), None),
     Case("Linear 512->512, inner", lambda: nn.Linear(512, 512), (128, 512), 0),
     Case("Conv2d 3->64 k3 32x32, first", lambda: nn.Conv2d(3, 64, 3, padding=1), (32, 3, 32, 32), None),
     Case("Conv2d 64->64 k3 16x16, inner", lambda: nn.Conv2d(64, 64, 3, padding=1), (32, 64, 16, 16), 1),
     Case("BatchNorm2d 64 16x16, inner", lambda: nn.BatchNorm2d(64), (32, 64, 16, 16), 1),
+    Case("MLP 784-256-256-10, first", mlp, (128, 784), None),
+    Case("Conv-BN-ReLU x2 + MaxPool 32x32, first", conv_block, (32, 3, 32, 32), None),
 ]
 
 
@@ -53,6 +72,10 @@ def runners(case: Case, trials: int, device: torch.device) -> dict[str, Callable
     params, buffers = stack_module_state(modules)
     native = copy.deepcopy(modules[0])
     fused = convert_to_fused(copy.deepcopy(modules[0]), modules)
+    with torch.no_grad():  # a dense upstream gradient, as from the next layer (sum() would give stride 0)
+        cotangents = torch.randn_like(
+            torch.stack([module(torch.randn(case.sample_shape, device=device)) for module in modules])
+        )
     if case.in_dim is None:
         shared = torch.randn(case.sample_shape, device=device)
         per_trial = [shared] * trials
@@ -64,8 +87,8 @@ def runners(case: Case, trials: int, device: torch.device) -> dict[str, Callable
         per_trial = [x.detach().requires_grad_() for x in per_trial]
 
     def loop() -> None:
-        for module, x in zip(modules, per_trial):
-            module(x).sum().backward()
+        for module, x, cotangent in zip(modules, per_trial, cotangents):
+            module(x).backward(cotangent)
 
     def over_trials(model: nn.Module) -> Callable[[], None]:
         def run() -> None:
@@ -74,7 +97,7 @@ def runners(case: Case, trials: int, device: torch.device) -> dict[str, Callable
                 in_dims=(0, 0, case.in_dim),
                 randomness="different",
             )(params, buffers, vmapped_input)
-            out.sum().backward()
+            out.backward(cotangents)
 
         return run
 
@@ -101,8 +124,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--trials", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--output", help="also write the table to this markdown file")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     header = "| op, input | B | loop ms | vmap ms | hfta ms | vmap/loop | hfta/loop | hfta/vmap |"
     lines = [

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_hydro.backends.hfta.errors import FusedCallError
 from lightning_hydro.backends.hfta.fused_module import (
     FusedModule,
     InDims,
@@ -108,6 +109,73 @@ def _flatten_mask(mask: Tensor, trials: int, batch: int) -> Tensor:
     return mask.expand(trials, batch, *mask.shape[2:]).reshape(trials * batch, *mask.shape[2:])
 
 
+def _project_inputs(
+    in_dims: InDims,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    weights: tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None],
+    biases: Tensor | None,
+    module: FusedModule,
+    shared_inputs: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-trial query, key and value projections, each ``[B, N, L, E]``.
+
+    ``weights`` are the stacked ``(in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight)``,
+    ``biases`` the stacked ``in_proj_bias``. Self-attention projects its one input once.
+    """
+    embed_dim: int = module.embed_dim  # type: ignore[assignment]
+    batch_first: bool = module.batch_first  # type: ignore[assignment]
+    packed, q_weight, k_weight, v_weight = weights
+    bias_q, bias_k, bias_v = (None, None, None) if biases is None else biases.chunk(3, dim=-1)
+    q_in = _batch_first(query, in_dims[0], batch_first)
+    if packed is not None:
+        if shared_inputs == "qkv":
+            q, k, v = _project(q_in, packed, biases).chunk(3, dim=-1)
+            return q, k, v
+        q_weight, k_weight, v_weight = packed.split(embed_dim, dim=1)
+        if shared_inputs == "kv":
+            kv_bias = None if biases is None else biases[:, embed_dim:]
+            k_in = _batch_first(key, in_dims[1], batch_first)
+            k, v = _project(k_in, packed[:, embed_dim:], kv_bias).chunk(2, dim=-1)
+            return _project(q_in, q_weight, bias_q), k, v
+    if q_weight is None or k_weight is None or v_weight is None:
+        raise FusedCallError(f"{module.describe()} has neither in_proj_weight nor q/k/v_proj_weight")
+    return (
+        _project(q_in, q_weight, bias_q),
+        _project(_batch_first(key, in_dims[1], batch_first), k_weight, bias_k),
+        _project(_batch_first(value, in_dims[2], batch_first), v_weight, bias_v),
+    )
+
+
+def _explicit_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    causal: bool,
+    keep_probability: Tensor | None,
+    randomness: str,
+) -> tuple[Tensor, Tensor]:
+    """Attention with its weights computed, as torch does when they are asked for.
+
+    ``q``, ``k``, ``v`` are ``[B*N, H, L, d]``; ``keep_probability`` is ``[B, 1, 1, 1, 1]`` (per-trial
+    dropout) or None. Returns (attended values, attention weights post-dropout).
+    """
+    if causal and mask is None:
+        allowed = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        mask = _float_mask(~allowed, q.dtype)
+    scores = (q * math.sqrt(1.0 / q.shape[-1])) @ k.transpose(-2, -1)
+    weights = torch.softmax(scores if mask is None else scores + mask, dim=-1)
+    if keep_probability is not None:
+        trials = keep_probability.shape[0]
+        per_trial = weights.view(trials, -1, *weights.shape[1:])
+        keep = random_uniform(randomness, per_trial.shape, q) < keep_probability
+        scale = torch.where(keep_probability > 0, 1.0 / keep_probability, torch.zeros_like(keep_probability))
+        weights = (per_trial * (keep * scale)).view_as(weights)
+    return weights @ v, weights
+
+
 def fused_multihead_attention(
     info: VmapInfo,
     in_dims: InDims,
@@ -131,36 +199,17 @@ def fused_multihead_attention(
     trials = info.batch_size
     embed_dim: int = module.embed_dim  # type: ignore[assignment]
     heads: int = module.num_heads  # type: ignore[assignment]
-    batch_first: bool = module.batch_first  # type: ignore[assignment]
     unbatched = (query.dim() if in_dims[0] is None else query.dim() - 1) == 2
 
     def stacked(index: int, tensor: Tensor | None) -> Tensor | None:
         return None if tensor is None else trials_first(tensor, in_dims[index], trials)
 
-    biases = stacked(4, in_proj_bias)
-    bias_q, bias_k, bias_v = (None, None, None) if biases is None else biases.chunk(3, dim=-1)
-    q_in = _batch_first(query, in_dims[0], batch_first)
-    if in_proj_weight is not None:
-        packed = stacked(3, in_proj_weight)
-        assert packed is not None  # narrows the type; guaranteed by the branch
-        if call.shared_inputs == "qkv":
-            q, k, v = _project(q_in, packed, biases).chunk(3, dim=-1)
-        else:
-            q = _project(q_in, packed[:, :embed_dim], bias_q)
-            kv_weight, kv_bias = packed[:, embed_dim:], None if biases is None else biases[:, embed_dim:]
-            k_in = _batch_first(key, in_dims[1], batch_first)
-            if call.shared_inputs == "kv":
-                k, v = _project(k_in, kv_weight, kv_bias).chunk(2, dim=-1)
-            else:
-                k = _project(k_in, kv_weight[:, :embed_dim], bias_k)
-                v = _project(_batch_first(value, in_dims[2], batch_first), kv_weight[:, embed_dim:], bias_v)
-    else:
-        weights = [stacked(index, weight) for index, weight in ((5, q_proj_weight), (6, k_proj_weight))]
-        weights.append(stacked(7, v_proj_weight))
-        q = _project(q_in, weights[0], bias_q)  # type: ignore[arg-type]
-        k = _project(_batch_first(key, in_dims[1], batch_first), weights[1], bias_k)  # type: ignore[arg-type]
-        v = _project(_batch_first(value, in_dims[2], batch_first), weights[2], bias_v)  # type: ignore[arg-type]
-    batch, target_len, source_len = q.shape[1], q.shape[2], k.shape[2]
+    weights = (stacked(3, in_proj_weight), stacked(5, q_proj_weight), stacked(6, k_proj_weight))
+    projection_weights = (*weights, stacked(7, v_proj_weight))
+    q, k, v = _project_inputs(
+        in_dims, query, key, value, projection_weights, stacked(4, in_proj_bias), module, call.shared_inputs
+    )
+    batch, target_len = q.shape[1], q.shape[2]
 
     def split_heads(projected: Tensor) -> Tensor:  # [B, N, L, E] -> [B*N, H, L, d]
         per_head = projected.reshape(*projected.shape[:3], heads, embed_dim // heads).transpose(2, 3)
@@ -171,38 +220,26 @@ def fused_multihead_attention(
     flat_mask = None if mask is None else _flatten_mask(mask, trials, batch)
     dropout = module.setting("dropout")
     dropping = module.training and any(p > 0 for p in dropout.values)
-    explicit = call.need_weights or (dropping and (not dropout.is_uniform or info.randomness != "different"))
+    per_trial_dropout = dropping and (not dropout.is_uniform or info.randomness != "different")
     attention_weights: Tensor | None = None
-    if not explicit:
-        attended = F.scaled_dot_product_attention(
-            q, k, v, flat_mask, dropout.first if dropping else 0.0, is_causal=call.causal
+    if call.need_weights or per_trial_dropout:
+        keep_probability = 1.0 - dropout.column(q, 5) if dropping else None
+        attended, attention_weights = _explicit_attention(
+            q, k, v, flat_mask, call.causal, keep_probability, info.randomness
         )
-    else:
-        if call.causal and flat_mask is None:
-            causal = torch.ones(target_len, source_len, dtype=torch.bool, device=q.device).tril()
-            flat_mask = _float_mask(~causal, q.dtype)
-        scores = (q * math.sqrt(1.0 / q.shape[-1])) @ k.transpose(-2, -1)
-        attention_weights = torch.softmax(scores if flat_mask is None else scores + flat_mask, dim=-1)
-        if dropping:
-            shape = (trials, batch, heads, target_len, source_len)
-            keep_probability = 1.0 - dropout.column(q, 5)
-            keep = random_uniform(info.randomness, shape, q) < keep_probability
-            scale = torch.where(
-                keep_probability > 0, 1.0 / keep_probability, torch.zeros_like(keep_probability)
-            )
-            attention_weights = (attention_weights.view(shape) * (keep * scale)).view_as(attention_weights)
-        attended = attention_weights @ v
+    else:  # one SDPA call for all trials; its dropout draws independently per (trial, sample, head)
+        probability = dropout.first if dropping else 0.0
+        attended = F.scaled_dot_product_attention(q, k, v, flat_mask, probability, is_causal=call.causal)
     merged_heads = attended.view(trials, batch, heads, target_len, -1).transpose(2, 3)
     out = _project(
         merged_heads.reshape(trials, batch, target_len, embed_dim),
         trials_first(out_proj_weight, in_dims[8], trials),
         stacked(9, out_proj_bias),
     )
-    out = out.squeeze(1) if unbatched else out if batch_first else out.transpose(1, 2)
-    if not call.need_weights:
+    out = out.squeeze(1) if unbatched else out if module.batch_first else out.transpose(1, 2)
+    if attention_weights is None or not call.need_weights:
         return out, 0
-    assert attention_weights is not None  # narrows the type; set on the explicit path
-    per_head = attention_weights.view(trials, batch, heads, target_len, source_len)
+    per_head = attention_weights.view(trials, batch, heads, target_len, -1)
     returned = per_head.mean(dim=2) if call.average_attn_weights else per_head
     return (out, returned.squeeze(1) if unbatched else returned), (0, 0)
 

@@ -90,8 +90,9 @@ class _FusedFeatureDropout(_FusedDropout):
 
     def mask_dims(self, input: Tensor) -> int:
         """Draws per (sample, channel), or per channel for an input without its sample dim."""
-        has_sample_dim = input.dim() != self.spatial_dims + 1 or self.spatial_dims == 2
-        return 2 if has_sample_dim else 1
+        if self.spatial_dims == 2:  # torch's Dropout2d reads a 3D input as [N, C, L], not [C, H, W]
+            return 2
+        return 1 if input.dim() == self.spatial_dims + 1 else 2
 
 
 class FusedDropout1d(_FusedFeatureDropout, nn.Dropout1d):

@@ -192,23 +192,3 @@ def test_running_over_a_different_number_of_trials_says_what_to_do() -> None:
         FusedCallError, match=r"TrialGroupedModule at '' was converted for 2 trials but vmap runs"
     ):
         vmap(grouped)(torch.zeros(3, 1))
-
-
-def test_transformer_blocks_run_their_python_path_in_eval_mode() -> None:
-    def make() -> nn.Module:
-        layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
-        return nn.TransformerEncoder(layer, 2)
-
-    trials = [make().eval() for _ in range(2)]
-    model = convert_to_fused(trials[0], trials).eval()
-    params, buffers = stack_module_state(trials)
-    x = torch.randn(3, 5, 8)
-    padding = torch.zeros(3, 5, dtype=torch.bool)
-    padding[1, 3:] = True
-    with torch.no_grad():  # torch's fast path would use nested tensors, which vmap cannot batch
-        out = vmap(lambda p, b: functional_call(model, (p, b), (x,), {"src_key_padding_mask": padding}))(
-            params, buffers
-        )
-        for slot, trial in enumerate(trials):
-            expected = trial(x, src_key_padding_mask=padding)
-            assert_close(out[slot][~padding], expected[~padding], f"trial {slot}")

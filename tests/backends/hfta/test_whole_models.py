@@ -66,6 +66,7 @@ def test_resnet18_trains_fused_to_the_same_weights_reduced() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # ~430 s on a shared 2-core CPU: float64, 3 trials fused and 3 separately
 def test_resnet18_trains_fused_to_the_same_weights() -> None:
     check_resnet(num_trials=3, steps=20, batch=8)
 
