@@ -1,0 +1,86 @@
+"""Fused ``nn.Linear``: one matmul over all trials.
+
+Layouts: a shared input ``[*, I]`` meets all B weights in ONE ``addmm`` against ``[I, B*O]`` and comes
+out as ``[*, B, O]`` (trial dim -2, no copy); a per-trial input is moved to ``[B, M, I]`` and multiplied
+by ``baddbmm`` with the ``[B, I, O]`` weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_hydro.backends.hfta.fused_module import (
+    FusedModule,
+    InDims,
+    TrialFunction,
+    VmapInfo,
+    logical_shape,
+    trials_first,
+)
+
+
+def fused_linear(
+    info: VmapInfo, in_dims: InDims, x: Tensor, weight: Tensor, bias: Tensor | None, module: FusedModule
+) -> tuple[Tensor, int]:
+    """The fused rule: ``x @ weight[b].T + bias[b]`` for each trial ``b``; returns (output, its trial dim)."""
+    module.check_trial_count(info.batch_size)
+    trials = info.batch_size
+    x_dim, weight_dim, bias_dim = in_dims[:3]
+    weight = trials_first(weight, weight_dim, trials)
+    out_features, in_features = weight.shape[1:]
+    if logical_shape(x, x_dim)[-1] != in_features:
+        raise RuntimeError(
+            f"{module.describe()}: per-trial input has shape {tuple(logical_shape(x, x_dim))}, expected "
+            f"in_features={in_features} in its last dim"
+        )
+    stacked_bias = None if bias is None else trials_first(bias, bias_dim, trials)
+    if x_dim is None:
+        rows = x.reshape(-1, in_features)
+        all_weights = weight.reshape(trials * out_features, in_features).t()
+        if stacked_bias is None:
+            out = rows @ all_weights
+        else:
+            out = torch.addmm(stacked_bias.reshape(-1), rows, all_weights)
+        return out.view(*x.shape[:-1], trials, out_features), x.dim() - 1
+    per_trial = x.movedim(x_dim, 0)
+    leading = per_trial.shape[1:-1]
+    rows = per_trial.reshape(trials, -1, in_features)
+    if stacked_bias is None:
+        out = torch.bmm(rows, weight.transpose(1, 2))
+    else:
+        out = torch.baddbmm(stacked_bias.unsqueeze(1), rows, weight.transpose(1, 2))
+    return out.view(trials, *leading, out_features), 0
+
+
+class FusedLinearFunction(TrialFunction):
+    """Autograd Function whose vmap rule is :func:`fused_linear`."""
+
+    @staticmethod
+    def vmap(info: VmapInfo, in_dims: InDims, *args: Any) -> tuple[Tensor, int]:
+        """See :func:`fused_linear`."""
+        return fused_linear(info, in_dims, *args)
+
+
+class FusedLinear(FusedModule, nn.Linear):
+    """``nn.Linear`` for B trials at once (stacked ``weight`` ``[B, O, I]``, ``bias`` ``[B, O]``).
+
+    Example::
+
+        >>> from torch.func import functional_call, stack_module_state, vmap
+        >>> trials = [nn.Linear(4, 3) for _ in range(2)]
+        >>> fused = FusedLinear.fuse(nn.Linear(4, 3), trials, path="fc")
+        >>> params, buffers = stack_module_state(trials)
+        >>> x = torch.randn(5, 4)
+        >>> out = vmap(lambda p: functional_call(fused, p, (x,)))(params)
+        >>> torch.allclose(out[1], trials[1](x), atol=1e-6)
+        True
+    """
+
+    fused_from = nn.Linear
+
+    def forward(self, input: Tensor) -> Tensor:
+        """Same contract as ``nn.Linear.forward``, per trial."""
+        return FusedLinearFunction.apply(input, self.weight, self.bias, self)

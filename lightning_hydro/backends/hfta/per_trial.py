@@ -1,0 +1,79 @@
+"""One Python setting per trial (momentum, eps, dropout p, ...), gathered from the B trial modules."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import torch
+from torch import Tensor, nn
+
+T = TypeVar("T")
+
+
+def values_equal(first: Any, second: Any) -> bool:
+    """Whether two module attribute values are equal; tensors compare by shape and content.
+
+    Example::
+
+        >>> values_equal((1, 1), (1, 1)), values_equal(torch.zeros(2), torch.ones(2))
+        (True, False)
+    """
+    if first is second:
+        return True
+    if isinstance(first, Tensor) or isinstance(second, Tensor):
+        return (
+            isinstance(first, Tensor)
+            and isinstance(second, Tensor)
+            and first.shape == second.shape
+            and bool(torch.equal(first, second))
+        )
+    try:
+        return bool(first == second)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+
+
+@dataclass(frozen=True)
+class PerTrial(Generic[T]):
+    """The value of one module attribute in each trial, in slot order.
+
+    Args:
+        values: one value per trial.
+
+    Example::
+
+        >>> momentum = PerTrial.gather([nn.BatchNorm1d(3, momentum=m) for m in (0.1, 0.2)], "momentum")
+        >>> momentum.is_uniform, momentum.column(torch.zeros(1), ndim=2).shape
+        (False, torch.Size([2, 1]))
+    """
+
+    values: tuple[T, ...]
+
+    @classmethod
+    def gather(cls, modules: Sequence[nn.Module], name: str) -> PerTrial[Any]:
+        """Reads attribute ``name`` from each trial module."""
+        return cls(tuple(getattr(module, name) for module in modules))
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @property
+    def is_uniform(self) -> bool:
+        """Whether every trial has the same value (then one ordinary op serves all trials)."""
+        return all(values_equal(value, self.values[0]) for value in self.values[1:])
+
+    @property
+    def first(self) -> T:
+        """The first trial's value: the value of every trial when :attr:`is_uniform`."""
+        return self.values[0]
+
+    def column(self, like: Tensor, ndim: int) -> Tensor:
+        """The values as a ``[B, 1, ..., 1]`` tensor of ``ndim`` dims, on ``like``'s device and dtype."""
+        column = torch.tensor(self.values, dtype=like.dtype, device=like.device)
+        return column.view(len(self.values), *([1] * (ndim - 1)))
+
+    def select(self, slots: Sequence[int]) -> PerTrial[T]:
+        """The values of the trials in ``slots``, in that order (used when trials are removed)."""
+        return PerTrial(tuple(self.values[slot] for slot in slots))
