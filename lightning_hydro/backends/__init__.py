@@ -1,4 +1,8 @@
-"""Fusion backends: how B trials' steps run at once (vmap, hfta fused operators, loop; auto selection)."""
+"""Fusion backends: how B trials' steps run at once (vmap, hfta fused operators, loop; auto selection).
+
+``HftaBackend`` and the fused-operator library live in ``lightning_hydro.backends.hfta_backend`` and
+``lightning_hydro.backends.hfta``.
+"""
 
 from __future__ import annotations
 
@@ -35,5 +39,7 @@ def make_backend(name: str, group: StackedState) -> Backend:
     if name == "loop":
         return LoopBackend(group)
     if name == "hfta":
-        raise FusionError("backend='hfta' is not available yet; use backend='vmap' or 'loop'.")
+        from lightning_hydro.backends.hfta_backend import HftaBackend  # imports the operator library
+
+        return HftaBackend(group)
     raise ValueError(f"Unknown backend {name!r}; expected one of {', '.join(repr(n) for n in BACKEND_NAMES)}.")

@@ -84,10 +84,10 @@ class VmapBackend(Backend):
 
     @override
     def run(self, method: str, *args: Any) -> StepOutputs:
-        if self._caller is None:
-            self._caller = MethodCaller(self.template())
+        template = self.template()  # every call: subclasses keep their template in step with the trials
+        if self._caller is None or self._caller.module is not template:
+            self._caller = MethodCaller(template)
         caller = self._caller
-        template = caller.module
         params: dict[str, Tensor] = {f"module.{name}": p for name, p in self.group.params.items()}
         buffers = {f"module.{name}": b for name, b in self.group.buffers.items()}
         side: dict[str, Any] = {}

@@ -19,7 +19,7 @@ from tests.helpers import (
     train_separately,
 )
 
-BACKENDS = ["vmap", "loop"]
+BACKENDS = ["vmap", "hfta", "loop"]
 
 
 def assert_trials_match(fused, separate, tolerance: float) -> None:

@@ -12,7 +12,7 @@ from lightning_hydro.demos import DigitsMLP
 from tests.helpers import fit_digits, make_trainer, max_state_difference, seeded, train_fused, train_separately
 
 
-@pytest.mark.parametrize("backend", ["vmap", "loop"])
+@pytest.mark.parametrize("backend", ["vmap", "hfta", "loop"])
 @pytest.mark.parametrize("optimizer_path", ["universal", "fused"])
 def test_a_diverging_trial_is_stopped_and_the_others_are_untouched(backend, optimizer_path):
     lrs = [0.05, 1e6, 0.1]  # trial 1 blows up within a few steps

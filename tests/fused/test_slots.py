@@ -28,7 +28,7 @@ class SlotProbe(L.Callback):
                 self.new_id = pl_module.add_trial(self.replacement)
 
 
-@pytest.mark.parametrize("backend", ["vmap", "loop"])
+@pytest.mark.parametrize("backend", ["vmap", "hfta", "loop"])
 def test_stopping_compacts_and_survivors_keep_everything(backend):
     trials = mixed_optimizer_mlps()
     separate_2 = train_separately(trials, fit_digits, max_epochs=2, limit_train_batches=8, limit_val_batches=1)

@@ -33,9 +33,7 @@ def fused_leaky_relu(
     return torch.where(samples > 0, samples, samples * slopes), 0
 
 
-def fused_prelu(
-    info: VmapInfo, in_dims: InDims, x: Tensor, weight: Tensor, module: FusedModule
-) -> tuple[Tensor, int]:
+def fused_prelu(info: VmapInfo, in_dims: InDims, x: Tensor, weight: Tensor, module: FusedModule) -> tuple[Tensor, int]:
     """The fused rule of PReLU, stacked slopes ``[B, num_parameters]``; returns (output ``[B, ...]``, 0)."""
     module.check_trial_count(info.batch_size)
     trials = info.batch_size

@@ -92,9 +92,7 @@ def _merged_mask(
             raise RuntimeError(f"attn_mask's dimension {mask.dim() - 1} is not supported")
         merged = _float_mask(mask, dtype)
     if key_padding_mask is not None:
-        mask = (
-            key_padding_mask.unsqueeze(0) if in_dims[0] is None else key_padding_mask.movedim(in_dims[0], 0)
-        )
+        mask = key_padding_mask.unsqueeze(0) if in_dims[0] is None else key_padding_mask.movedim(in_dims[0], 0)
         if mask.dim() == 2:  # unbatched [B|1, S]
             mask = mask.unsqueeze(1)
         padding = _float_mask(mask[:, :, None, None, :], dtype)

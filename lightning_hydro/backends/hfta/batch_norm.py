@@ -32,9 +32,7 @@ from lightning_hydro.backends.hfta.per_trial import PerTrial
 def _momentum_factors(module: FusedModule, num_batches_tracked: Tensor | None, like: Tensor) -> Tensor:
     """Each trial's running-average factor, ``[B, 1]``: its momentum, or 1 / its batch count if None."""
     momenta = module.setting("momentum").values
-    factors = torch.tensor(
-        [0.0 if m is None else m for m in momenta], dtype=torch.float64, device=like.device
-    )
+    factors = torch.tensor([0.0 if m is None else m for m in momenta], dtype=torch.float64, device=like.device)
     if any(m is None for m in momenta):
         if num_batches_tracked is None:
             raise FusedCallError(f"{module.describe()} has momentum=None but no num_batches_tracked buffer")
@@ -99,9 +97,7 @@ def fused_batch_norm(
     if use_batch_stats:
         count = batch * math.prod(spatial)
         if count <= 1:
-            raise ValueError(
-                f"Expected more than 1 value per channel when training, got input size {x.shape}"
-            )
+            raise ValueError(f"Expected more than 1 value per channel when training, got input size {x.shape}")
         if eps.is_uniform:
             batch_mean = torch.zeros(trials * channels, dtype=x.dtype, device=x.device)
             batch_var = torch.ones(trials * channels, dtype=x.dtype, device=x.device)

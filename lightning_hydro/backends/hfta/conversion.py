@@ -96,9 +96,7 @@ class ConversionPlan:
 
     def summary(self) -> str:
         """Counts per outcome, then one line per module that is not left alone silently."""
-        counts = ", ".join(
-            f"{o}: {len(self.with_outcome(o))}" for o in ("fused", "grouped", "native", "rejected")
-        )
+        counts = ", ".join(f"{o}: {len(self.with_outcome(o))}" for o in ("fused", "grouped", "native", "rejected"))
         lines = [counts]
         lines += [f"  {d.outcome:<8} {d}" for d in self.decisions]
         lines += [f"  unverified {line}" for line in self.unverified]
@@ -123,8 +121,7 @@ def differing_attributes(modules: Sequence[nn.Module]) -> list[str]:
         name
         for name in names
         if any(
-            not values_equal(getattr(first, name, missing), getattr(module, name, missing))
-            for module in modules[1:]
+            not values_equal(getattr(first, name, missing), getattr(module, name, missing)) for module in modules[1:]
         )
     ]
 
@@ -160,9 +157,7 @@ def _decide_fusable(
     return ModuleDecision(path, type_name, "fused", fused.__name__)
 
 
-def _decide_other(
-    path: str, module: nn.Module, differing: list[str], trials: Sequence[nn.Module]
-) -> ModuleDecision:
+def _decide_other(path: str, module: nn.Module, differing: list[str], trials: Sequence[nn.Module]) -> ModuleDecision:
     type_name = type(module).__name__
     if differing and is_groupable(module):
         reason = f"trials differ in {', '.join(differing)}; run once per group of equal settings"
@@ -207,9 +202,7 @@ def plan_conversion(template: nn.Module, trials: Sequence[nn.Module]) -> Convers
         trial_modules = [other for other in found if other is not None and type(other) is type(module)]
         if len(trial_modules) != len(trials):
             mismatched = {
-                slot: type(other).__name__
-                for slot, other in enumerate(found)
-                if type(other) is not type(module)
+                slot: type(other).__name__ for slot, other in enumerate(found) if type(other) is not type(module)
             }
             reason = f"trials have {mismatched} here (slot: type); all trials must share one architecture"
             decisions.append(ModuleDecision(path, type_name, "rejected", reason))
@@ -222,9 +215,7 @@ def plan_conversion(template: nn.Module, trials: Sequence[nn.Module]) -> Convers
                 reason = f"{container.__name__}: runs its Python path, whose submodules are fused"
                 decisions.append(ModuleDecision(path, type_name, "fused", reason))
             if differing:
-                unverified.append(
-                    f"module '{path}' ({type_name}): {_describe_values(trial_modules, differing)}"
-                )
+                unverified.append(f"module '{path}' ({type_name}): {_describe_values(trial_modules, differing)}")
             continue
         if fused is not None:
             atomic_prefixes.append(f"{path}." if path else "")
@@ -325,11 +316,7 @@ def select_trials(model: nn.Module, slots: Sequence[int]) -> None:
     """
     fused = [module for module in model.modules() if isinstance(module, (FusedModule, TrialGroupedModule))]
     count = fused[0].num_trials if fused else None
-    if (
-        not slots
-        or len(set(slots)) != len(slots)
-        or (count is not None and not all(0 <= s < count for s in slots))
-    ):
+    if not slots or len(set(slots)) != len(slots) or (count is not None and not all(0 <= s < count for s in slots)):
         raise ValueError(
             f"select_trials expects distinct slots in [0, {count}), got {list(slots)}; pass the slots of the "
             "trials that remain, in their new order"

@@ -53,10 +53,7 @@ def fused_convolution(
     all_biases = None if bias is None else trials_first(bias, bias_dim, trials).reshape(-1)
     shape = logical_shape(x, x_dim)
     unbatched_sample = len(shape) == spatial_dims + 1  # conv input without its N dim
-    if (
-        len(shape) not in (spatial_dims + 1, spatial_dims + 2)
-        or shape[-spatial_dims - 1] != module.in_channels
-    ):
+    if len(shape) not in (spatial_dims + 1, spatial_dims + 2) or shape[-spatial_dims - 1] != module.in_channels:
         raise RuntimeError(
             f"{module.describe()}: per-trial input has shape {tuple(shape)}, expected [N, "
             f"{module.in_channels}, +{spatial_dims} spatial dims] or [{module.in_channels}, +spatial dims]"

@@ -44,9 +44,7 @@ def fused_embedding(
     offsets = torch.arange(trials, device=per_trial.device).mul_(rows)
     offset_indices = per_trial + offsets.view(trials, *([1] * (per_trial.dim() - 1)))
     scale_grad_by_freq: bool = module.scale_grad_by_freq  # type: ignore[assignment]
-    out = F.embedding(
-        offset_indices, tables.reshape(-1, tables.shape[2]), scale_grad_by_freq=scale_grad_by_freq
-    )
+    out = F.embedding(offset_indices, tables.reshape(-1, tables.shape[2]), scale_grad_by_freq=scale_grad_by_freq)
     padding = module.setting("padding_idx").values
     if any(index is not None for index in padding):
         no_padding = -1  # indices are never negative, so this matches nothing

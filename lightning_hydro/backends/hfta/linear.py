@@ -40,10 +40,7 @@ def fused_linear(
     if x_dim is None:
         rows = x.reshape(-1, in_features)
         all_weights = weight.reshape(trials * out_features, in_features).t()
-        if stacked_bias is None:
-            out = rows @ all_weights
-        else:
-            out = torch.addmm(stacked_bias.reshape(-1), rows, all_weights)
+        out = rows @ all_weights if stacked_bias is None else torch.addmm(stacked_bias.reshape(-1), rows, all_weights)
         return out.view(*x.shape[:-1], trials, out_features), x.dim() - 1
     per_trial = x.movedim(x_dim, 0)
     leading = per_trial.shape[1:-1]

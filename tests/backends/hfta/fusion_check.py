@@ -92,9 +92,7 @@ def check_fused_matches_trials(
         vmap(per_trial, in_dims=(0, 0, *in_dims), randomness="different")(params, buffers, *fused_inputs)
     )
     # Random cotangents weigh every output element; integer outputs (pooling indices) have none.
-    cotangents = [
-        torch.randn_like(out) if out.is_floating_point() else torch.zeros_like(out) for out in fused_out
-    ]
+    cotangents = [torch.randn_like(out) if out.is_floating_point() else torch.zeros_like(out) for out in fused_out]
     if any(out.requires_grad for out in fused_out):
         sum((out * cot).sum() for out, cot in zip(fused_out, cotangents) if out.requires_grad).backward()
     shared_grads: list[Tensor | None] = [None] * len(inputs)
@@ -105,18 +103,14 @@ def check_fused_matches_trials(
         for index, (out, exp) in enumerate(zip(fused_out, expected)):
             assert_close(out[slot], exp, f"trial {slot} output {index}", tolerance)
         if any(exp.requires_grad for exp in expected):
-            sum(
-                (exp * cot[slot]).sum() for exp, cot in zip(expected, cotangents) if exp.requires_grad
-            ).backward()
+            sum((exp * cot[slot]).sum() for exp, cot in zip(expected, cotangents) if exp.requires_grad).backward()
         for name, parameter in reference.named_parameters():
             stacked_grad = params[name].grad
             expected_grad = torch.zeros_like(parameter) if parameter.grad is None else parameter.grad
             actual_grad = torch.zeros_like(parameter) if stacked_grad is None else stacked_grad[slot]
             assert_close(actual_grad, expected_grad, f"trial {slot} grad of {name}", tolerance)
         for name, buffer in reference.named_buffers():
-            assert_close(
-                buffers[name][slot].to(buffer.dtype), buffer, f"trial {slot} buffer {name}", tolerance
-            )
+            assert_close(buffers[name][slot].to(buffer.dtype), buffer, f"trial {slot} buffer {name}", tolerance)
         for index, (x, in_dim) in enumerate(zip(slot_inputs, in_dims)):
             if x.grad is None:
                 continue
@@ -125,9 +119,7 @@ def check_fused_matches_trials(
             if in_dim is None:
                 shared_grads[index] = x.grad if shared_grads[index] is None else shared_grads[index] + x.grad
             else:
-                assert_close(
-                    fused_grad.movedim(in_dim, 0)[slot], x.grad, f"trial {slot} grad of input {index}"
-                )
+                assert_close(fused_grad.movedim(in_dim, 0)[slot], x.grad, f"trial {slot} grad of input {index}")
     for index, total in enumerate(shared_grads):
         if total is not None:
             fused_grad = fused_inputs[index].grad

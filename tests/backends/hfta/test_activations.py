@@ -61,9 +61,7 @@ def test_fused_prelu_learns_each_trials_own_slopes(data: st.DataObject) -> None:
     ],
 )
 @pytest.mark.parametrize("in_dim", [None, 0, 1])
-def test_activations_whose_trials_differ_run_grouped_and_exact(
-    make, differing: str, in_dim: int | None
-) -> None:
+def test_activations_whose_trials_differ_run_grouped_and_exact(make, differing: str, in_dim: int | None) -> None:
     x = torch.randn(4, 5) if in_dim is None else torch.randn(3, 4, 5)
     model = check_fused_matches_trials(make, 3, [x], [in_dim])
     assert isinstance(model, TrialGroupedModule)
@@ -72,7 +70,5 @@ def test_activations_whose_trials_differ_run_grouped_and_exact(
 
 def test_fused_prelu_rejects_a_channel_mismatch_like_torch() -> None:
     x = torch.randn(2, 3)
-    with pytest.raises(
-        RuntimeError, match=r"FusedPReLU at .inner.: Mismatch of parameter numbers and input channel"
-    ):
+    with pytest.raises(RuntimeError, match=r"FusedPReLU at .inner.: Mismatch of parameter numbers and input channel"):
         check_fused_matches_trials(lambda _: nn.PReLU(2), 2, [x], [None])

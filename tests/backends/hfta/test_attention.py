@@ -86,9 +86,7 @@ def test_fused_attention_matches_separate_trials(data: st.DataObject) -> None:
     bias = data.draw(st.booleans(), label="bias")
 
     def make(_: int) -> nn.Module:
-        return nn.MultiheadAttention(
-            embed_dim, heads, bias=bias, kdim=kdim, vdim=vdim, batch_first=batch_first
-        )
+        return nn.MultiheadAttention(embed_dim, heads, bias=bias, kdim=kdim, vdim=vdim, batch_first=batch_first)
 
     model = check_fused_matches_trials(make, trials, inputs, in_dims, kwargs=kwargs, tolerance=1e-5)
     assert isinstance(model, FusedMultiheadAttention)

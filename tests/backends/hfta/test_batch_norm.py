@@ -37,9 +37,7 @@ def test_fused_batch_norm_matches_separate_trials(data: st.DataObject) -> None:
     x, in_dim = stacked_or_shared(data.draw, [4, channels] + [3] * spatial_dims, trials)
 
     def make(slot: int) -> nn.Module:
-        norm = torch_class(
-            channels, eps=eps[slot], momentum=momenta[slot], affine=affine, track_running_stats=track
-        )
+        norm = torch_class(channels, eps=eps[slot], momentum=momenta[slot], affine=affine, track_running_stats=track)
         if track:  # non-trivial running statistics, so that eval mode tells trials apart
             norm.running_mean.normal_()
             norm.running_var.uniform_(0.5, 2.0)

@@ -30,9 +30,7 @@ def test_fused_conv_transpose_matches_separate_trials(data: st.DataObject) -> No
     x, in_dim = stacked_or_shared(data.draw, shape, trials)
 
     def make(_: int) -> nn.Module:
-        return torch_class(
-            in_channels, out_channels, kernel, stride, padding, output_padding, groups, True, dilation
-        )
+        return torch_class(in_channels, out_channels, kernel, stride, padding, output_padding, groups, True, dilation)
 
     assert isinstance(check_fused_matches_trials(make, trials, [x], [in_dim]), fused_class)
 

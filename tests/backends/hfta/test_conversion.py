@@ -129,18 +129,14 @@ def test_inplace_conversion_returns_the_template_itself() -> None:
         ),
     ],
 )
-def test_unfusable_trials_are_rejected_with_path_type_and_advice(
-    trials: list[nn.Module], message: str
-) -> None:
+def test_unfusable_trials_are_rejected_with_path_type_and_advice(trials: list[nn.Module], message: str) -> None:
     with pytest.raises(ConversionError, match=message) as raised:
         convert_to_fused(trials[0], trials)
     assert "Use backend='loop' (always correct)" in str(raised.value)
 
 
 def test_conversion_needs_trials() -> None:
-    with pytest.raises(
-        ValueError, match=r"plan_conversion expects at least one trial module, got an empty sequence"
-    ):
+    with pytest.raises(ValueError, match=r"plan_conversion expects at least one trial module, got an empty sequence"):
         convert_to_fused(nn.Linear(2, 2), [])
 
 
@@ -183,12 +179,8 @@ def test_running_over_a_different_number_of_trials_says_what_to_do() -> None:
     model = convert_to_fused(trials[0], trials)
     params, _ = stack_module_state(trials[:2])
     x = torch.randn(4, 2)
-    with pytest.raises(
-        FusedCallError, match=r"FusedLinear at '0' was converted for 3 trials but vmap runs over 2; "
-    ):
+    with pytest.raises(FusedCallError, match=r"FusedLinear at '0' was converted for 3 trials but vmap runs over 2; "):
         vmap(lambda p: functional_call(model, p, (x,)))(params)
     grouped = convert_to_fused(nn.ELU(), [nn.ELU(1.0), nn.ELU(0.5)])
-    with pytest.raises(
-        FusedCallError, match=r"TrialGroupedModule at '' was converted for 2 trials but vmap runs"
-    ):
+    with pytest.raises(FusedCallError, match=r"TrialGroupedModule at '' was converted for 2 trials but vmap runs"):
         vmap(grouped)(torch.zeros(3, 1))

@@ -29,9 +29,9 @@ def run_dropout(trials: list[nn.Module], x: torch.Tensor, in_dim: int | None, ra
     fused = convert_to_fused(models[0], models)
     params, buffers = stack_module_state(models)
     x = x.clone().requires_grad_()
-    out = vmap(
-        lambda p, b, t: functional_call(fused, (p, b), (t,)), in_dims=(0, 0, in_dim), randomness=randomness
-    )(params, buffers, x)
+    out = vmap(lambda p, b, t: functional_call(fused, (p, b), (t,)), in_dims=(0, 0, in_dim), randomness=randomness)(
+        params, buffers, x
+    )
     return fused, x, out
 
 
@@ -41,9 +41,7 @@ def test_fused_dropout_drops_per_trial_with_each_trials_p(data: st.DataObject) -
     torch_class = data.draw(st.sampled_from(list(DROPOUTS)), label="dropout class")
     fused_class, shape = DROPOUTS[torch_class]
     trials = data.draw(st.integers(2, 4), label="trials")
-    probabilities = data.draw(
-        st.lists(st.sampled_from([0.0, 0.3, 0.7, 1.0]), min_size=trials, max_size=trials)
-    )
+    probabilities = data.draw(st.lists(st.sampled_from([0.0, 0.3, 0.7, 1.0]), min_size=trials, max_size=trials))
     if len(set(probabilities)) == 1:
         probabilities[0] = 0.5  # equal p stays with torch's own rule; tested below
     in_dim = data.draw(st.sampled_from([None, 0]), label="in dim")

@@ -14,9 +14,7 @@ from .fusion_check import IN_DIMS, check_fused_matches_trials
 def test_fused_embedding_matches_separate_trials(data: st.DataObject) -> None:
     trials = data.draw(st.integers(1, 4), label="trials")
     rows, width = data.draw(st.integers(2, 6), label="rows"), data.draw(st.integers(1, 4), label="width")
-    padding = data.draw(
-        st.lists(st.one_of(st.none(), st.integers(0, rows - 1)), min_size=trials, max_size=trials)
-    )
+    padding = data.draw(st.lists(st.one_of(st.none(), st.integers(0, rows - 1)), min_size=trials, max_size=trials))
     max_norm = data.draw(st.lists(st.sampled_from([None, 0.5, 1.5]), min_size=trials, max_size=trials))
     norm_type = data.draw(st.sampled_from([1.0, 2.0]), label="norm type")
     scale_grad_by_freq = data.draw(st.booleans(), label="scale grad by freq")

@@ -11,9 +11,7 @@ def test_fuse_only_takes_the_exact_torch_class() -> None:
     class MyLinear(nn.Linear):
         pass
 
-    with pytest.raises(
-        TypeError, match=r"FusedLinear.fuse expects a Linear, got MyLinear; subclasses may change"
-    ):
+    with pytest.raises(TypeError, match=r"FusedLinear.fuse expects a Linear, got MyLinear; subclasses may change"):
         FusedLinear.fuse(MyLinear(2, 2), [MyLinear(2, 2)])
 
 
@@ -31,9 +29,7 @@ def test_trial_anchor_sees_the_stacked_parameter_under_functional_call() -> None
     model = ReadsAnchor()
     assert model() is model.layer.weight
     stacked = torch.randn(4, 3, 2)
-    assert torch.equal(
-        vmap(lambda weight: functional_call(model, {"layer.weight": weight}, ()))(stacked), stacked
-    )
+    assert torch.equal(vmap(lambda weight: functional_call(model, {"layer.weight": weight}, ()))(stacked), stacked)
 
 
 def test_parameter_free_operator_on_the_shared_batch_sees_the_trials_through_the_anchor() -> None:

@@ -19,9 +19,7 @@ def test_fused_linear_matches_separate_trials(data: st.DataObject) -> None:
     x, in_dim = stacked_or_shared(data.draw, [*leading, in_features], trials)
     if in_dim == 1 and not leading:
         in_dim = 0
-    model = check_fused_matches_trials(
-        lambda _: nn.Linear(in_features, out_features, bias=bias), trials, [x], [in_dim]
-    )
+    model = check_fused_matches_trials(lambda _: nn.Linear(in_features, out_features, bias=bias), trials, [x], [in_dim])
     assert isinstance(model, FusedLinear)
 
 

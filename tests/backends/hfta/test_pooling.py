@@ -17,18 +17,14 @@ def pooling_module(draw: st.DrawFn, kind: str, spatial_dims: int) -> nn.Module:
     ceil_mode = draw(st.booleans(), label="ceil mode")
     if kind == "MaxPool":
         dilation = draw(st.integers(1, 2), label="dilation")
-        return torch_class(
-            kernel, stride, padding, dilation, return_indices=draw(st.booleans()), ceil_mode=ceil_mode
-        )
+        return torch_class(kernel, stride, padding, dilation, return_indices=draw(st.booleans()), ceil_mode=ceil_mode)
     return torch_class(kernel, stride, padding, ceil_mode, count_include_pad=draw(st.booleans()))
 
 
 @settings(max_examples=30, deadline=None)
 @given(data=st.data())
 def test_fused_pooling_matches_separate_trials(data: st.DataObject) -> None:
-    kind = data.draw(
-        st.sampled_from(["MaxPool", "AvgPool", "AdaptiveAvgPool", "AdaptiveMaxPool"]), label="kind"
-    )
+    kind = data.draw(st.sampled_from(["MaxPool", "AvgPool", "AdaptiveAvgPool", "AdaptiveMaxPool"]), label="kind")
     spatial_dims = data.draw(st.sampled_from([1, 2, 3]), label="spatial dims")
     trials = data.draw(st.integers(1, 4), label="trials")
     pool = pooling_module(data.draw, kind, spatial_dims)

@@ -37,7 +37,5 @@ def test_modules_that_do_not_return_one_tensor_are_refused() -> None:
             return x, x * self.scale
 
     grouped = TrialGroupedModule([Pair(1.0), Pair(2.0)], ["scale"], path="pair")
-    with pytest.raises(
-        FusedCallError, match=r"Pair at 'pair' returned tuple; only modules that return one tensor"
-    ):
+    with pytest.raises(FusedCallError, match=r"Pair at 'pair' returned tuple; only modules that return one tensor"):
         vmap(grouped)(torch.ones(2, 3))

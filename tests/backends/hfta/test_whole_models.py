@@ -25,9 +25,7 @@ TOLERANCE = 1e-4
 
 def assert_same_weights(fused: dict[str, Tensor], separate: dict[str, Tensor]) -> None:
     assert fused.keys() == separate.keys()
-    errors = {
-        name: relative_error(fused[name].detach().to(separate[name].dtype), separate[name]) for name in fused
-    }
+    errors = {name: relative_error(fused[name].detach().to(separate[name].dtype), separate[name]) for name in fused}
     worst = max(errors, key=errors.__getitem__)
     assert errors[worst] <= TOLERANCE, f"{worst}: relative error {errors[worst]:.2e} > {TOLERANCE:.0e}"
 
@@ -74,15 +72,11 @@ def test_resnet18_trains_fused_to_the_same_weights() -> None:
 class TinyLanguageModel(nn.Module):
     """Embedding + learned positions + causal Transformer encoder + LayerNorm + readout."""
 
-    def __init__(
-        self, vocabulary: int = 32, width: int = 16, length: int = 12, norm_eps: float = 1e-5
-    ) -> None:
+    def __init__(self, vocabulary: int = 32, width: int = 16, length: int = 12, norm_eps: float = 1e-5) -> None:
         super().__init__()
         self.tokens = nn.Embedding(vocabulary, width, padding_idx=0)
         self.positions = nn.Embedding(length, width)
-        layer = nn.TransformerEncoderLayer(
-            width, 4, 2 * width, dropout=0.0, batch_first=True, norm_first=True
-        )
+        layer = nn.TransformerEncoderLayer(width, 4, 2 * width, dropout=0.0, batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(width, eps=norm_eps)
         self.readout = nn.Linear(width, vocabulary)

@@ -1,0 +1,66 @@
+"""The ``hfta`` backend: vmap over the trials, with the heavy modules swapped for fused operators.
+
+It runs exactly like the ``vmap`` backend (the user's own step code under ``torch.func.vmap``), but the
+template is first converted by :func:`~lightning_hydro.backends.hfta.convert_to_fused`: Linear,
+convolutions, normalisation, embedding, attention, dropout and PReLU become operators with explicit
+HFTA layouts (``baddbmm`` on ``[B, N, F]``, grouped convolutions on ``[N, B*C, H, W]``) whose batching
+rules replace vmap's generic ones, and whose per-trial Python settings (BatchNorm momentum, dropout p,
+LeakyReLU slope, Embedding ``padding_idx``...) really are per trial. See docs/hfta.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import lightning as L
+from torch import nn
+from typing_extensions import override
+
+from lightning_hydro.backends.errors import FusionError
+from lightning_hydro.backends.hfta import ConversionError, convert_to_fused, plan_conversion
+from lightning_hydro.backends.vmap_backend import VmapBackend
+
+if TYPE_CHECKING:
+    from lightning_hydro.fused.stacked_state import StackedState
+
+__all__ = ["HftaBackend"]
+
+
+class HftaBackend(VmapBackend):
+    """vmap over a template converted into fused operators; reconverted whenever the trials change.
+
+    Raises:
+        FusionError: at construction, if a module cannot be converted (the message names each one).
+    """
+
+    name = "hfta"
+
+    def __init__(self, group: StackedState, *, chunk_size: int | None = None) -> None:
+        super().__init__(group, chunk_size=chunk_size)
+        self._converted: nn.Module | None = None
+        try:
+            plan_conversion(group.modules[0], group.modules).raise_if_rejected()
+        except ConversionError as err:
+            raise FusionError(f"backend='hfta' cannot convert these trials: {err}") from err
+
+    @override
+    def template(self) -> nn.Module:
+        first = self.group.modules[0]
+        if self._converted is None:
+            try:
+                self._converted = convert_to_fused(first, self.group.modules)
+            except ConversionError as err:
+                raise FusionError(f"backend='hfta' cannot convert these trials: {err}") from err
+        converted = self._converted
+        # the copy follows the trial modules: train/eval mode (per submodule) and the Trainer the user's code uses
+        modes = {name: module.training for name, module in first.named_modules()}
+        for name, module in converted.named_modules():
+            module.training = modes.get(name, first.training)
+        if isinstance(first, L.LightningModule) and isinstance(converted, L.LightningModule):
+            converted.trainer = first._trainer  # a converted copy loses it
+        return converted
+
+    @override
+    def rebind(self) -> None:
+        super().rebind()
+        self._converted = None  # new rows or devices: convert again (cheap: a copy and some attributes)
