@@ -1,6 +1,7 @@
 """Training throughput of fused trials versus a loop and versus separate runs, measured side by side.
 
-For each width and number of trials B, one process measures (median over repeats, after warm-up):
+``--model mlp`` (the digits MLP, issue 2): for each width and number of trials B, one process measures
+(median over repeats, after warm-up):
 
 - ``fused[<backend>]``: FusedLightningModule in a Lightning Trainer, per backend;
 - ``separate``: B ordinary Trainer runs one after another (each trial's own LightningModule);
@@ -9,14 +10,20 @@ For each width and number of trials B, one process measures (median over repeats
 - ``lightning vmap``: the same vmapped step inside a minimal hand-written LightningModule: Lightning's
   own per-step cost, to tell it apart from FusedLightningModule's.
 
+``--model resnet18`` (torchvision's ResNet-18 on 32x32 synthetic images) and ``--model transformer``
+(a small Transformer encoder LM on random tokens) (issue 6): time per step and peak memory of each
+backend (vmap, hfta, loop), and each as a ratio to ``loop``.
+
 Every number is the steady-state time of one optimizer step of the whole group (median of the per-step
 intervals after warm-up steps), so Trainer start-up is excluded (reported separately for `separate`).
-Ratios are against the ``loop`` backend and against ``separate``.
+Peak memory is the allocator's peak on a GPU, and on the CPU the bytes a step holds (parameters,
+gradients, optimizer state, activations saved for backward; see lightning_hydro/fused/memory_probe.py).
 
 Run::
 
     python benchmarks/fusion_throughput.py                       # the issue's table: MLP, widths 64/256
     python benchmarks/fusion_throughput.py --trials 1 4 16 --widths 64 --steps 40 --repeats 2   # quick
+    python benchmarks/fusion_throughput.py --model resnet18      # backends on ResNet-18 (and transformer)
 """
 
 from __future__ import annotations
@@ -31,10 +38,114 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
+from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsDataModule, DigitsMLP
+from lightning_hydro.fused.memory_probe import measure_fused_step
+
+
+class RandomData(L.LightningDataModule):
+    """Fixed random inputs and labels (images or token sequences), no download."""
+
+    def __init__(self, kind: str, batch_size: int = 32, batches: int = 16) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        n = batch_size * batches
+        if kind == "images":
+            x = torch.randn(n, 3, 32, 32, generator=g)
+            y = torch.randint(0, 10, (n,), generator=g)
+        else:
+            x = torch.randint(0, 96, (n, 64), generator=g)
+            y = torch.randint(0, 96, (n, 64), generator=g)
+        self.data, self.batch_size = TensorDataset(x, y), batch_size
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.data, batch_size=self.batch_size)
+
+
+class ResNetTrial(L.LightningModule):
+    """torchvision's resnet18(num_classes=10), trained with SGD + momentum."""
+
+    def __init__(self, lr: float = 0.05) -> None:
+        super().__init__()
+        import torchvision
+
+        self.lr = lr
+        self.net = torchvision.models.resnet18(num_classes=10)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+
+
+class TransformerTrial(L.LightningModule):
+    """A small Transformer encoder LM: embedding, 2 pre-norm encoder layers (causal), readout."""
+
+    def __init__(self, lr: float = 1e-3, d_model: int = 128, vocab: int = 96) -> None:
+        super().__init__()
+        self.lr = lr
+        self.embed = nn.Embedding(vocab, d_model)
+        self.pos = nn.Parameter(torch.randn(64, d_model) * 0.02)
+        layer = nn.TransformerEncoderLayer(d_model, 4, 4 * d_model, dropout=0.0, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.readout = nn.Linear(d_model, vocab)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        mask = nn.Transformer.generate_square_subsequent_mask(x.size(1), device=x.device)
+        h = self.encoder(self.embed(x) + self.pos[: x.size(1)], mask=mask, is_causal=True)
+        return F.cross_entropy(self.readout(h).flatten(0, 1), y.flatten())
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=self.lr)
+
+
+def time_backends(
+    model: str, count: int, backends: list[str], steps: int, device: str
+) -> dict[str, tuple[float, float]]:
+    """{backend: (seconds per step, peak bytes)} for ``count`` trials of ``model`` fused."""
+    out = {}
+    for backend in backends:
+        torch.manual_seed(0)
+        trials = [
+            ResNetTrial(0.01 * (i + 1)) if model == "resnet18" else TransformerTrial(1e-4 * (i + 1))
+            for i in range(count)
+        ]
+        data = RandomData("images" if model == "resnet18" else "tokens")
+        measured = measure_fused_step(trials, data, steps=steps, backend=backend, accelerator=device)
+        out[backend] = (measured.step_seconds, measured.peak_bytes)
+    return out
+
+
+def model_table(args: argparse.Namespace) -> list[str]:
+    """The issue-6 table: per backend, ms per step and peak MiB, and ratios to the loop backend."""
+    backends = args.backends if "loop" in args.backends else [*args.backends, "loop"]
+    fused = [b for b in backends if b != "loop"]
+    header = (
+        f"| model | B | {' | '.join(f'{b} ms/step' for b in backends)} | "
+        f"{' | '.join(f'{b} peak MiB' for b in backends)} | {' | '.join(f'{b} speed-up vs loop' for b in fused)} |"
+    )
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    print("\n".join(lines), flush=True)
+    for count in args.trials:
+        runs = [time_backends(args.model, count, backends, args.steps, args.device) for _ in range(args.repeats)]
+        ms = {b: 1000 * statistics.median(r[b][0] for r in runs) for b in backends}
+        mib = {b: max(r[b][1] for r in runs) / 2**20 for b in backends}
+        speedups = [ms["loop"] / ms[b] for b in fused]
+        row = (
+            f"| {args.model} | {count} | {' | '.join(f'{ms[b]:.1f}' for b in backends)} | "
+            f"{' | '.join(f'{mib[b]:.0f}' for b in backends)} | "
+            f"{' | '.join(f'{speedup:.2f}x' for speedup in speedups)} |"
+        )
+        lines.append(row)
+        print(row, flush=True)
+    return lines
 
 
 class StepTimer(L.Callback):
@@ -161,6 +272,7 @@ def time_lightning_vmap(count: int, width: int, steps: int, warmup: int, device:
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="mlp", choices=["mlp", "resnet18", "transformer"])
     parser.add_argument("--trials", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--widths", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--backends", nargs="+", default=["vmap", "loop"])
@@ -170,9 +282,23 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--separate-runs", type=int, default=4, help="separate runs timed per cell (then scaled)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--output", type=Path, default=Path("benchmarks/results/fusion_throughput.md"))
+    parser.add_argument("--output", type=Path, default=None, help="default: benchmarks/results/fusion_<model>.md")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    output = args.output or Path(f"benchmarks/results/fusion_{args.model}.md")
+    if args.model != "mlp":
+        if args.backends == ["vmap", "loop"]:
+            args.backends = ["vmap", "hfta", "loop"]
+        lines = [
+            f"Device: {args.device}, torch threads: {args.threads}, {args.steps} steps (the first excluded), median "
+            f"of {args.repeats} repeats.",
+            "",
+            *model_table(args),
+        ]
+        text = "\n".join(lines) + "\n"
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+        return text
 
     columns = [*(f"fused[{b}]" for b in args.backends), "separate", "raw vmap", "lightning vmap"]
     header = (
@@ -215,8 +341,8 @@ def main(argv: list[str] | None = None) -> str:
         f"`separate` also pays {statistics.median(startup):.2f} s of Trainer start-up per run (not in its column).",
     ]
     text = "\n".join(lines) + "\n"
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
     print(lines[-1])
     return text
 

@@ -218,3 +218,27 @@ class ScheduledMLP(DigitsMLP):
             return [optimizer], [torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.5)]
         plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=0.1, patience=0)
         return {"optimizer": optimizer, "lr_scheduler": plateau, "monitor": "val_acc"}
+
+
+class TorchEncoderLM(L.LightningModule):
+    """Embedding + torch's own nn.TransformerEncoderLayer (nn.MultiheadAttention inside) + readout."""
+
+    def __init__(self, lr: float = 1e-3, d_model: int = 16, vocab: int = 20) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.embed = nn.Embedding(vocab, d_model, padding_idx=0)
+        layer = nn.TransformerEncoderLayer(d_model, 2, 2 * d_model, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.readout = nn.Linear(d_model, vocab)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        mask = nn.Transformer.generate_square_subsequent_mask(x.size(1))
+        logits = self.readout(self.encoder(self.embed(x), mask=mask, src_key_padding_mask=x == 0))
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=0)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams["lr"], momentum=0.9)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(token_data(), batch_size=32)

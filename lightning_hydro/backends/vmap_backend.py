@@ -13,7 +13,8 @@ vmap runs ONE template module for all trials, so Python attributes of the trial 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -31,6 +32,17 @@ if TYPE_CHECKING:
 __all__ = ["MethodCaller", "VmapBackend"]
 
 _Kind = Literal["none", "tensor", "dict"]
+
+
+@contextmanager
+def _without_mha_fast_path() -> Iterator[None]:
+    """nn.MultiheadAttention/TransformerEncoderLayer's C++ fast path (eval mode, no grad) has no vmap rule."""
+    enabled = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(enabled)
 
 
 class MethodCaller(nn.Module):
@@ -100,9 +112,10 @@ class VmapBackend(Backend):
             return encoded, tuple(c.value for c in calls if isinstance(c.value, Tensor))
 
         try:
-            encoded, logged = vmap(per_trial, in_dims=(0, 0), randomness="different", chunk_size=self.chunk_size)(
-                params, buffers
-            )
+            with _without_mha_fast_path():
+                encoded, logged = vmap(per_trial, in_dims=(0, 0), randomness="different", chunk_size=self.chunk_size)(
+                    params, buffers
+                )
         except (RuntimeError, ValueError) as err:
             explained = explain_vmap_error(err, method=method, module_name=type(template).__name__, backend=self.name)
             if explained is not None:

@@ -10,6 +10,7 @@ from lightning_hydro.demos import DigitsMLP
 from tests.helpers import (
     DigitsCNN,
     TinyAttentionLM,
+    TorchEncoderLM,
     fit_digits,
     fit_plain,
     max_state_difference,
@@ -94,3 +95,11 @@ def test_dropout_masks_are_independent_per_trial():
     weights = [fused.unfuse(t).head.weight for t in range(3)]
     assert not torch.allclose(weights[0], weights[1])
     assert not torch.allclose(weights[1], weights[2])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_transformer_encoder_with_padding_and_causal_masks(backend):
+    trials = [seeded(lambda lr=lr: TorchEncoderLM(lr=lr), [i])[0] for i, lr in enumerate([0.01, 0.03])]
+    separate = train_separately(trials, fit_plain, max_steps=15)
+    fused = train_fused(trials, fit_plain, fused_kwargs={"backend": backend}, max_steps=15)
+    assert_trials_match(fused, separate, 1e-4)
