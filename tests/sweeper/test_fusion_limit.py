@@ -58,7 +58,7 @@ def test_the_probe_measures_the_partition_fused_at_one_and_two_trials():
         max_limit=8,
     )
     m1, m2 = probe.memory_bytes
-    assert 0 < m1 < m2 < 2.2 * m1  # a second trial adds about one trial's share of the memory
+    assert 0 < m1 < m2 < 2.2 * m1, (m1, m2)  # a second trial adds about one trial's share of the memory
     assert all(t > 0 for t in probe.step_seconds)
     assert probe.capacity_bytes > 2**28  # this machine's available memory
     assert limit == 8  # a tiny MLP: the cap, not the memory, limits the group
