@@ -9,6 +9,14 @@ Example::
     >>> target = s.build(hidden_dim=256, lr=0.1, ratio=1)                      # full size, same lr
 """
 
+from lightning_hydro.scaling.coord_check import (
+    ActivationSize,
+    CoordCheck,
+    activation_sizes,
+    coord_check,
+    per_model_update,
+    plot_coord_checks,
+)
 from lightning_hydro.scaling.multipliers import DEFAULT_RULES, Multipliers, OptimizerRule
 from lightning_hydro.scaling.readout import ReadoutScale
 from lightning_hydro.scaling.surrogate import Surrogate
@@ -21,12 +29,18 @@ from lightning_hydro.scaling.width_scaling import (
 
 __all__ = [
     "DEFAULT_RULES",
+    "ActivationSize",
+    "CoordCheck",
     "Multipliers",
     "OptimizerRule",
     "ReadoutScale",
     "Surrogate",
     "WidthScaling",
+    "activation_sizes",
     "configure_scaled_optimizers",
+    "coord_check",
     "fold_multipliers",
+    "per_model_update",
+    "plot_coord_checks",
     "width_scaling_of",
 ]
