@@ -219,6 +219,7 @@ def plot_coord_checks(
     """
     try:
         import matplotlib
+        import matplotlib.ticker
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -233,7 +234,11 @@ def plot_coord_checks(
             for layer in layers or check.layers():
                 sizes = check.sizes(layer, step)
                 ax.plot(list(sizes), list(sizes.values()), marker=".", label=layer)
-            ax.set(xscale="log", yscale="log", xlabel="width", title=f"{name} step {step}".strip())
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xticks(check.widths(), [str(w) for w in check.widths()])
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            ax.set(xlabel="width", title=f"{name} step {step}".strip())
         row[0].set_ylabel("mean |activation|")
     axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()

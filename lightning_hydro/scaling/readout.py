@@ -36,7 +36,7 @@ ShapesById = Mapping[int, InfShape]
 """``InfShape`` of each parameter by ``id``, so that a shared (tied) parameter is found from every module."""
 
 # Layers whose parameter layout is known, so that their role follows from which dims scale.
-_WEIGHT_OUT_IN = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)  # weight [out, in, ...]
+OUT_IN_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)  # weight [out, in, ...]
 _INPUT_TABLES = (nn.Embedding, nn.EmbeddingBag)  # weight [num, dim]: an input layer whatever scales
 _VECTOR_ONLY = (
     nn.LayerNorm,
@@ -110,7 +110,7 @@ def find_readouts(
             )
         shapes = [by_id[id(p)] for p in modules[name].parameters()]
         if not any(shape.ninf() for shape in shapes) or (
-            isinstance(modules[name], _WEIGHT_OUT_IN) and name not in found
+            isinstance(modules[name], OUT_IN_LAYERS) and name not in found
         ):
             raise ValueError(
                 f"Surrogate: {name!r} is not a readout: a readout maps a width dimension to a fixed size, "
@@ -165,9 +165,9 @@ def _classify(model: nn.Module, shapes: ShapesById) -> tuple[list[str], list[tup
     unclear: list[tuple[str, Any]] = []
     for module_name, module in model.named_modules():
         prefix = f"{module_name}." if module_name else ""
-        if isinstance(module, _WEIGHT_OUT_IN):
-            shape = shapes[id(module.weight)]
-            if shape[1].isinf() and not shape[0].isinf():
+        if isinstance(module, OUT_IN_LAYERS):
+            shape = shapes.get(id(module.weight))  # None: a parametrized weight, checked via its tensors
+            if shape is not None and shape[1].isinf() and not shape[0].isinf():
                 found.append(module_name)
         elif not isinstance(module, (*_INPUT_TABLES, *_VECTOR_ONLY)):
             for param_name, param in module.named_parameters(recurse=False):

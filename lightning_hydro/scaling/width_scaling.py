@@ -48,7 +48,7 @@ from lightning_hydro.scaling.param_groups import (
     split_scheduler,
 )
 from lightning_hydro.scaling.readout import (
-    _WEIGHT_OUT_IN,
+    OUT_IN_LAYERS,
     ReadoutScale,
     initialize_readout,
     readout_multiplier,
@@ -116,10 +116,11 @@ class WidthScaling:
         apply_infshapes(module, shapes)
         by_id = shapes_by_id(module, shapes)
         modules = dict(module.named_modules())
+        shared = _shared_parameters(module)
         for name in self.readouts:
             readout = modules[name]
             if initialize:
-                initialize_readout(readout, by_id, zero=self.zero_readout, shared=_shared_parameters(module))
+                initialize_readout(readout, by_id, zero=self.zero_readout, shared=shared)
             multiplier = readout_multiplier(readout, by_id)
             if multiplier != 1.0:
                 readout.register_forward_pre_hook(ReadoutScale(multiplier))
@@ -242,7 +243,7 @@ def _rescale_hidden_biases(module: nn.Module, shapes: Mapping[int, InfShape], sk
     with torch.no_grad():
         for layer in module.modules():
             bias = getattr(layer, "bias", None)
-            if isinstance(layer, _WEIGHT_OUT_IN) and isinstance(bias, nn.Parameter) and id(bias) not in skip:
+            if isinstance(layer, OUT_IN_LAYERS) and isinstance(bias, nn.Parameter) and id(bias) not in skip:
                 fan_in_mult = float(shapes[id(layer.weight)][1].width_mult())
                 if fan_in_mult != 1.0:
                     bias.mul_(math.sqrt(fan_in_mult))

@@ -80,6 +80,10 @@ def test_tensor_learning_rates_are_scaled():
 # built on pre-split groups, where schedulers with per-group learning rates get per-group values.
 SCHEDULERS = {
     "step": lambda opt, m: lr_scheduler.StepLR(opt, step_size=2, gamma=0.5),
+    "multistep": lambda opt, m: lr_scheduler.MultiStepLR(opt, milestones=[2, 5], gamma=0.3),
+    "exponential": lambda opt, m: lr_scheduler.ExponentialLR(opt, gamma=0.8),
+    "constant": lambda opt, m: lr_scheduler.ConstantLR(opt, factor=0.25, total_iters=3),
+    "warm_restarts": lambda opt, m: lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=3),
     "lambda": lambda opt, m: lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (step + 1)),
     "multiplicative": lambda opt, m: lr_scheduler.MultiplicativeLR(opt, lambda step: 0.9),
     "linear": lambda opt, m: lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=4),
