@@ -133,7 +133,7 @@ def find_base_shapes(
 
 
 def infshapes(base_shapes: Mapping[str, BaseShape], model: nn.Module) -> dict[str, InfShape]:
-    """Mup ``InfShape`` of every parameter of ``model`` (a surrogate) against its base shapes.
+    """The mup ``InfShape`` of every parameter of ``model`` (a surrogate) against its base shapes.
 
     Raises:
         ValueError: ``model`` has parameters the base shapes do not know, or lacks some they list.

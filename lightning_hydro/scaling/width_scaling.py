@@ -85,15 +85,15 @@ class WidthScaling:
 
     @property
     def width_mult(self) -> float:
-        """MuP's width multiplier of the module: ``1 / ratio``."""
+        """The width multiplier of the module in muP: ``1 / ratio``."""
         return 1.0 / self.ratio
 
     def infshapes(self, module: nn.Module) -> dict[str, InfShape]:
-        """Mup ``InfShape`` of each of ``module``'s parameters, by name."""
+        """The mup ``InfShape`` of each of ``module``'s parameters, by name."""
         return infshapes(self.base_shapes, module)
 
     def multipliers(self, module: nn.Module, rule: OptimizerRule) -> dict[str, Multipliers]:
-        """MuP learning-rate and weight-decay multipliers of each parameter under ``rule``, by name."""
+        """The muP learning-rate and weight-decay multipliers of each parameter under ``rule``, by name."""
         return {name: multipliers(shape, rule) for name, shape in self.infshapes(module).items()}
 
     def attach(self, module: ModuleT, *, initialize: bool = True) -> ModuleT:
@@ -107,10 +107,11 @@ class WidthScaling:
         Raises:
             ValueError: ``module`` already carries a width scaling.
         """
-        if width_scaling_of(module) is not None:
+        existing = width_scaling_of(module)
+        if existing is not None:
             raise ValueError(
-                f"WidthScaling.attach: {type(module).__name__} is already scaled (ratio "
-                f"{width_scaling_of(module).ratio}); build a fresh module instead of attaching twice."  # type: ignore[union-attr]
+                f"WidthScaling.attach: {type(module).__name__} is already scaled (ratio {existing.ratio}); "
+                "build a fresh module instead of attaching twice."
             )
         shapes = self.infshapes(module)
         apply_infshapes(module, shapes)
