@@ -309,11 +309,7 @@ def plot(results: dict[str, Any], tasks_: Sequence[Task], ratios: Sequence[int],
                 values = runs[f"{parametrization}/{ratio}"]["values"]
                 best = [
                     min(
-                        (
-                            v
-                            for v, c in zip(values, task.configurations)
-                            if c[lr_key] == lr and math.isfinite(v)
-                        ),
+                        (v for v, c in zip(values, task.configurations) if c[lr_key] == lr and math.isfinite(v)),
                         default=math.nan,
                     )
                     for lr in lrs
@@ -364,9 +360,7 @@ def main() -> None:
     parser.add_argument("--ratios", type=int, nargs="+", default=list(RATIOS))
     parser.add_argument("--no-coord-check", action="store_true", help="skip the coordinate check")
     parser.add_argument("--no-fidelity", action="store_true", help="only the coordinate check")
-    parser.add_argument(
-        "--from-json", type=Path, help="rewrite table and plot from a results file, no training"
-    )
+    parser.add_argument("--from-json", type=Path, help="rewrite table and plot from a results file, no training")
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -376,9 +370,7 @@ def main() -> None:
     if args.from_json:
         results = json.loads(args.from_json.read_text())
         selected = [task for task in selected if task.name in results]
-        ratios = sorted(
-            int(key.split("/")[1]) for key in results[selected[0].name]["runs"] if key.startswith("sp/")
-        )
+        ratios = sorted(int(key.split("/")[1]) for key in results[selected[0].name]["runs"] if key.startswith("sp/"))
         write_table(results, selected, ratios, args.out / "scaling_fidelity.md")
         plot(results, selected, ratios, args.out / "scaling_fidelity.png")
         return
@@ -393,9 +385,7 @@ def main() -> None:
         for name, check in checks.items():
             spread, layer = max((check.spread(layer, 3), layer) for layer in layers if layer != "head")
             growth = check.growth("head", 3)
-            coord_lines.append(
-                f"| {task.name} | {name.split()[-1]} | {spread:.2f} ({layer}) | {growth:.2f} |"
-            )
+            coord_lines.append(f"| {task.name} | {name.split()[-1]} | {spread:.2f} ({layer}) | {growth:.2f} |")
     (args.out / "scaling_coord_check.md").write_text("\n".join(coord_lines) + "\n")
     print("\n".join(coord_lines), flush=True)
     if args.no_fidelity:

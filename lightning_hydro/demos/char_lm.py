@@ -235,8 +235,7 @@ class CharTransformer(L.LightningModule):
         super().__init__()
         if d_model % n_heads:
             raise ValueError(
-                f"CharTransformer: d_model ({d_model}) must be a multiple of n_heads ({n_heads}); "
-                "change one of them."
+                f"CharTransformer: d_model ({d_model}) must be a multiple of n_heads ({n_heads}); change one of them."
             )
         if warmup_steps < 0:
             raise ValueError(f"CharTransformer: warmup_steps must be >= 0, got {warmup_steps}.")
@@ -282,9 +281,7 @@ class CharTransformer(L.LightningModule):
         optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
         if warmup_steps == 0:
             return optimizer
-        warmup = torch.optim.lr_scheduler.LinearLR(
-            optimizer, start_factor=1.0 / warmup_steps, total_iters=warmup_steps
-        )
+        warmup = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0 / warmup_steps, total_iters=warmup_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": warmup, "interval": "step"}}
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Literal
 
@@ -50,7 +50,7 @@ from lightning_hydro.fused.results import TRIAL_STATUSES, TrialRecord, TrialStat
 from lightning_hydro.fused.stacked_state import StackedState
 from lightning_hydro.fused.stateful_metrics import updated_metrics
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
-from lightning_hydro.fused.trial_specs import build_from_spec, module_spec
+from lightning_hydro.fused.trial_specs import build_from_spec, module_spec, restore_width_scaling
 from lightning_hydro.fused.verify import verify_fusion
 from lightning_hydro.optim.clipping import clip_grad_norm_per_trial, clip_grad_value_per_trial
 from lightning_hydro.optim.group_optimizer import (
@@ -118,8 +118,9 @@ class FusedLightningModule(L.LightningModule):
         summary: print a per-trial table at the end of ``fit``.
         monitor: metric that orders that table and marks the best trial (e.g. ``"val_acc"``).
         mode: ``"min"`` or ``"max"``: which ``monitor`` value is best.
-        trial_factory: builds the module of a trial id; used when a checkpoint holds trials that joined
-            the group during the run (refills). Without it they are rebuilt as ``class(**hparams)``.
+        trial_factory: builds the module of a trial id (or returns None); used when a checkpoint holds
+            trials that joined the group during the run (refills). Otherwise they are rebuilt as
+            ``class(**hparams)`` (with their muP width scaling, if any).
 
     Raises:
         ValueError / TypeError: an empty list, non-LightningModules, a trial that uses manual optimization,
@@ -139,7 +140,7 @@ class FusedLightningModule(L.LightningModule):
         summary: bool = True,
         monitor: str | None = None,
         mode: Literal["min", "max"] = "min",
-        trial_factory: Callable[[int], L.LightningModule] | None = None,
+        trial_factory: Callable[[int], L.LightningModule | None] | None = None,
     ) -> None:
         super().__init__()
         trials = list(trials)
@@ -171,6 +172,49 @@ class FusedLightningModule(L.LightningModule):
         for hook in _OPTIONAL_HOOKS:
             if not is_overridden(hook, trials[0], L.LightningModule):
                 self.__dict__[hook] = None  # hidden: Lightning's is_overridden() then reports False
+
+    @classmethod
+    def from_configs(
+        cls,
+        factory: Callable[..., L.LightningModule],
+        configs: Sequence[Mapping[str, Any]],
+        *,
+        width: str | Sequence[str] | None = None,
+        ratio: int = 1,
+        trial_ids: Sequence[int] | None = None,
+        **kwargs: Any,
+    ) -> FusedLightningModule:
+        """One trial per hyperparameter config, built by ``factory(**config)``; as muP surrogates if ``width``.
+
+        With ``width`` (the width hyperparameter names) and ``ratio`` S, each trial is the width / S
+        :class:`~lightning_hydro.scaling.Surrogate` of ``factory(**config)``: tune these, then train
+        ``Surrogate(factory, width).build(**best_config, ratio=1)`` at full size. The same recipe rebuilds
+        trials on resume.
+
+        Example::
+
+            >>> from lightning_hydro.demos import DigitsMLP
+            >>> fused = FusedLightningModule.from_configs(
+            ...     DigitsMLP, [{"hidden_dim": 256, "lr": lr} for lr in (0.03, 0.1, 0.3)], width="hidden_dim", ratio=4)
+            >>> fused.stacked.get_parameter("head__weight").shape  # 3 trials of width 256 / 4
+            torch.Size([3, 10, 64])
+        """
+        from lightning_hydro.scaling import Surrogate
+
+        plain = [dict(config) for config in configs]
+        ids = list(range(len(plain))) if trial_ids is None else [int(t) for t in trial_ids]
+        surrogate = None if width is None else Surrogate(factory, width=width, ratio=ratio)
+
+        def build(config: dict[str, Any]) -> L.LightningModule:
+            return factory(**config) if surrogate is None else surrogate.build(**config)  # type: ignore[return-value]
+
+        by_id = dict(zip(ids, plain))
+        return cls(
+            [build(config) for config in plain],
+            trial_ids=ids,
+            trial_factory=lambda tid: build(by_id[tid]) if tid in by_id else None,
+            **kwargs,
+        )
 
     @staticmethod
     def _check_arguments(
@@ -791,7 +835,10 @@ class FusedLightningModule(L.LightningModule):
         known: dict[int, L.LightningModule] = {**self._retired, **dict(self._running())}
         for tid, spec in data["specs"].items():
             if tid not in known:
-                known[tid] = self.trial_factory(tid) if self.trial_factory else build_from_spec(spec, trial_id=tid)
+                rebuilt = self.trial_factory(tid) if self.trial_factory is not None else None
+                known[tid] = (
+                    build_from_spec(spec, trial_id=tid) if rebuilt is None else restore_width_scaling(rebuilt, spec)
+                )
         live = list(data["trial_ids"])
         for module in self._group.modules:
             self._group.detach(module)

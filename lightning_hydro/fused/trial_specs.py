@@ -17,13 +17,28 @@ from typing import Any
 
 import lightning as L
 
-__all__ = ["build_from_spec", "module_spec"]
+__all__ = ["build_from_spec", "module_spec", "restore_width_scaling"]
 
 
 def module_spec(module: L.LightningModule) -> dict[str, Any]:
-    """The import path of the module's class and its saved hyperparameters."""
+    """The import path of the module's class, its saved hyperparameters, and its muP width scaling, if any."""
+    from lightning_hydro.scaling.width_scaling import width_scaling_of
+
     cls = type(module)
-    return {"class": f"{cls.__module__}:{cls.__qualname__}", "hparams": dict(module.hparams)}
+    spec: dict[str, Any] = {"class": f"{cls.__module__}:{cls.__qualname__}", "hparams": dict(module.hparams)}
+    scaling = width_scaling_of(module)
+    if scaling is not None:
+        spec["width_scaling"] = scaling.to_dict()
+    return spec
+
+
+def restore_width_scaling(module: L.LightningModule, spec: dict[str, Any]) -> L.LightningModule:
+    """Re-attach the muP width scaling recorded in ``spec`` to a rebuilt module that lacks it."""
+    from lightning_hydro.scaling.width_scaling import WidthScaling, width_scaling_of
+
+    if "width_scaling" in spec and width_scaling_of(module) is None:
+        WidthScaling.from_dict(spec["width_scaling"]).attach(module, initialize=False)  # weights come next
+    return module
 
 
 def build_from_spec(spec: dict[str, Any], *, trial_id: int) -> L.LightningModule:
@@ -45,10 +60,10 @@ def build_from_spec(spec: dict[str, Any], *, trial_id: int) -> L.LightningModule
         raise RuntimeError(f"{advice}, but {spec['class']} cannot be imported: {err}.") from err
     if not spec["hparams"] and "<locals>" not in qualname:
         try:
-            return target()
+            return restore_width_scaling(target(), spec)
         except TypeError as err:
             raise RuntimeError(
                 f"{advice}, but {qualname} saved none: call self.save_hyperparameters() in its __init__, or "
                 f"pass the trial module to FusedLightningModule(trials=[...], trial_ids=[...]) yourself."
             ) from err
-    return target(**spec["hparams"])
+    return restore_width_scaling(target(**spec["hparams"]), spec)

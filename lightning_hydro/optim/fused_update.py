@@ -39,9 +39,26 @@ class FusedUpdate(ABC):
 
     optimizer_classes: ClassVar[tuple[type[Optimizer], ...]]
 
-    def __init__(self, params: Sequence[nn.Parameter]) -> None:
+    def __init__(self, params: Sequence[nn.Parameter], group_of: Sequence[int | None] | None = None) -> None:
         self.params = list(params)
         self.state: list[dict[str, Any]] = [{} for _ in self.params]
+        # the index of the param group each parameter is in (the same in every trial); None: not optimized
+        self.group_of: list[int | None] = [0] * len(self.params) if group_of is None else list(group_of)
+
+    def _by_group(self, param_groups: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, list[Any]]]:
+        """Hyperparameters per group index, each a list over rows: ``[g][key][row]``."""
+        return [
+            {key: [groups[g][key] for groups in param_groups] for key in param_groups[0][g] if key != "params"}
+            for g in range(len(param_groups[0]))
+        ]
+
+    def _active(self) -> list[tuple[nn.Parameter, Tensor, dict[str, Any], int]]:
+        """(parameter, its gradient, its state, its group) for each parameter this step updates."""
+        return [
+            (p, p.grad, state, g)
+            for p, state, g in zip(self.params, self.state, self.group_of)
+            if g is not None and p.grad is not None
+        ]
 
     @property
     def rows(self) -> int:
@@ -49,8 +66,8 @@ class FusedUpdate(ABC):
         return self.params[0].shape[0]
 
     @abstractmethod
-    def step(self, groups: Sequence[dict[str, Any]], skip_rows: Sequence[int] = ()) -> None:
-        """Update all rows from ``param.grad``; ``groups[r]`` holds row r's hyperparameters.
+    def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_rows: Sequence[int] = ()) -> None:
+        """Update all rows from ``param.grad``; ``param_groups[r]`` are row r's optimizer's param groups.
 
         Rows in ``skip_rows`` (diverged trials) are left exactly as they were, state included.
         """
@@ -101,20 +118,14 @@ class FusedSGD(FusedUpdate):
 
     @override
     @torch.no_grad()
-    def step(self, groups: Sequence[dict[str, Any]], skip_rows: Sequence[int] = ()) -> None:
-        lr = [float(g["lr"]) for g in groups]
-        momentum = [float(g["momentum"]) for g in groups]
-        dampening = [float(g["dampening"]) for g in groups]
-        weight_decay = [float(g["weight_decay"]) for g in groups]
-        nesterov = [bool(g["nesterov"]) for g in groups]
-        uses_momentum = [m != 0 for m in momentum]
+    def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_rows: Sequence[int] = ()) -> None:
         skip = set(skip_rows)
         saved = self._save_rows(skip_rows)
-        for param, state in zip(self.params, self.state):
-            grad = param.grad
-            if grad is None:
-                continue
-            d_p = grad
+        hyper = self._by_group(param_groups)
+        for param, d_p, state, g in self._active():
+            lr, momentum, dampening = hyper[g]["lr"], hyper[g]["momentum"], hyper[g]["dampening"]
+            weight_decay, nesterov = hyper[g]["weight_decay"], hyper[g]["nesterov"]
+            uses_momentum = [float(m) != 0 for m in momentum]
             if any(weight_decay):
                 d_p = d_p + _rows(weight_decay, param) * param
             if any(uses_momentum):
@@ -122,7 +133,7 @@ class FusedSGD(FusedUpdate):
                 initialized: list[bool] = state.get("initialized", [False] * self.rows)
                 if buf is None:
                     buf = torch.zeros_like(param)
-                updated = buf * _rows(momentum, param) + _rows([1 - d for d in dampening], param) * d_p
+                updated = buf * _rows(momentum, param) + _rows([1 - float(d) for d in dampening], param) * d_p
                 # torch starts the buffer as a copy of the first gradient (no dampening on step one)
                 new_buf = torch.where(_rows(initialized, param).bool(), updated, d_p)
                 active = _rows(uses_momentum, param).bool()
@@ -134,7 +145,7 @@ class FusedSGD(FusedUpdate):
                 ]
                 direction = torch.where(_rows(nesterov, param).bool(), d_p + _rows(momentum, param) * buf, buf)
                 d_p = torch.where(active, direction, d_p)
-            param.add_(_rows([-x for x in lr], param) * d_p)
+            param.add_(_rows([-float(x) for x in lr], param) * d_p)
         self._restore_rows(saved, skip_rows)
 
     @override
@@ -167,8 +178,15 @@ class FusedAdam(FusedUpdate):
 
     optimizer_classes = (Adam, AdamW)
 
-    def __init__(self, params: Sequence[nn.Parameter], *, amsgrad: bool = False, decoupled: bool = False) -> None:
-        super().__init__(params)
+    def __init__(
+        self,
+        params: Sequence[nn.Parameter],
+        group_of: Sequence[int | None] | None = None,
+        *,
+        amsgrad: bool = False,
+        decoupled: bool = False,
+    ) -> None:
+        super().__init__(params, group_of)
         self.amsgrad = amsgrad
         self.decoupled = decoupled
 
@@ -183,23 +201,19 @@ class FusedAdam(FusedUpdate):
 
     @override
     @torch.no_grad()
-    def step(self, groups: Sequence[dict[str, Any]], skip_rows: Sequence[int] = ()) -> None:
-        lr = [float(g["lr"]) for g in groups]
-        beta1 = [float(g["betas"][0]) for g in groups]
-        beta2 = [float(g["betas"][1]) for g in groups]
-        eps = [float(g["eps"]) for g in groups]
-        weight_decay = [float(g["weight_decay"]) for g in groups]
+    def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_rows: Sequence[int] = ()) -> None:
         saved = self._save_rows(skip_rows)
-        for param, state in zip(self.params, self.state):
-            grad = param.grad
-            if grad is None:
-                continue
+        hyper = self._by_group(param_groups)
+        for param, grad, state, g in self._active():
+            lr, eps, weight_decay = [float(x) for x in hyper[g]["lr"]], hyper[g]["eps"], hyper[g]["weight_decay"]
+            beta1 = [float(b[0]) for b in hyper[g]["betas"]]
+            beta2 = [float(b[1]) for b in hyper[g]["betas"]]
             self._ensure_state(param, state)
             state["step"] += 1
             steps = state["step"].tolist()
             if any(weight_decay):
                 if self.decoupled:
-                    param.mul_(_rows([1 - a * w for a, w in zip(lr, weight_decay)], param))
+                    param.mul_(_rows([1 - a * float(w) for a, w in zip(lr, weight_decay)], param))
                 else:
                     grad = grad + _rows(weight_decay, param) * param
             exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
@@ -251,12 +265,27 @@ class FusedAdam(FusedUpdate):
                 state["max_exp_avg_sq"][row] = incoming["max_exp_avg_sq"].to(param.device, param.dtype)
 
 
+def _group_structure(opt: Optimizer, params: Sequence[nn.Parameter]) -> list[int | None] | str:
+    """The group index of each parameter (None: in no group), or why the optimizer cannot be fused."""
+    index = {id(p): i for i, p in enumerate(params)}
+    group_of: list[int | None] = [None] * len(params)
+    for g, group in enumerate(opt.param_groups):
+        for p in group["params"]:
+            if id(p) not in index:
+                return "an optimizer holds parameters outside the trial"
+            group_of[index[id(p)]] = g
+        if group.get("maximize") or group.get("differentiable"):
+            return "maximize=True or differentiable=True"
+    return group_of
+
+
 def select_fused_update(
-    optimizers: Sequence[Optimizer],
-    trial_params: Sequence[Sequence[nn.Parameter]],
-    stacked: Sequence[nn.Parameter],
+    optimizers: Sequence[Optimizer], trial_params: Sequence[Sequence[nn.Parameter]], stacked: Sequence[nn.Parameter]
 ) -> FusedUpdate | str:
     """A fused update for these trial optimizers, or the reason why they need the universal path.
+
+    The trials' optimizers must be of one class (SGD, Adam or AdamW) and group the parameters the same
+    way (e.g. the per-multiplier groups of muP surrogates); hyperparameters may differ per trial and group.
 
     Args:
         optimizers: each trial's optimizer, in row order.
@@ -269,21 +298,21 @@ def select_fused_update(
     kind = kinds.pop()
     if kind not in (SGD, Adam, AdamW):
         return f"{kind.__name__} has no fused implementation (SGD, Adam and AdamW do)"
+    structures = []
     for opt, params in zip(optimizers, trial_params):
-        if len(opt.param_groups) != 1:
-            return "an optimizer has several param groups"
-        group = opt.param_groups[0]
-        if [id(p) for p in group["params"]] != [id(p) for p in params]:
-            return "an optimizer does not hold exactly the trial's parameters in module order"
-        if group.get("maximize") or group.get("differentiable"):
-            return "maximize=True or differentiable=True"
         if any(p.is_complex() for p in params):
             return "complex parameters"
+        structure = _group_structure(opt, params)
+        if isinstance(structure, str):
+            return structure
+        structures.append(structure)
+    if any(s != structures[0] for s in structures[1:]):
+        return "the trials' optimizers group their parameters differently"
     if kind is SGD:
-        return FusedSGD(stacked)
-    groups = [opt.param_groups[0] for opt in optimizers]
+        return FusedSGD(stacked, structures[0])
+    groups = [g for opt in optimizers for g in opt.param_groups]
     amsgrad = {bool(g["amsgrad"]) for g in groups}
     decoupled = {bool(g.get("decoupled_weight_decay", kind is AdamW)) for g in groups}
     if len(amsgrad) != 1 or len(decoupled) != 1:
         return "the trials differ in amsgrad or decoupled weight decay"
-    return FusedAdam(stacked, amsgrad=amsgrad.pop(), decoupled=decoupled.pop())
+    return FusedAdam(stacked, structures[0], amsgrad=amsgrad.pop(), decoupled=decoupled.pop())

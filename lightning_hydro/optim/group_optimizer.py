@@ -17,16 +17,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_hydro.fused.stacked_state import StackedState
 from lightning_hydro.optim.fused_update import FusedUpdate, select_fused_update
 from lightning_hydro.optim.trial_optimization import TrialOptimization
+
+if TYPE_CHECKING:
+    from lightning_hydro.fused.stacked_state import StackedState
 
 __all__ = ["OptimizerPath", "StepReport", "TrialGroupOptimizer", "TrialScheduler"]
 
@@ -184,7 +186,7 @@ class TrialGroupOptimizer(Optimizer):
         ids = self.group.trial_ids
         report.diverged = {ids[row]: reason for row, reason in bad.items()}
         if self.fused is not None:
-            self.fused.step([self.trials[tid].optimizer.param_groups[0] for tid in ids], skip_rows=sorted(bad))
+            self.fused.step([self.trials[tid].optimizer.param_groups for tid in ids], skip_rows=sorted(bad))
         else:
             healthy = [row for row in range(len(ids)) if row not in bad]
             self.group.distribute_grads(healthy)

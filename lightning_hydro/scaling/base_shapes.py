@@ -51,9 +51,7 @@ def parameter_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
-def resolve_widths(
-    factory: ModelFactory, hparams: Mapping[str, Any], width_keys: Sequence[str]
-) -> dict[str, int]:
+def resolve_widths(factory: ModelFactory, hparams: Mapping[str, Any], width_keys: Sequence[str]) -> dict[str, int]:
     """Full-size value of every width hyperparameter.
 
     Taken from ``hparams`` where given, otherwise from the model built with ``hparams``: its Lightning

@@ -224,9 +224,7 @@ def plot_coord_checks(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "plot_coord_checks needs matplotlib: pip install 'lightning-hydro[examples]'."
-        ) from err
+        raise ImportError("plot_coord_checks needs matplotlib: pip install 'lightning-hydro[examples]'.") from err
     steps = max(len(check.steps()) for check in checks.values())
     fig, axes = plt.subplots(len(checks), steps, figsize=(3.6 * steps, 3.2 * len(checks)), squeeze=False)
     for row, (name, check) in zip(axes, checks.items()):

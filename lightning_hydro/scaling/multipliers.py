@@ -86,9 +86,7 @@ def qualified_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def optimizer_rule(
-    optimizer: torch.optim.Optimizer, extra_rules: Mapping[str, OptimizerRule]
-) -> OptimizerRule:
+def optimizer_rule(optimizer: torch.optim.Optimizer, extra_rules: Mapping[str, OptimizerRule]) -> OptimizerRule:
     """The rule for ``optimizer``: from ``extra_rules`` (keyed by ``qualified_name``), else ``DEFAULT_RULES``.
 
     Looked up along the class's MRO, so a subclass of ``Adam`` follows the Adam rule.

@@ -111,9 +111,7 @@ class Surrogate:
         base_shapes = find_base_shapes(self.factory, hparams, widths)
         model = self.factory(**{**hparams, **{key: value // ratio for key, value in widths.items()}})
         readouts = find_readouts(model, infshapes(base_shapes, model), self.readout)
-        scaling = WidthScaling(
-            ratio, widths, base_shapes, readouts, self.zero_readout, dict(self.optimizer_rules)
-        )
+        scaling = WidthScaling(ratio, widths, base_shapes, readouts, self.zero_readout, dict(self.optimizer_rules))
         return scaling.attach(model)
 
     def load_from_checkpoint(self, checkpoint: str | Path | Mapping[str, Any], **hparams: Any) -> nn.Module:
@@ -135,9 +133,7 @@ class Surrogate:
             )
         scaling = WidthScaling.from_dict(checkpoint[WidthScaling.CHECKPOINT_KEY])
         saved = dict(checkpoint.get("hyper_parameters", {}))
-        model = self.factory(
-            **{**saved, **hparams, **{k: v // scaling.ratio for k, v in scaling.widths.items()}}
-        )
+        model = self.factory(**{**saved, **hparams, **{k: v // scaling.ratio for k, v in scaling.widths.items()}})
         scaling.attach(model, initialize=False)
         model.load_state_dict(checkpoint["state_dict"])
         return model

@@ -189,8 +189,7 @@ def fold_multipliers(module: nn.Module, config: Any) -> Any:
     scaling = width_scaling_of(module)
     if scaling is None:
         raise ValueError(
-            f"fold_multipliers: {type(module).__name__} has no width scaling; build it with "
-            "Surrogate.build()."
+            f"fold_multipliers: {type(module).__name__} has no width scaling; build it with Surrogate.build()."
         )
     shapes = shapes_by_id(module, scaling.infshapes(module))
     optimizers, schedulers = find_optimizers(config)

@@ -16,6 +16,9 @@
     fused:                   # how sweep jobs fuse their trials (optional; FusedLightningModule's options)
       backend: auto
       optimizer_path: auto
+    scaling:                 # muP surrogates (optional): search at width / ratio, retrain at full size
+      width: [hidden_dim]    # the model's width hyperparameters
+      ratio: 4
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = [
     "DATA_KEY",
     "FUSED_KEY",
     "MODEL_KEY",
+    "SCALING_KEY",
     "SEED_KEY",
     "TRAINER_KEY",
     "check_sweep_keys",
@@ -43,6 +47,7 @@ DATA_KEY = "data"
 TRAINER_KEY = "trainer"
 CALLBACKS_KEY = "callbacks"
 FUSED_KEY = "fused"
+SCALING_KEY = "scaling"
 SEED_KEY = "seed"
 
 

@@ -30,10 +30,19 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_hydro.sweeper.app_config import CALLBACKS_KEY, DATA_KEY, FUSED_KEY, MODEL_KEY, SEED_KEY, TRAINER_KEY
+from lightning_hydro.sweeper.app_config import (
+    CALLBACKS_KEY,
+    DATA_KEY,
+    FUSED_KEY,
+    MODEL_KEY,
+    SCALING_KEY,
+    SEED_KEY,
+    TRAINER_KEY,
+)
 from lightning_hydro.sweeper.fit_trials import FusedSettings, TrialResult, fit_trials
 from lightning_hydro.sweeper.fusion_limit import measure_fusion_limit
 from lightning_hydro.sweeper.group_spec import GroupSpec, TrialSpec, read_group_spec, write_group_result
+from lightning_hydro.sweeper.scaling_settings import ScalingSettings
 from lightning_hydro.sweeper.trainer_factory import ConfigTrainerFactory
 
 __all__ = ["apply_overrides", "fit_from_config"]
@@ -65,11 +74,13 @@ def fit_from_config(cfg: DictConfig) -> dict[int, TrialResult]:
         _section(cfg, DATA_KEY, "your LightningDataModule, e.g. lightning_hydro.demos.DigitsDataModule")
     )
     seed = int(cfg.get(SEED_KEY, 0))
+    # muP: search trials are width / ratio surrogates; the final retrain is the full-size target (ratio 1)
+    scaling = ScalingSettings.from_config(cfg.get(SCALING_KEY), full_size=spec.kind == "retrain")
 
     def build_module(trial_id: int) -> L.LightningModule:
         # Every trial starts from the same seed: its init depends on its config only, not on its group.
         L.seed_everything(seed, verbose=False)
-        return instantiate(trial_cfgs[trial_id][MODEL_KEY])
+        return scaling.build(trial_cfgs[trial_id][MODEL_KEY])
 
     trainer_factory = ConfigTrainerFactory(_plain(cfg.get(TRAINER_KEY)), _plain(cfg.get(CALLBACKS_KEY)))
     trial_ids = [t.trial_id for t in spec.trials]

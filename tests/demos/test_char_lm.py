@@ -118,9 +118,7 @@ def test_lightning_trains_it(tmp_path):
         enable_model_summary=False,
         default_root_dir=tmp_path,
     )
-    trainer.fit(
-        model, datamodule=CharDataModule(block_size=32, batch_size=8, files=("bisect.py", "heapq.py"))
-    )
+    trainer.fit(model, datamodule=CharDataModule(block_size=32, batch_size=8, files=("bisect.py", "heapq.py")))
     assert float(trainer.callback_metrics["val_loss"]) < 4.0  # below uniform guessing, log(128) = 4.85
     assert float(trainer.callback_metrics["val_bpc"]) == pytest.approx(
         float(trainer.callback_metrics["val_loss"]) / 0.6931, rel=1e-3

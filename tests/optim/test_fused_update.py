@@ -47,7 +47,7 @@ def run(kind: str, settings: list[dict[str, Any]], steps: int, skip: dict[int, l
         skipped = (skip or {}).get(step, [])
         for p, grad in zip(stacked, grads):
             p.grad = grad.clone()
-        fused.step([o.param_groups[0] for o in optimizers], skip_rows=skipped)
+        fused.step([o.param_groups for o in optimizers], skip_rows=skipped)
         for row, (params, opt) in enumerate(zip(trials, optimizers)):
             if row in skipped:
                 continue
@@ -114,11 +114,52 @@ def test_select_explains_why_the_fast_path_is_unavailable():
     assert select_fused_update(mixed, trials[:2], stacked) == "the trials use different optimizer classes (Adam, SGD)"
     rms = [torch.optim.RMSprop(t, lr=0.1) for t in trials]
     assert "RMSprop has no fused implementation" in select_fused_update(rms, trials, stacked)
-    groups = [torch.optim.SGD([{"params": t[:1]}, {"params": t[1:], "lr": 0.5}], lr=0.1) for t in trials]
-    assert select_fused_update(groups, trials, stacked) == "an optimizer has several param groups"
-    subset = [torch.optim.SGD(t[:1], lr=0.1) for t in trials]
-    assert "not hold exactly the trial's parameters" in select_fused_update(subset, trials, stacked)
+    regrouped = [
+        torch.optim.SGD([{"params": t[: 1 + i % 2]}, {"params": t[1 + i % 2 :]}], lr=0.1) for i, t in enumerate(trials)
+    ]
+    assert (
+        select_fused_update(regrouped, trials, stacked) == "the trials' optimizers group their parameters differently"
+    )
+    foreign = [torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1) for _ in trials]
+    assert select_fused_update(foreign, trials, stacked) == "an optimizer holds parameters outside the trial"
     maximize = [torch.optim.SGD(t, lr=0.1, maximize=True) for t in trials]
     assert select_fused_update(maximize, trials, stacked) == "maximize=True or differentiable=True"
     ams = [torch.optim.Adam(t, lr=0.1, amsgrad=i == 0) for i, t in enumerate(trials)]
     assert select_fused_update(ams, trials, stacked) == "the trials differ in amsgrad or decoupled weight decay"
+
+
+def test_several_param_groups_with_per_group_hyperparameters():
+    """muP surrogates split parameters into groups with their own learning rates: still one fused update."""
+    stacked, trials = make_stacked()
+    optimizers = [
+        torch.optim.SGD([{"params": t[:1], "lr": 0.1 * (r + 1)}, {"params": t[1:], "lr": 0.01}], lr=1.0, momentum=0.9)
+        for r, t in enumerate(trials)
+    ]
+    fused = select_fused_update(optimizers, trials, stacked)
+    assert isinstance(fused, FusedSGD)
+    assert fused.group_of == [0, 1]
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        grads = [torch.randn(p.shape, generator=g) for p in stacked]
+        for p, grad in zip(stacked, grads):
+            p.grad = grad.clone()
+        fused.step([o.param_groups for o in optimizers])
+        for row, (params, opt) in enumerate(zip(trials, optimizers)):
+            for p, grad in zip(params, grads):
+                p.grad = grad[row].clone()
+            opt.step()
+    for row, params in enumerate(trials):
+        for p_fused, p_own in zip(stacked, params):
+            torch.testing.assert_close(p_fused.detach()[row], p_own.detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_parameters_outside_every_group_are_not_updated():
+    stacked, trials = make_stacked()
+    optimizers = [torch.optim.Adam(t[:1], lr=0.1) for t in trials]  # the bias-like parameter is frozen
+    fused = select_fused_update(optimizers, trials, stacked)
+    assert isinstance(fused, FusedAdam)
+    before = stacked[1].detach().clone()
+    for p in stacked:
+        p.grad = torch.ones_like(p)
+    fused.step([o.param_groups for o in optimizers])
+    assert torch.equal(stacked[1].detach(), before)

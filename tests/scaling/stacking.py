@@ -29,9 +29,7 @@ def vmapped_forward(models: Sequence[nn.Module], inputs: torch.Tensor) -> torch.
 class StackedTrials:
     """Trains ``models`` fused: one vmapped forward/backward per step, each trial its own optimizer."""
 
-    def __init__(
-        self, models: Sequence[nn.Module], loss: Callable[[torch.Tensor, Any], torch.Tensor]
-    ) -> None:
+    def __init__(self, models: Sequence[nn.Module], loss: Callable[[torch.Tensor, Any], torch.Tensor]) -> None:
         self.models = list(models)
         self.loss = loss
         self.params, self.buffers = stack_module_state(self.models)
@@ -43,9 +41,7 @@ class StackedTrials:
 
     def __call__(self, batch: Any) -> None:
         inputs = batch[0]
-        outputs = vmap(lambda p, b: functional_call(self.template, (p, b), (inputs,)))(
-            self.params, self.buffers
-        )
+        outputs = vmap(lambda p, b: functional_call(self.template, (p, b), (inputs,)))(self.params, self.buffers)
         total = sum(self.loss(outputs[i], batch) for i in range(len(self.models)))
         for param in self.params.values():
             param.grad = None

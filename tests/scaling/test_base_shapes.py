@@ -57,9 +57,7 @@ def test_infshapes_relate_a_surrogate_to_its_base():
 
 def test_infshapes_need_the_same_parameters():
     base = find_base_shapes(DigitsMLP, {"depth": 2}, {"hidden_dim": 256})
-    with pytest.raises(
-        ValueError, match=r"parameters differ from those its base shapes were found for.*body.4"
-    ):
+    with pytest.raises(ValueError, match=r"parameters differ from those its base shapes were found for.*body.4"):
         infshapes(base, DigitsMLP(hidden_dim=64, depth=3))
 
 

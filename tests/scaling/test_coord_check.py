@@ -100,9 +100,7 @@ def test_summaries_and_errors(checks, batches):
     assert check.layers()[:2] == ["body.0", "body.1"]
     with pytest.raises(KeyError, match=r"no records for layer 'nope' at step 3; layers: \['body.0'"):
         check.sizes("nope", 3)
-    with pytest.raises(
-        ValueError, match=r"needs at least one width and one batch and steps >= 0, got 0 widths"
-    ):
+    with pytest.raises(ValueError, match=r"needs at least one width and one batch and steps >= 0, got 0 widths"):
         coord_check(mup, [], batches)
     with pytest.raises(ValueError, match=r"got 1 widths, 1 batches and steps=-1"):
         coord_check(mup, [64], batches[:1], steps=-1)

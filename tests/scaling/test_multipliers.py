@@ -46,9 +46,7 @@ def test_full_size_multipliers_are_one():
 
 def test_more_than_two_width_dimensions_is_an_error():
     cube = InfShape([InfDim(8, 4)] * 3)
-    with pytest.raises(
-        ValueError, match=r"shape \[4, 4, 4\] has 3 width dimensions; muP defines learning rates"
-    ):
+    with pytest.raises(ValueError, match=r"shape \[4, 4, 4\] has 3 width dimensions; muP defines learning rates"):
         multipliers(cube, "adam")
 
 

@@ -125,9 +125,7 @@ def test_reduce_on_plateau_scales_its_floors():
     losses = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
     ps = params()
     reference_opt = torch.optim.SGD(presplit_groups(ps, 0.1), lr=0.1)
-    reference_sched = lr_scheduler.ReduceLROnPlateau(
-        reference_opt, factor=0.1, patience=0, min_lr=[0.004, 0.001]
-    )
+    reference_sched = lr_scheduler.ReduceLROnPlateau(reference_opt, factor=0.1, patience=0, min_lr=[0.004, 0.001])
     reference = lr_trajectory(reference_opt, reference_sched, 8, losses)
 
     ps = params()
@@ -154,9 +152,7 @@ def test_a_single_absolute_floor_cannot_follow_split_groups():
     opt = torch.optim.SGD(ps, lr=0.1)
     scheduler = lr_scheduler.CosineAnnealingLR(opt, T_max=5, eta_min=0.01)
     split = split_param_groups(opt, mult_of)
-    with pytest.raises(
-        ValueError, match=r"CosineAnnealingLR\(eta_min=0.01\) holds one absolute .* Use eta_min=0"
-    ):
+    with pytest.raises(ValueError, match=r"CosineAnnealingLR\(eta_min=0.01\) holds one absolute .* Use eta_min=0"):
         split_scheduler(scheduler, split)
 
 

@@ -118,9 +118,7 @@ def test_a_model_without_readout_is_an_error():
             super().__init__()
             self.body = nn.Linear(4, width)
 
-    with pytest.raises(
-        ValueError, match=r"cannot find the readout: no nn.Linear or convolution maps a width"
-    ):
+    with pytest.raises(ValueError, match=r"cannot find the readout: no nn.Linear or convolution maps a width"):
         Surrogate(WidthOut, width="width", ratio=2).build(width=16)
 
 
@@ -136,9 +134,7 @@ def test_a_custom_readout_module_can_be_named():
 def test_named_readouts_are_checked():
     with pytest.raises(ValueError, match=r"readout 'heed' is not a submodule of the model.*'head'"):
         Surrogate(TwoHeads, width="width", readout=["heed"]).build(width=16)
-    with pytest.raises(
-        ValueError, match=r"'body' is not a readout: a readout maps a width dimension to a fixed"
-    ):
+    with pytest.raises(ValueError, match=r"'body' is not a readout: a readout maps a width dimension to a fixed"):
         Surrogate(TwoHeads, width="width", readout=["body", "head", "aux"]).build(width=16)
     with pytest.raises(
         ValueError, match=r"'aux' also maps a width dimension to a fixed size.*readout=\['head', 'aux'\]"

@@ -177,9 +177,7 @@ def test_ratio_must_be_a_positive_int(ratio):
 
 
 def test_ratio_must_divide_the_width():
-    with pytest.raises(
-        ValueError, match=r"ratio 3 does not divide hidden_dim=256; the surrogate's hidden_dim would"
-    ):
+    with pytest.raises(ValueError, match=r"ratio 3 does not divide hidden_dim=256; the surrogate's hidden_dim would"):
         surrogate(ratio=3).build(hidden_dim=256)
 
 
@@ -189,17 +187,13 @@ def test_width_keys_must_exist():
         ValueError, match=r"width key 'hidden' is not a hyperparameter of the model.*build\(hidden=256\)"
     ):
         s.build()
-    with pytest.raises(
-        ValueError, match=r"building the model with .*'hidden': 256.* failed.*unexpected keyword"
-    ):
+    with pytest.raises(ValueError, match=r"building the model with .*'hidden': 256.* failed.*unexpected keyword"):
         s.build(hidden=256)
 
 
 def test_width_keys_must_change_a_shape():
     s = Surrogate(DigitsMLP, width=["hidden_dim", "depth"], ratio=1)
-    with pytest.raises(
-        ValueError, match=r"changing width key 'depth' from 2 to 4 adds or removes parameters"
-    ):
+    with pytest.raises(ValueError, match=r"changing width key 'depth' from 2 to 4 adds or removes parameters"):
         s.build()
 
     class Ignores(nn.Module):
@@ -213,9 +207,7 @@ def test_width_keys_must_change_a_shape():
 
 
 def test_width_values_must_be_positive_ints():
-    with pytest.raises(
-        ValueError, match=r"width hyperparameter 'hidden_dim' must be a positive int, got 64.0"
-    ):
+    with pytest.raises(ValueError, match=r"width hyperparameter 'hidden_dim' must be a positive int, got 64.0"):
         surrogate().build(hidden_dim=64.0)
 
 
@@ -227,9 +219,7 @@ def test_width_must_name_keys():
 def test_optimizer_rules_are_checked():
     with pytest.raises(TypeError, match=r"optimizer_rules must be keyed by optimizer classes, got 'adam'"):
         Surrogate(DigitsMLP, width="hidden_dim", optimizer_rules={"adam": "adam"})
-    with pytest.raises(
-        ValueError, match=r"optimizer rule for SGD must be one of \('adam', 'sgd'\), got 'lion'"
-    ):
+    with pytest.raises(ValueError, match=r"optimizer rule for SGD must be one of \('adam', 'sgd'\), got 'lion'"):
         Surrogate(DigitsMLP, width="hidden_dim", optimizer_rules={torch.optim.SGD: "lion"})
 
 

@@ -33,9 +33,7 @@ def test_record_roundtrips_through_plain_data():
 
 
 def test_from_dict_names_what_is_missing():
-    with pytest.raises(
-        ValueError, match=r"not a width-scaling record, missing \['base_shapes', 'readouts'\]"
-    ):
+    with pytest.raises(ValueError, match=r"not a width-scaling record, missing \['base_shapes', 'readouts'\]"):
         WidthScaling.from_dict({"ratio": 2, "widths": {}})
 
 
@@ -59,15 +57,11 @@ def test_infshape_is_set_for_mup_tools():
 
 def test_fold_multipliers_needs_a_scaled_module_and_its_own_parameters():
     plain = DigitsMLP()
-    with pytest.raises(
-        ValueError, match=r"DigitsMLP has no width scaling; build it with Surrogate.build\(\)"
-    ):
+    with pytest.raises(ValueError, match=r"DigitsMLP has no width scaling; build it with Surrogate.build\(\)"):
         fold_multipliers(plain, torch.optim.SGD(plain.parameters(), lr=0.1))
     model = build()
     stranger = torch.nn.Parameter(torch.zeros(3))
-    with pytest.raises(
-        ValueError, match=r"holds a tensor of shape \(3,\) that is not a parameter of DigitsMLP"
-    ):
+    with pytest.raises(ValueError, match=r"holds a tensor of shape \(3,\) that is not a parameter of DigitsMLP"):
         fold_multipliers(model, torch.optim.SGD([*model.parameters(), stranger], lr=0.1))
 
 
@@ -87,9 +81,7 @@ def test_deepcopy_and_pickle_keep_the_wrappers_bound_to_the_copy():
     model = build(optimizer="adam")
     for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         optimizer = twin.configure_optimizers()
-        assert {id(p) for g in optimizer.param_groups for p in g["params"]} == {
-            id(p) for p in twin.parameters()
-        }
+        assert {id(p) for g in optimizer.param_groups for p in g["params"]} == {id(p) for p in twin.parameters()}
         assert sorted({g["mup_lr_mult"] for g in optimizer.param_groups}) == [1.0, 4.0]
 
 
@@ -128,7 +120,5 @@ def test_training_resumes_from_a_checkpoint(tmp_path):
 
 def test_load_from_checkpoint_needs_a_surrogate_checkpoint():
     s = Surrogate(DigitsMLP, width="hidden_dim")
-    with pytest.raises(
-        ValueError, match=r"has no 'width_scaling' record, so it was not saved from a surrogate"
-    ):
+    with pytest.raises(ValueError, match=r"has no 'width_scaling' record, so it was not saved from a surrogate"):
         s.load_from_checkpoint({"state_dict": {}})

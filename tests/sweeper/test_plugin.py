@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
 from hydra.plugins.launcher import Launcher
@@ -249,3 +250,30 @@ def test_a_relative_sweep_dir_works_when_jobs_change_directory(tmp_path, monkeyp
     trials = read_results(tmp_path / "sweep")["trials"]
     assert [t["status"] for t in trials] == ["completed"]
     assert trials[0]["job_dir"].startswith(str(tmp_path / "sweep"))
+
+
+def test_a_scaled_search_tunes_surrogates_and_retrains_the_full_size_target(tmp_path):
+    run_sweep(
+        tmp_path,
+        [
+            *TINY,
+            "model.hidden_dim=16",
+            "+scaling.width=[hidden_dim]",
+            "+scaling.ratio=4",
+            "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.params=null",
+            "model.lr=0.1,0.3",
+            "hydra.sweeper.retrain.top_k=1",
+        ],
+    )
+    results = read_results(tmp_path)
+    assert len(results["trials"]) == 2
+    (retrained,) = results["retrain"]
+    # the search trained width-4 surrogates (16 / 4), the retrain the width-16 target with the best lr
+    group_dir = tmp_path / results["trials"][0]["group"] / "fused_0"
+    ckpt = torch.load(group_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["state_dict"]["stacked.head__weight"].shape == (2, 10, 4)
+    retrain_dir = tmp_path / retrained["group"] / "fused_0"
+    target = torch.load(retrain_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    assert target["state_dict"]["stacked.head__weight"].shape == (1, 10, 16)
+    assert target["lightning_hydro"]["specs"][retrained["trial_id"]]["width_scaling"]["ratio"] == 1
