@@ -31,7 +31,6 @@ import math
 import multiprocessing
 import time
 import warnings
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos.char_lm import CharDataModule, CharTransformer
 from lightning_hydro.demos.digits import DigitsDataModule, DigitsMLP
 from lightning_hydro.scaling import CoordCheck, Surrogate, coord_check, plot_coord_checks
@@ -121,71 +121,18 @@ def build_trials(task: Task, ratio: int, parametrization: str) -> list[L.Lightni
 def train_configurations(
     models: Sequence[L.LightningModule], datamodule: L.LightningDataModule, steps: int, metric: str
 ) -> list[float]:
-    """Train every model for ``steps`` steps on the same batches; return each one's final ``metric``.
+    """Train every model for ``steps`` steps, fused in one ``FusedLightningModule``; return each final ``metric``.
 
-    The swappable part: a lean loop today (each model's own ``configure_optimizers()``, schedulers stepped
-    as Lightning would, what ``validation_step`` logs captured); later one ``FusedLightningModule``.
+    All configurations see the same batches (one data pipeline for the group). A configuration that
+    diverges is stopped by the fused module and scores ``inf``.
     """
-    datamodule.setup("fit")
-    batches = _cycle(datamodule.train_dataloader())
-    train_batches = [next(batches) for _ in range(steps)]  # the same batches for every model
-    val_batches = list(datamodule.val_dataloader())
-    results = []
-    for model in models:
-        torch.manual_seed(0)
-        recorder = _LogRecorder()
-        model.log = recorder  # type: ignore[method-assign]  # capture self.log without a Trainer
-        optimizer, step_schedulers = _optimizer_and_step_schedulers(model.configure_optimizers())
-        model.train()
-        for index, batch in enumerate(train_batches):
-            loss = model.training_step(batch, index)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            for scheduler in step_schedulers:
-                scheduler.step()
-        model.eval()
-        recorder.recording = True
-        with torch.no_grad():
-            for index, batch in enumerate(val_batches):
-                recorder.batch_size = len(batch[0])
-                model.validation_step(batch, index)
-        results.append(recorder.mean(metric))
-    return results
-
-
-class _LogRecorder:
-    def __init__(self) -> None:
-        self.values: dict[str, list[tuple[float, int]]] = defaultdict(list)
-        self.batch_size = 1
-        self.recording = False
-
-    def __call__(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
-        if self.recording:
-            self.values[name].append((float(value), self.batch_size))
-
-    def mean(self, name: str) -> float:
-        pairs = self.values[name]
-        total = sum(n for _, n in pairs)
-        return sum(v * n for v, n in pairs) / total
-
-
-def _optimizer_and_step_schedulers(config: Any) -> tuple[torch.optim.Optimizer, list[Any]]:
-    if isinstance(config, torch.optim.Optimizer):
-        return config, []
-    scheduler = config.get("lr_scheduler")
-    if scheduler is None:
-        return config["optimizer"], []
-    if isinstance(scheduler, dict):
-        if scheduler.get("interval", "epoch") != "step":
-            raise ValueError("the lean loop steps only per-step schedulers")
-        scheduler = scheduler["scheduler"]
-    return config["optimizer"], [scheduler]
-
-
-def _cycle(loader: Any) -> Any:
-    while True:
-        yield from loader
+    quiet = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    torch.manual_seed(0)
+    fused = FusedLightningModule(list(models), backend="auto", summary=False)
+    trainer = L.Trainer(max_steps=steps, limit_val_batches=0, num_sanity_val_steps=0, **quiet)
+    trainer.fit(fused, datamodule=datamodule)
+    validated = L.Trainer(**quiet).validate(fused, datamodule=datamodule, verbose=False)[0] if fused.trial_ids else {}
+    return [float(validated.get(f"{metric}/trial_{tid}", math.inf)) for tid in range(len(models))]
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
