@@ -46,9 +46,10 @@ from lightning_hydro.backends import (
 )
 from lightning_hydro.backends.auto import choose_backend
 from lightning_hydro.backends.trial_logging import capture_logs
-from lightning_hydro.fused.results import TRIAL_STATUSES, TrialRecord, TrialStatus, format_results_table
+from lightning_hydro.fused.results import TRIAL_STATUSES, TrialStatus, format_results_table
 from lightning_hydro.fused.stacked_state import StackedState
 from lightning_hydro.fused.stateful_metrics import updated_metrics
+from lightning_hydro.fused.trial_book import TrialBook
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
 from lightning_hydro.fused.trial_specs import build_from_spec, module_spec, restore_width_scaling
 from lightning_hydro.fused.verify import verify_fusion
@@ -148,7 +149,7 @@ class FusedLightningModule(L.LightningModule):
         self._check_arguments(trials, ids, backend, max_slots, optimizer_path, mode)
         self.stacked = nn.Module()  # holds the stacked tensors, so that .to(), state_dict() and Lightning see them
         self._group = StackedState(self.stacked, trials, ids)
-        self._records: dict[int, TrialRecord] = {tid: TrialRecord(tid) for tid in ids}
+        self._book = TrialBook(ids)
         self._retired: dict[int, L.LightningModule] = {}
         self._backend_name = backend
         self._backend: Backend | None = None if backend == "auto" else make_backend(backend, self._group)
@@ -160,9 +161,6 @@ class FusedLightningModule(L.LightningModule):
         self._verify_ids: set[int] = set(ids) if verify else set()
         self._eval_fallback: dict[str, Backend] = {}
         self._metric_updates: dict[str, list[str]] = {}
-        self._epoch_ids: set[int] = set()
-        self._epoch_counted: set[int] = set()
-        self._epoch_metrics: dict[int, dict[str, float]] = {}
         self.max_slots = max_slots if max_slots is not None else len(trials)
         self.summary = summary
         self.monitor = monitor
@@ -275,7 +273,7 @@ class FusedLightningModule(L.LightningModule):
     @property
     def results(self) -> dict[int, dict[str, Any]]:
         """Every trial ever in the group: ``{id: {"status", "budget", "epochs", "steps", "metrics", ...}}``."""
-        return {tid: record.as_dict() for tid, record in sorted(self._records.items())}
+        return self._book.results()
 
     def trial_module(self, trial_id: int) -> L.LightningModule:
         """The trial's own module (bound to the stacked state while it runs)."""
@@ -283,7 +281,7 @@ class FusedLightningModule(L.LightningModule):
             return self._group.modules[self._group.row_of(trial_id)]  # type: ignore[return-value]
         if trial_id in self._retired:
             return self._retired[trial_id]
-        raise KeyError(f"No trial {trial_id}; known trials: {sorted(self._records)}.")
+        raise KeyError(f"No trial {trial_id}; known trials: {sorted(self._book.records)}.")
 
     def unfuse(self, trial_id: int) -> L.LightningModule:
         """A standalone copy of the trial's module with its trained weights and buffers."""
@@ -309,8 +307,7 @@ class FusedLightningModule(L.LightningModule):
             self._optimizer.materialize()
         (module,) = self._group.remove([self._group.row_of(trial_id)])
         self._retired[trial_id] = module  # type: ignore[assignment]
-        record = self._records[trial_id]
-        record.status, record.reason = status, reason
+        self._book.finish(trial_id, status, reason)
         self._loss_problems.pop(trial_id, None)
         self._verify_ids.discard(trial_id)
         if self._optimizer is not None:
@@ -332,9 +329,9 @@ class FusedLightningModule(L.LightningModule):
             )
         if any(module is m for m in self._group.modules):
             raise ValueError("add_trial: this module is already in the group.")
-        tid = max(self._records, default=-1) + 1 if trial_id is None else int(trial_id)
-        if tid in self._records:
-            raise ValueError(f"add_trial: trial id {tid} is already used; known ids: {sorted(self._records)}.")
+        tid = self._book.next_id() if trial_id is None else int(trial_id)
+        if tid in self._book:
+            raise ValueError(f"add_trial: trial id {tid} is already used; known ids: {sorted(self._book.records)}.")
         if not module.automatic_optimization:
             raise ValueError("add_trial: the trial uses manual optimization; fused trials need automatic optimization.")
         stacked = next(iter(self._group.params.values()))
@@ -344,7 +341,7 @@ class FusedLightningModule(L.LightningModule):
         if self._optimizer is not None:
             self._optimizer.materialize()
         self._group.append(module, tid)
-        self._records[tid] = TrialRecord(tid)
+        self._book.add(tid)
         if self._trainer is not None:
             module.trainer = self.trainer
         if self._optimizer is not None:
@@ -681,27 +678,19 @@ class FusedLightningModule(L.LightningModule):
 
     # -- per-batch and per-epoch bookkeeping ----------------------------------------------------------------------
 
-    def _count_epoch(self) -> None:
-        """The epoch's training is done: credit it to every trial that trained through all of it."""
-        for tid in self._epoch_ids - self._epoch_counted:
-            if tid in self._group.trial_ids:
-                self._records[tid].epochs += 1
-        self._epoch_counted |= self._epoch_ids
-
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if batch_idx + 1 >= self.trainer.num_training_batches:
             # before validation, so that decisions taken after it see this epoch in each trial's budget
-            self._count_epoch()
+            self._book.count_epoch(self._group.trial_ids)
         report = self._optimizer.last_report if self._optimizer is not None else None
         if report is None or not (report.stepped or report.diverged):
             return  # accumulating gradients: no optimizer step yet
         self._optimizer.last_report = StepReport()  # type: ignore[union-attr]
         self._loss_problems.clear()
-        for tid in report.stepped:
-            self._records[tid].steps += 1
+        self._book.stepped(report.stepped)
         for tid, reason in report.diverged.items():
-            self._records[tid].metrics.update(self._metrics.step_values().get(tid, {}))
+            self._book.update_metrics(tid, self._metrics.step_values().get(tid, {}))
             self.stop_trial(tid, reason, status="diverged")
         trainer = self.trainer
         if trainer.loggers and self._should_log_step():
@@ -721,9 +710,7 @@ class FusedLightningModule(L.LightningModule):
         return bool(every) and self.trainer.global_step % every == 0
 
     def _log_progress(self) -> None:
-        counts = {status: 0 for status in TRIAL_STATUSES}
-        for record in self._records.values():
-            counts[record.status] += 1
+        counts = self._book.counts()
         self.log("trials", float(counts["running"]), prog_bar=True, logger=False)
         for status in ("stopped", "diverged"):
             if counts[status]:
@@ -736,8 +723,7 @@ class FusedLightningModule(L.LightningModule):
         if self.trainer.sanity_checking:
             return
         for tid, metrics in values.items():
-            self._epoch_metrics.setdefault(tid, {}).update(metrics)
-            self._records[tid].metrics.update(metrics)
+            self._book.record_metrics(tid, metrics)
             for name, value in metrics.items():
                 self.log(
                     f"{name}/trial_{tid}",
@@ -751,8 +737,7 @@ class FusedLightningModule(L.LightningModule):
 
     @override
     def on_fit_start(self) -> None:
-        for tid in self._group.trial_ids:
-            self._records[tid].status = "running"
+        self._book.set_status(self._group.trial_ids, "running")
         self._forward_hook("on_fit_start")
 
     @override
@@ -761,22 +746,17 @@ class FusedLightningModule(L.LightningModule):
 
     @override
     def on_train_epoch_start(self) -> None:
-        self._epoch_ids = set(self._group.trial_ids)
-        self._epoch_counted = set()
-        self._epoch_metrics = {}
+        self._book.start_epoch(self._group.trial_ids)
         self._forward_hook("on_train_epoch_start")
 
     @override
     def on_train_epoch_end(self) -> None:
         self._forward_hook("on_train_epoch_end")
         for tid, values in self._metrics.step_values().items():
-            self._records[tid].metrics.update(values)
+            self._book.update_metrics(tid, values)
         self._publish_epoch("train")
-        self._count_epoch()  # for loaders of unknown length, whose last batch cannot be recognised
-        for tid in sorted(self._epoch_ids):
-            record = self._records[tid]
-            entry = {"epoch": float(self.current_epoch), **self._epoch_metrics.get(tid, {})}
-            record.history.append(entry)
+        # a loader of unknown length has no recognisable last batch: the epoch is credited here instead
+        self._book.end_epoch(self.current_epoch, self._group.trial_ids)
 
     @override
     def on_validation_epoch_start(self) -> None:
@@ -804,10 +784,9 @@ class FusedLightningModule(L.LightningModule):
     def on_fit_end(self) -> None:
         self._forward_hook("on_fit_end")
         if not self.trainer.interrupted:
-            for tid in self._group.trial_ids:
-                self._records[tid].status = "completed"
+            self._book.set_status(self._group.trial_ids, "completed")
         if self.summary:
-            self.print(format_results_table(self._records, monitor=self.monitor, mode=self.mode))
+            self.print(format_results_table(self._book.records, monitor=self.monitor, mode=self.mode))
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
 
@@ -817,11 +796,11 @@ class FusedLightningModule(L.LightningModule):
             "trial_ids": list(self._group.trial_ids),
             "max_slots": self.max_slots,
             "backend": self.backend,
-            "records": {tid: r.as_dict() for tid, r in self._records.items()},
+            "records": self._book.results(),
             "retired": {
                 tid: {k: v.detach().cpu() for k, v in m.state_dict().items()} for tid, m in self._retired.items()
             },
-            "specs": {tid: module_spec(self.trial_module(tid)) for tid in self._records},
+            "specs": {tid: module_spec(self.trial_module(tid)) for tid in self._book.records},
         }
 
     @override
@@ -846,7 +825,7 @@ class FusedLightningModule(L.LightningModule):
         self._retired = {tid: m for tid, m in known.items() if tid not in live}
         for tid, state in data["retired"].items():
             self._retired[tid].load_state_dict(state)
-        self._records = {tid: TrialRecord.from_dict(tid, r) for tid, r in data["records"].items()}
+        self._book.load(data["records"])
         self.max_slots = data["max_slots"]
         self._verify_ids.clear()
         name = data.get("backend") or self._backend_name
