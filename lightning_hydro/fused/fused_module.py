@@ -35,7 +35,6 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from lightning_hydro.backends import (
-    BACKEND_NAMES,
     Backend,
     BackendName,
     FusionError,
@@ -46,12 +45,13 @@ from lightning_hydro.backends import (
 )
 from lightning_hydro.backends.auto import choose_backend
 from lightning_hydro.backends.trial_logging import capture_logs
+from lightning_hydro.fused.arguments import check_fused_arguments
 from lightning_hydro.fused.results import TRIAL_STATUSES, TrialStatus, format_results_table
 from lightning_hydro.fused.stacked_state import StackedState
 from lightning_hydro.fused.stateful_metrics import updated_metrics
 from lightning_hydro.fused.trial_book import TrialBook
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
-from lightning_hydro.fused.trial_specs import build_from_spec, module_spec, restore_width_scaling
+from lightning_hydro.fused.trial_specs import module_spec, rebuild_trials
 from lightning_hydro.fused.verify import verify_fusion
 from lightning_hydro.optim.clipping import clip_grad_norm_per_trial, clip_grad_value_per_trial
 from lightning_hydro.optim.group_optimizer import (
@@ -146,7 +146,7 @@ class FusedLightningModule(L.LightningModule):
         super().__init__()
         trials = list(trials)
         ids = list(range(len(trials))) if trial_ids is None else [int(t) for t in trial_ids]
-        self._check_arguments(trials, ids, backend, max_slots, optimizer_path, mode)
+        check_fused_arguments(trials, ids, backend, max_slots, optimizer_path, mode)
         self.stacked = nn.Module()  # holds the stacked tensors, so that .to(), state_dict() and Lightning see them
         self._group = StackedState(self.stacked, trials, ids)
         self._book = TrialBook(ids)
@@ -213,45 +213,6 @@ class FusedLightningModule(L.LightningModule):
             trial_factory=lambda tid: build(by_id[tid]) if tid in by_id else None,
             **kwargs,
         )
-
-    @staticmethod
-    def _check_arguments(
-        trials: list[Any], ids: list[int], backend: str, max_slots: int | None, optimizer_path: str, mode: str
-    ) -> None:
-        if not trials:
-            raise ValueError("FusedLightningModule needs at least one trial module, got an empty list.")
-        for index, trial in enumerate(trials):
-            if not isinstance(trial, L.LightningModule):
-                raise TypeError(
-                    f"FusedLightningModule: trial {index} is a {type(trial).__name__}, expected a "
-                    "lightning.LightningModule (wrap plain nn.Modules in a LightningModule)."
-                )
-            if not trial.automatic_optimization:
-                raise ValueError(
-                    f"FusedLightningModule: trial {index} ({type(trial).__name__}) uses manual optimization; "
-                    "fused trials need automatic optimization (Lightning's default)."
-                )
-        if len({id(t) for t in trials}) != len(trials):
-            raise ValueError("FusedLightningModule: the same module object appears twice; pass distinct trials.")
-        if len(ids) != len(trials) or len(set(ids)) != len(ids):
-            raise ValueError(
-                f"FusedLightningModule: trial_ids must be {len(trials)} distinct integers, one per trial, got {ids}."
-            )
-        if backend not in BACKEND_NAMES:
-            raise ValueError(
-                f"FusedLightningModule: unknown backend {backend!r}; expected one of "
-                f"{', '.join(repr(b) for b in BACKEND_NAMES)}."
-            )
-        if max_slots is not None and max_slots < len(trials):
-            raise ValueError(
-                f"FusedLightningModule: max_slots={max_slots} is less than the {len(trials)} trials given."
-            )
-        if optimizer_path not in ("auto", "universal", "fused"):
-            raise ValueError(
-                f"FusedLightningModule: optimizer_path must be 'auto', 'universal' or 'fused', got {optimizer_path!r}."
-            )
-        if mode not in ("min", "max"):
-            raise ValueError(f"FusedLightningModule: mode must be 'min' or 'max', got {mode!r}.")
 
     # -- the group -------------------------------------------------------------------------------------------
 
@@ -811,13 +772,7 @@ class FusedLightningModule(L.LightningModule):
                 "load it into the trial module's own class instead."
             )
         data = checkpoint[_CHECKPOINT_KEY]
-        known: dict[int, L.LightningModule] = {**self._retired, **dict(self._running())}
-        for tid, spec in data["specs"].items():
-            if tid not in known:
-                rebuilt = self.trial_factory(tid) if self.trial_factory is not None else None
-                known[tid] = (
-                    build_from_spec(spec, trial_id=tid) if rebuilt is None else restore_width_scaling(rebuilt, spec)
-                )
+        known = rebuild_trials(data["specs"], {**self._retired, **dict(self._running())}, self.trial_factory)
         live = list(data["trial_ids"])
         for module in self._group.modules:
             self._group.detach(module)

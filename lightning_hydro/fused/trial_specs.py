@@ -13,11 +13,12 @@ Example::
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning as L
 
-__all__ = ["build_from_spec", "module_spec", "restore_width_scaling"]
+__all__ = ["build_from_spec", "module_spec", "rebuild_trials", "restore_width_scaling"]
 
 
 def module_spec(module: L.LightningModule) -> dict[str, Any]:
@@ -67,3 +68,22 @@ def build_from_spec(spec: dict[str, Any], *, trial_id: int) -> L.LightningModule
                 f"pass the trial module to FusedLightningModule(trials=[...], trial_ids=[...]) yourself."
             ) from err
     return restore_width_scaling(target(**spec["hparams"]), spec)
+
+
+def rebuild_trials(
+    specs: Mapping[int, dict[str, Any]],
+    known: Mapping[int, L.LightningModule],
+    trial_factory: Callable[[int], L.LightningModule | None] | None = None,
+) -> dict[int, L.LightningModule]:
+    """Every trial of ``specs``: the ``known`` module where there is one, else rebuilt.
+
+    A missing trial is built by ``trial_factory(id)`` if that returns a module, else from its spec
+    (:func:`build_from_spec`); either way its muP width scaling is restored.
+    """
+    modules = dict(known)
+    for tid, spec in specs.items():
+        if tid in modules:
+            continue
+        rebuilt = trial_factory(tid) if trial_factory is not None else None
+        modules[tid] = build_from_spec(spec, trial_id=tid) if rebuilt is None else restore_width_scaling(rebuilt, spec)
+    return modules

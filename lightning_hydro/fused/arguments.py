@@ -1,0 +1,48 @@
+"""Checks of ``FusedLightningModule``'s arguments, with messages that say what came and how to fix it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import lightning as L
+
+__all__ = ["check_fused_arguments"]
+
+BACKENDS = ("auto", "vmap", "hfta", "loop")
+
+
+def check_fused_arguments(
+    trials: Sequence[Any], ids: Sequence[int], backend: str, max_slots: int | None, optimizer_path: str, mode: str
+) -> None:
+    """Raise ``ValueError``/``TypeError`` for arguments a fused group cannot work with."""
+    if not trials:
+        raise ValueError("FusedLightningModule needs at least one trial module, got an empty list.")
+    for index, trial in enumerate(trials):
+        if not isinstance(trial, L.LightningModule):
+            raise TypeError(
+                f"FusedLightningModule: trial {index} is a {type(trial).__name__}, expected a "
+                "lightning.LightningModule (wrap plain nn.Modules in a LightningModule)."
+            )
+        if not trial.automatic_optimization:
+            raise ValueError(
+                f"FusedLightningModule: trial {index} ({type(trial).__name__}) uses manual optimization; "
+                "fused trials need automatic optimization (Lightning's default)."
+            )
+    if len({id(t) for t in trials}) != len(trials):
+        raise ValueError("FusedLightningModule: the same module object appears twice; pass distinct trials.")
+    if len(ids) != len(trials) or len(set(ids)) != len(ids):
+        raise ValueError(
+            f"FusedLightningModule: trial_ids must be {len(trials)} distinct integers, one per trial, got {list(ids)}."
+        )
+    if backend not in BACKENDS:
+        choices = ", ".join(repr(b) for b in BACKENDS)
+        raise ValueError(f"FusedLightningModule: unknown backend {backend!r}; expected one of {choices}.")
+    if max_slots is not None and max_slots < len(trials):
+        raise ValueError(f"FusedLightningModule: max_slots={max_slots} is less than the {len(trials)} trials given.")
+    if optimizer_path not in ("auto", "universal", "fused"):
+        raise ValueError(
+            f"FusedLightningModule: optimizer_path must be 'auto', 'universal' or 'fused', got {optimizer_path!r}."
+        )
+    if mode not in ("min", "max"):
+        raise ValueError(f"FusedLightningModule: mode must be 'min' or 'max', got {mode!r}.")
