@@ -7,9 +7,9 @@ from typing import Any
 
 import lightning as L
 
-__all__ = ["check_fused_arguments"]
+from lightning_hydro.backends import BACKEND_NAMES
 
-BACKENDS = ("auto", "vmap", "hfta", "loop")
+__all__ = ["check_fused_arguments"]
 
 
 def check_fused_arguments(
@@ -35,8 +35,8 @@ def check_fused_arguments(
         raise ValueError(
             f"FusedLightningModule: trial_ids must be {len(trials)} distinct integers, one per trial, got {list(ids)}."
         )
-    if backend not in BACKENDS:
-        choices = ", ".join(repr(b) for b in BACKENDS)
+    if backend not in BACKEND_NAMES:
+        choices = ", ".join(repr(b) for b in BACKEND_NAMES)
         raise ValueError(f"FusedLightningModule: unknown backend {backend!r}; expected one of {choices}.")
     if max_slots is not None and max_slots < len(trials):
         raise ValueError(f"FusedLightningModule: max_slots={max_slots} is less than the {len(trials)} trials given.")
