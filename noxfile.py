@@ -1,11 +1,28 @@
 """Developer sessions. They run in the current environment (install with `pip install -e ".[dev]"` first):
 torch alone is several GB, so a fresh virtualenv per session would cost minutes for nothing.
+
+    nox -s lint typecheck tests      # what CI runs
+    nox -s slow                      # long tests: whole models, real multi-process sweeps, submitit's local mode
+    nox -s examples                  # every example, end to end
+    nox -s bench                     # every benchmark (long); `nox -s bench -- fusion` runs the matching ones
 """
 
 import nox
 
 nox.options.default_venv_backend = "none"
 nox.options.sessions = ["lint", "typecheck", "tests"]
+
+BENCHMARKS = {
+    "fusion": [
+        ["python", "benchmarks/fusion_throughput.py"],
+        ["python", "benchmarks/fusion_throughput.py", "--model", "resnet18", "--trials", "1", "4", "16"],
+        ["python", "benchmarks/fusion_throughput.py", "--model", "transformer"],
+    ],
+    "hfta_ops": [["python", "benchmarks/hfta_ops.py"]],
+    "early_stopping": [["python", "benchmarks/early_stopping.py"]],
+    "sweep": [["python", "benchmarks/sweep_vs_basic.py"]],
+    "fidelity": [["python", "benchmarks/fidelity.py"]],
+}
 
 
 @nox.session
@@ -21,23 +38,29 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The default suite (no `slow` tests): what CI runs."""
+    """The default suite (no `slow` tests, doctests included): what CI runs."""
     session.run("pytest", *session.posargs)
 
 
 @nox.session
 def slow(session: nox.Session) -> None:
-    """Long-running tests: whole-model exactness, real multi-group sweeps, submitit's local launcher."""
+    """Long-running tests: whole-model exactness, ResNet-18 fused, DDP ranks, submitit's local launcher."""
     session.run("pytest", "-m", "slow", *session.posargs)
 
 
 @nox.session
 def examples(session: nox.Session) -> None:
-    """Run every example end to end (the tests also run them, in reduced form)."""
-    session.run("python", "examples/fused_digits.py")
+    """Run every example end to end (the default tests run reduced versions of them)."""
+    sweep_dir = session.create_tmp()
+    session.run("python", "examples/fused_digits.py", "--epochs", "5")
+    session.run("python", "examples/train.py", "trainer.max_epochs=2", f"hydra.run.dir={sweep_dir}/run")
+    session.run("python", "examples/train.py", "-m", f"hydra.sweep.dir={sweep_dir}/sweep")
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Measured comparisons; each writes a markdown table under benchmarks/results/."""
-    session.run("python", "benchmarks/fusion_throughput.py", *session.posargs)
+    """Measured comparisons; each prints a markdown table and writes it under benchmarks/results/."""
+    selected = [name for name in BENCHMARKS if not session.posargs or any(arg in name for arg in session.posargs)]
+    for name in selected:
+        for command in BENCHMARKS[name]:
+            session.run(*command)
