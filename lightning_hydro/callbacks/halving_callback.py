@@ -312,8 +312,11 @@ class HalvingCallback(Callback):
         outcomes = self._on_rank_zero(trainer, lambda: self._judge_reports(trainer, pl_module, reports))
         for report in reports:
             self._reported[report.trial_id] = report.budget
+        stopping = trainer.should_stop
         self._apply(trainer, pl_module, outcomes)
-        self._refill_slots(trainer, pl_module)
+        if self._refill_slots(trainer, pl_module) and not stopping:
+            # the fused module asked the Trainer to stop when its last trial left; new trials took the slots
+            trainer.should_stop = False
 
     def _judge_reports(
         self, trainer: L.Trainer, pl_module: L.LightningModule, reports: list[_Report]
@@ -405,17 +408,20 @@ class HalvingCallback(Callback):
                     f"{outcome.reason}."
                 )
 
-    def _refill_slots(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def _refill_slots(self, trainer: L.Trainer, pl_module: L.LightningModule) -> int:
+        """Fill free slots with new trials, as many as :meth:`_admissions` allows; returns how many were added."""
         if not self._fused or self._refill is None or self._refill.exhausted:
-            return
+            return 0
         assert isinstance(pl_module, FusedLightningModule)
         if not pl_module.free_slots:
-            return
+            return 0
         admitted = self._on_rank_zero(trainer, lambda: self._admissions(trainer, pl_module, pl_module.free_slots))
+        added = 0
         for _ in range(admitted):
             module = self._refill.draw()
             if module is None:
                 break
+            added += 1
             if trainer.world_size > 1:  # every rank must hold the same new trial
                 module.load_state_dict(trainer.strategy.broadcast(module.state_dict(), src=0))
             tid = pl_module.add_trial(module)
@@ -424,6 +430,7 @@ class HalvingCallback(Callback):
             self._on_trial_started(self._key(tid))
             if self.verbose:
                 rank_zero_info(f"{type(self).__name__}: trial {tid} fills a free slot.")
+        return added
 
     def _finish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """End the trials still running (completed at max_t, else stopped), then log the summary."""

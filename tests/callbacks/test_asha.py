@@ -51,6 +51,12 @@ def test_freed_slots_are_refilled_at_once_and_budgets_count_from_entry():
     assert all(status in ("completed", "stopped") for status, _ in outcome_table(module).values())
 
 
+def test_a_group_emptied_by_its_decisions_goes_on_with_its_refills():
+    module = fused([0.1])
+    fit(module, [ASHA("val_loss", max_t=1, refill=mlps([0.2, 0.3]))], max_epochs=3)
+    assert outcome_table(module) == {0: ("completed", 1), 1: ("completed", 1), 2: ("completed", 1)}
+
+
 def test_refill_from_a_factory_called_with_the_trial_index():
     calls: list[int] = []
 
