@@ -31,10 +31,17 @@ def fused(lrs: Sequence[float], **kwargs: Any) -> FusedLightningModule:
     return FusedLightningModule(mlps(lrs), backend="vmap", summary=False, **kwargs)
 
 
-def fit(module: L.LightningModule, callbacks: list[Callback], *, max_epochs: int, **overrides: Any) -> L.Trainer:
+def fit(
+    module: L.LightningModule,
+    callbacks: list[Callback],
+    *,
+    max_epochs: int,
+    ckpt_path: str | None = None,
+    **overrides: Any,
+) -> L.Trainer:
     trainer = make_trainer(max_epochs=max_epochs, callbacks=callbacks, **{**FIT, **overrides})
     torch.manual_seed(1234)
-    trainer.fit(module, datamodule=DigitsDataModule(batch_size=64))
+    trainer.fit(module, datamodule=DigitsDataModule(batch_size=64), ckpt_path=ckpt_path)
     return trainer
 
 
