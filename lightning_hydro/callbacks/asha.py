@@ -1,22 +1,4 @@
-"""``ASHA``: asynchronous successive halving, for a fused group (with refill) or one trial per process.
-
-Example::
-
-    >>> import lightning as L
-    >>> from lightning_hydro import FusedLightningModule
-    >>> from lightning_hydro.demos import DigitsDataModule, DigitsMLP
-    >>> trials = [DigitsMLP(hidden_dim=16, lr=lr) for lr in (0.001, 0.01, 0.1)]
-    >>> more = [DigitsMLP(hidden_dim=16, lr=lr) for lr in (0.05, 0.2)]   # the rest of the search space
-    >>> asha = ASHA(monitor="val_loss", mode="min", grace_period=1, reduction_factor=3, max_t=3, refill=more)
-    >>> trainer = L.Trainer(max_epochs=3, callbacks=[asha], logger=False, enable_progress_bar=False,
-    ...                     enable_checkpointing=False, enable_model_summary=False, limit_train_batches=4)
-    >>> fused = FusedLightningModule(trials, backend="vmap", summary=False)
-    >>> trainer.fit(fused, datamodule=DigitsDataModule())
-    >>> sorted(fused.results), sorted({r["status"] for r in fused.results.values()})
-    ([0, 1, 2, 3, 4], ['completed', 'stopped'])
-    >>> asha.budget.exhaustive   # 5 trials trained to max_t=3 would cost 15 trial-epochs
-    15
-"""
+"""``ASHA``: asynchronous successive halving, for a fused group (with refill) or one trial per process."""
 
 from __future__ import annotations
 
@@ -54,12 +36,28 @@ class ASHA(HalvingCallback):
         RuntimeError: At the end of the first validation (or training epoch), if ``monitor`` is not logged; the
             message lists what is.
 
-    Example::
+    With one trial per process, e.g. ``python train.py -m lr=0.001,0.01,0.1``, every job shares ``asha.db``::
 
-        # one trial per process, e.g. `python train.py -m lr=0.001,0.01,0.1`: every job shares asha.db
         trainer = L.Trainer(max_epochs=27, callbacks=[ASHA(monitor="val_acc", mode="max", storage="asha.db")])
         trainer.fit(MyModule(lr=lr), datamodule)
         print(trainer.callbacks[0].status)   # "completed", "stopped" or "diverged"
+
+    Example::
+
+        >>> import lightning as L
+        >>> from lightning_hydro import FusedLightningModule
+        >>> from lightning_hydro.demos import DigitsDataModule, DigitsMLP
+        >>> trials = [DigitsMLP(hidden_dim=16, lr=lr) for lr in (0.001, 0.01, 0.1)]
+        >>> more = [DigitsMLP(hidden_dim=16, lr=lr) for lr in (0.05, 0.2)]   # the rest of the search space
+        >>> asha = ASHA(monitor="val_loss", mode="min", grace_period=1, reduction_factor=3, max_t=3, refill=more)
+        >>> trainer = L.Trainer(max_epochs=3, callbacks=[asha], logger=False, enable_progress_bar=False,
+        ...                     enable_checkpointing=False, enable_model_summary=False, limit_train_batches=4)
+        >>> fused = FusedLightningModule(trials, backend="vmap", summary=False)
+        >>> trainer.fit(fused, datamodule=DigitsDataModule())
+        >>> sorted(fused.results), sorted({r["status"] for r in fused.results.values()})
+        ([0, 1, 2, 3, 4], ['completed', 'stopped'])
+        >>> asha.budget.exhaustive   # 5 trials trained to max_t=3 would cost 15 trial-epochs
+        15
     """
 
     @override

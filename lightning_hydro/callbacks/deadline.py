@@ -1,18 +1,4 @@
-"""``Deadline``: ASHA that plans for a deadline (HyperSched, Liaw et al., SoCC 2019).
-
-Example::
-
-    >>> import lightning as L
-    >>> from lightning_hydro import FusedLightningModule
-    >>> from lightning_hydro.demos import DigitsDataModule, DigitsMLP
-    >>> trials = [DigitsMLP(hidden_dim=16, lr=0.02 * (i + 1)) for i in range(4)]
-    >>> deadline = Deadline(monitor="val_loss", deadline=600.0, max_t=2)   # 10 minutes from the start of fit
-    >>> trainer = L.Trainer(max_epochs=2, callbacks=[deadline], logger=False, enable_progress_bar=False,
-    ...                     enable_checkpointing=False, enable_model_summary=False, limit_train_batches=4)
-    >>> trainer.fit(FusedLightningModule(trials, backend="vmap", summary=False), datamodule=DigitsDataModule())
-    >>> deadline.time_left() > 0, len(deadline.measurements) >= 1
-    (True, True)
-"""
+"""``Deadline``: ASHA that plans for a deadline (HyperSched, Liaw et al., SoCC 2019)."""
 
 from __future__ import annotations
 
@@ -80,6 +66,19 @@ class Deadline(ASHA):
     Raises:
         ValueError: As :class:`~lightning_hydro.callbacks.asha.ASHA`, and for a deadline that is not a positive
             duration or lies in the past.
+
+    Example::
+
+        >>> import lightning as L
+        >>> from lightning_hydro import FusedLightningModule
+        >>> from lightning_hydro.demos import DigitsDataModule, DigitsMLP
+        >>> trials = [DigitsMLP(hidden_dim=16, lr=0.02 * (i + 1)) for i in range(4)]
+        >>> deadline = Deadline(monitor="val_loss", deadline=600.0, max_t=2)   # 10 minutes from the start of fit
+        >>> trainer = L.Trainer(max_epochs=2, callbacks=[deadline], logger=False, enable_progress_bar=False,
+        ...                     enable_checkpointing=False, enable_model_summary=False, limit_train_batches=4)
+        >>> trainer.fit(FusedLightningModule(trials, backend="vmap", summary=False), datamodule=DigitsDataModule())
+        >>> deadline.time_left() > 0, len(deadline.measurements) >= 1
+        (True, True)
     """
 
     def __init__(

@@ -1,21 +1,4 @@
-"""``Hyperband``: successive-halving brackets from many short trials to few long ones, each judged by ASHA.
-
-Example::
-
-    >>> import lightning as L
-    >>> from lightning_hydro import FusedLightningModule
-    >>> from lightning_hydro.demos import DigitsDataModule, DigitsMLP
-    >>> trials = [DigitsMLP(hidden_dim=16, lr=0.02 * (i + 1)) for i in range(6)]
-    >>> hyperband = Hyperband(monitor="val_acc", mode="max", grace_period=1, reduction_factor=3, max_t=3)
-    >>> trainer = L.Trainer(max_epochs=3, callbacks=[hyperband], logger=False, enable_progress_bar=False,
-    ...                     enable_checkpointing=False, enable_model_summary=False, limit_train_batches=4)
-    >>> fused = FusedLightningModule(trials, backend="vmap", summary=False)
-    >>> trainer.fit(fused, datamodule=DigitsDataModule())
-    >>> [bracket.trials for bracket in hyperband.rule.brackets]   # bracket s=1 starts 3 trials, s=0 starts 2
-    [3, 2]
-    >>> hyperband.rule.assignments                                # trial id -> bracket, in the paper's order
-    {0: 1, 1: 1, 2: 1, 3: 0, 4: 0, 5: 1}
-"""
+"""``Hyperband``: successive-halving brackets from many short trials to few long ones, each judged by ASHA."""
 
 from __future__ import annotations
 
@@ -62,6 +45,22 @@ class Hyperband(HalvingCallback):
     Raises:
         ValueError: As :class:`~lightning_hydro.callbacks.asha.ASHA`, for an unknown ``order``, and when fit starts
             with one trial per process and no position.
+
+    Example::
+
+        >>> import lightning as L
+        >>> from lightning_hydro import FusedLightningModule
+        >>> from lightning_hydro.demos import DigitsDataModule, DigitsMLP
+        >>> trials = [DigitsMLP(hidden_dim=16, lr=0.02 * (i + 1)) for i in range(6)]
+        >>> hyperband = Hyperband(monitor="val_acc", mode="max", grace_period=1, reduction_factor=3, max_t=3)
+        >>> trainer = L.Trainer(max_epochs=3, callbacks=[hyperband], logger=False, enable_progress_bar=False,
+        ...                     enable_checkpointing=False, enable_model_summary=False, limit_train_batches=4)
+        >>> fused = FusedLightningModule(trials, backend="vmap", summary=False)
+        >>> trainer.fit(fused, datamodule=DigitsDataModule())
+        >>> [bracket.trials for bracket in hyperband.rule.brackets]   # bracket s=1 starts 3 trials, s=0 starts 2
+        [3, 2]
+        >>> hyperband.rule.assignments                                # trial id -> bracket, in the paper's order
+        {0: 1, 1: 1, 2: 1, 3: 0, 4: 0, 5: 1}
     """
 
     def __init__(

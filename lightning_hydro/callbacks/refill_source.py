@@ -1,18 +1,4 @@
-"""Where new trials for freed slots come from: an iterable of modules, or a factory, drawn resumably.
-
-Example::
-
-    >>> from lightning_hydro.demos import DigitsMLP
-    >>> source = RefillSource([DigitsMLP(lr=0.1), DigitsMLP(lr=0.2)], owner="ASHA")
-    >>> source.draw().hparams["lr"], source.draw().hparams["lr"], source.draw()
-    (0.1, 0.2, None)
-    >>> source.state_dict()
-    {'drawn': 2, 'exhausted': True}
-    >>> by_index = RefillSource(lambda index: DigitsMLP(lr=0.1 * (index + 1)) if index < 3 else None, owner="ASHA")
-    >>> by_index.load_state_dict({"drawn": 2, "exhausted": False})   # resumed: two were drawn before
-    >>> by_index.draw().hparams["lr"], by_index.draw()
-    (0.30000000000000004, None)
-"""
+"""Where new trials for freed slots come from: an iterable of modules, or a factory, drawn resumably."""
 
 from __future__ import annotations
 
@@ -40,6 +26,19 @@ class RefillSource:
 
     Raises:
         TypeError: If ``spec`` is neither iterable nor callable, or is itself a module.
+
+    Example::
+
+        >>> from lightning_hydro.demos import DigitsMLP
+        >>> source = RefillSource([DigitsMLP(lr=0.1), DigitsMLP(lr=0.2)], owner="ASHA")
+        >>> source.draw().hparams["lr"], source.draw().hparams["lr"], source.draw()
+        (0.1, 0.2, None)
+        >>> source.state_dict()
+        {'drawn': 2, 'exhausted': True}
+        >>> by_index = RefillSource(lambda i: DigitsMLP(lr=[0.1, 0.2, 0.3][i]) if i < 3 else None, owner="ASHA")
+        >>> by_index.load_state_dict({"drawn": 2, "exhausted": False})   # resumed: two were drawn before
+        >>> by_index.draw().hparams["lr"], by_index.draw()
+        (0.3, None)
     """
 
     def __init__(self, spec: RefillSpec, *, owner: str) -> None:

@@ -1,21 +1,4 @@
-"""``SuccessiveHalving``: synchronous successive halving of a fused group of trials that start together.
-
-Example::
-
-    >>> import lightning as L
-    >>> from lightning_hydro import FusedLightningModule
-    >>> from lightning_hydro.demos import DigitsDataModule, DigitsMLP
-    >>> trials = [DigitsMLP(hidden_dim=16, lr=0.02 * (i + 1)) for i in range(9)]
-    >>> halving = SuccessiveHalving(monitor="val_loss", mode="min", grace_period=1, reduction_factor=3, max_t=3)
-    >>> trainer = L.Trainer(max_epochs=3, callbacks=[halving], logger=False, enable_progress_bar=False,
-    ...                     enable_checkpointing=False, enable_model_summary=False, limit_train_batches=4)
-    >>> fused = FusedLightningModule(trials, backend="vmap", summary=False)
-    >>> trainer.fit(fused, datamodule=DigitsDataModule())
-    >>> sorted(r["status"] for r in fused.results.values())   # 9 trials: the best 3 go on to max_t
-    ['completed', 'completed', 'completed', 'stopped', 'stopped', 'stopped', 'stopped', 'stopped', 'stopped']
-    >>> halving.budget.spent, halving.budget.exhaustive       # 9 * 1 + 3 * 2 trial-epochs, of 9 * 3
-    (15, 27)
-"""
+"""``SuccessiveHalving``: synchronous successive halving of a fused group of trials that start together."""
 
 from __future__ import annotations
 
@@ -58,6 +41,22 @@ class SuccessiveHalving(HalvingCallback):
     Raises:
         ValueError: For invalid settings (see :class:`~lightning_hydro.callbacks.asha.ASHA`), and when fit starts
             with an ordinary LightningModule.
+
+    Example::
+
+        >>> import lightning as L
+        >>> from lightning_hydro import FusedLightningModule
+        >>> from lightning_hydro.demos import DigitsDataModule, DigitsMLP
+        >>> trials = [DigitsMLP(hidden_dim=16, lr=0.02 * (i + 1)) for i in range(9)]
+        >>> halving = SuccessiveHalving(monitor="val_loss", mode="min", grace_period=1, reduction_factor=3, max_t=3)
+        >>> trainer = L.Trainer(max_epochs=3, callbacks=[halving], logger=False, enable_progress_bar=False,
+        ...                     enable_checkpointing=False, enable_model_summary=False, limit_train_batches=4)
+        >>> fused = FusedLightningModule(trials, backend="vmap", summary=False)
+        >>> trainer.fit(fused, datamodule=DigitsDataModule())
+        >>> sorted(r["status"] for r in fused.results.values())   # 9 trials: the best 3 go on to max_t
+        ['completed', 'completed', 'completed', 'stopped', 'stopped', 'stopped', 'stopped', 'stopped', 'stopped']
+        >>> halving.budget.spent, halving.budget.exhaustive       # 9 * 1 + 3 * 2 trial-epochs, of 9 * 3
+        (15, 27)
     """
 
     def __init__(

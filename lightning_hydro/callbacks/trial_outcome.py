@@ -1,17 +1,4 @@
-"""How a trial ended under an early-stopping callback, and the summary printed at the end of fit.
-
-Example::
-
-    >>> outcomes = {
-    ...     0: TrialOutcome(0, "stopped", budget=1, reason="ASHA rung 0 (budget 1): val_loss 0.9 worse than cutoff 0.5",
-    ...                     rung=0, value=0.9),
-    ...     1: TrialOutcome(1, "completed", budget=9, reason="reached max_t=9", value=0.2),
-    ... }
-    >>> print(format_summary("ASHA", outcomes, {0: 1, 1: 9, 2: 4}, max_t=9, time_attr="epochs",
-    ...                      statuses={0: "stopped", 1: "completed", 2: "diverged"}))
-    ASHA: 3 trials: 1 completed, 1 stopped (rung 0: 1), 1 diverged.
-    Budget: 14 of 27 trial-epochs (51.9%) against training every trial to max_t=9.
-"""
+"""How a trial ended under an early-stopping callback, and the summary printed at the end of fit."""
 
 from __future__ import annotations
 
@@ -80,6 +67,17 @@ def format_summary(
         time_attr: ``"epochs"`` or ``"steps"``.
         statuses: Each trial's final status where known from elsewhere (a fused module's results, which also
             know the trials it stopped as diverged itself); defaults to the outcomes' statuses.
+
+    Example::
+
+        >>> outcomes = {
+        ...     0: TrialOutcome(0, "stopped", budget=1, reason="ASHA rung 0 (budget 1): ...", rung=0, value=0.9),
+        ...     1: TrialOutcome(1, "completed", budget=9, reason="reached max_t=9", value=0.2),
+        ... }
+        >>> print(format_summary("ASHA", outcomes, {0: 1, 1: 9, 2: 4}, max_t=9, time_attr="epochs",
+        ...                      statuses={0: "stopped", 1: "completed", 2: "diverged"}))
+        ASHA: 3 trials: 1 completed, 1 stopped (rung 0: 1), 1 diverged.
+        Budget: 14 of 27 trial-epochs (51.9%) against training every trial to max_t=9.
     """
     final = {tid: outcomes[tid].status if tid in outcomes else "running" for tid in budgets}
     final.update(statuses or {})
