@@ -6,6 +6,7 @@ import math
 import os
 
 import torch
+from lightning.pytorch.callbacks import Callback
 
 from lightning_hydro.callbacks import ASHA, DEFAULT_STORE_FILE, SuccessiveHalving
 from lightning_hydro.demos import DigitsMLP
@@ -115,3 +116,25 @@ def test_a_non_finite_monitor_stops_the_trial_as_diverged(tmp_path):
     trainer = fit(NaNValidation(hidden_dim=8), [callback], max_epochs=3)
     assert (callback.status, trainer.current_epoch) == ("diverged", 1)
     assert callback.result["reason"] == "val_loss is nan (diverged)"
+
+
+class TrainModes(Callback):
+    """Records, at every training batch, whether every running trial module is in train mode."""
+
+    def __init__(self) -> None:
+        self.all_training: list[bool] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.all_training.append(all(pl_module.trial_module(t).training for t in pl_module.trial_ids))
+
+
+def test_trials_refilled_after_validation_train_in_train_mode(caplog):
+    module, modes = fused(LEARNING_RATES[:3]), TrainModes()
+    callback = ASHA("val_loss", max_t=2, refill=mlps([0.2, 0.05]), verbose=True)
+    with caplog.at_level("INFO", logger="lightning.pytorch.utilities.rank_zero"):
+        fit(module, [callback, modes], max_epochs=2)
+    assert 3 in module.results  # a trial was refilled at the end of the first validation...
+    assert all(modes.all_training)  # ...and trained in train mode, although it joined while the group was in eval
+    assert "ASHA: trial 3 fills a free slot." in caplog.text
+    assert "ASHA: trial 2 completed at budget 2: reached max_t=2." in caplog.text
+    assert "ASHA: trial 0 stopped at budget 1: ASHA rung 0 (budget 1): val_loss" in caplog.text
