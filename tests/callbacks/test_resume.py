@@ -13,7 +13,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from lightning_hydro.callbacks import ASHA, Hyperband
+from lightning_hydro.callbacks import ASHA, Deadline, Hyperband, SuccessiveHalving
 from tests.callbacks.trials import LEARNING_RATES, fit, fused, mlp, mlps
 
 pytestmark = pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
@@ -126,3 +126,28 @@ def test_a_resumed_single_trial_keeps_its_id_and_budget(tmp_path):
     assert resumed._trial_key == first._trial_key  # the same trial in the shared store, not a new one
     assert (resumed.status, resumed.result["budget"], trainer.current_epoch) == ("completed", 4, 4)
     assert [r.milestone for r in resumed.rule.records()] == [1, 2, 4]
+
+
+@pytest.mark.parametrize("kind", ["successive_halving", "deadline"])
+def test_interrupted_and_resumed_in_process_ends_as_uninterrupted(kind, tmp_path):
+    def make() -> SuccessiveHalving | Deadline:
+        if kind == "successive_halving":
+            return SuccessiveHalving("val_loss", reduction_factor=2, max_t=4)
+        return Deadline("val_loss", deadline=3600, reduction_factor=2, max_t=4, refill=mlps([0.2, 0.02]))
+
+    reference_module, reference = fused(LEARNING_RATES[:4]), make()
+    fit_checkpointed(reference_module, [reference], tmp_path / "reference", max_epochs=4, resume=False)
+
+    first, directory = make(), tmp_path / "run"
+    with pytest.raises(Preempted):
+        fit_checkpointed(fused(LEARNING_RATES[:4]), [first, InterruptAt(2)], directory, max_epochs=4, resume=False)
+    module, resumed = fused(LEARNING_RATES[:4]), make()
+    fit_checkpointed(module, [resumed], directory, max_epochs=4, resume=True)
+
+    assert resumed.outcomes == reference.outcomes
+    assert {t: (r["status"], r["epochs"]) for t, r in module.results.items()} == {
+        t: (r["status"], r["epochs"]) for t, r in reference_module.results.items()
+    }
+    if kind == "deadline":
+        assert resumed._deadline_at == first._deadline_at  # the deadline of the run it resumes
+        assert resumed.measurements[: len(first.measurements)] == first.measurements
