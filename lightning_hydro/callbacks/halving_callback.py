@@ -20,7 +20,6 @@ Decisions are made on global rank zero and broadcast to the other ranks; everyth
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -31,6 +30,11 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from lightning_hydro.callbacks.callback_arguments import (
+    check_arguments,
+    default_trial_id,
+    open_storage,
+)
 from lightning_hydro.callbacks.refill_source import RefillSource, RefillSpec
 from lightning_hydro.callbacks.trial_outcome import OutcomeStatus, TrialOutcome, format_summary
 from lightning_hydro.fused import FusedLightningModule
@@ -40,11 +44,9 @@ from lightning_hydro.schedulers import (
     HalvingConfig,
     Mode,
     RungStore,
-    StoreOpenError,
     StoreSpec,
     TrialId,
     TrialReport,
-    open_store,
     summarize_budget,
 )
 
@@ -115,7 +117,7 @@ class HalvingCallback(Callback):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        _check_arguments(name, monitor, mode, grace_period, reduction_factor, max_t, time_attr, namespace, trial_id)
+        check_arguments(name, monitor, mode, grace_period, reduction_factor, max_t, time_attr, namespace, trial_id)
         self.monitor = monitor
         self.mode: Mode = mode
         self.grace_period = grace_period
@@ -127,7 +129,7 @@ class HalvingCallback(Callback):
         self.verbose = verbose
         self.storage = storage
         # Opened now, so that a path or URL that cannot be opened fails before any Trainer exists.
-        self._store: RungStore | None = None if storage is None else _open_store(name, storage, namespace)
+        self._store: RungStore | None = None if storage is None else open_storage(name, storage, namespace)
         self._refill = None if refill is None else RefillSource(refill, owner=name)
         self.config: HalvingConfig | None = None
         self.rule: Any = None
@@ -207,19 +209,21 @@ class HalvingCallback(Callback):
         store = self._store
         if store is None and not self._fused:
             path = os.path.join(trainer.default_root_dir, DEFAULT_STORE_FILE)
-            store = _open_store(type(self).__name__, path, self.namespace)
+            store = open_storage(type(self).__name__, path, self.namespace)
         self.rule = self._build_rule(self.config, store)
         self.outcomes, self._reported, self.budget, self.summary, self.result = {}, {}, None, "", {}
         self.status, self._started, self._pending, self._monitor_seen = "running", False, False, False
         self._epochs, self._epoch_counted = 0, False
         if self._fused:
             shared = store is not None
-            self._prefix = None if not shared else str(self.trial_id if self.trial_id is not None else _default_id())
+            self._prefix = (
+                None if not shared else str(self.trial_id if self.trial_id is not None else default_trial_id())
+            )
             assert isinstance(pl_module, FusedLightningModule)
             for tid in pl_module.trial_ids:
                 self._on_trial_started(self._key(tid))
         else:
-            self._trial_key = self.trial_id if self.trial_id is not None else _default_id()
+            self._trial_key = self.trial_id if self.trial_id is not None else default_trial_id()
             self._on_trial_started(self._trial_key)
         if self._saved_state is not None:
             self._restore(self._saved_state)
@@ -559,93 +563,3 @@ class HalvingCallback(Callback):
         self._epochs = int(state["epochs"])
         self._epoch_counted = bool(state["epoch_counted"])
         self.status = str(state["status"])
-
-
-def _check_arguments(
-    name: str,
-    monitor: object,
-    mode: object,
-    grace_period: object,
-    reduction_factor: object,
-    max_t: object,
-    time_attr: object,
-    namespace: object,
-    trial_id: object,
-) -> None:
-    if not isinstance(monitor, str) or not monitor:
-        raise ValueError(f"{name}: monitor must be the name of a logged metric, e.g. 'val_loss', got {monitor!r}.")
-    if mode not in ("min", "max"):
-        raise ValueError(
-            f"{name}: mode must be 'min' or 'max', got {mode!r}. Use mode='min' when a lower {monitor} is better "
-            "(a loss) and mode='max' when a higher one is better (an accuracy)."
-        )
-    _check_integer(name, "reduction_factor", reduction_factor)
-    assert isinstance(reduction_factor, int)
-    if reduction_factor <= 1:
-        raise ValueError(
-            f"{name}: reduction_factor must be an integer >= 2, got {reduction_factor}. Each rung keeps about "
-            "1/reduction_factor of the trials it judges; use 2, 3 (the usual choice) or 4."
-        )
-    _check_integer(name, "grace_period", grace_period)
-    assert isinstance(grace_period, int)
-    if grace_period < 1:
-        raise ValueError(
-            f"{name}: grace_period must be >= 1, got {grace_period}. It is the budget every trial trains before it "
-            "is first judged; use grace_period=1 or more."
-        )
-    if max_t is not None:
-        _check_integer(name, "max_t", max_t)
-        assert isinstance(max_t, int)
-        if grace_period > max_t:
-            raise ValueError(
-                f"{name}: grace_period={grace_period} is greater than max_t={max_t}, so no trial would ever be "
-                "judged. Lower grace_period or raise max_t."
-            )
-    if time_attr not in ("epochs", "steps"):
-        raise ValueError(
-            f"{name}: time_attr must be 'epochs' or 'steps', got {time_attr!r}: the unit in which grace_period and "
-            "max_t count each trial's training."
-        )
-    if not isinstance(namespace, str) or not namespace:
-        raise ValueError(f"{name}: namespace must be a non-empty string naming the sweep, got {namespace!r}.")
-    if trial_id is not None and (isinstance(trial_id, bool) or not isinstance(trial_id, int | str)):
-        raise TypeError(f"{name}: trial_id must be an int, a str or None, got {type(trial_id).__name__}.")
-
-
-def _check_integer(name: str, argument: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(
-            f"{name}: {argument} must be an integer number of epochs or steps, got {type(value).__name__} {value!r}."
-            if argument != "reduction_factor"
-            else f"{name}: reduction_factor must be an integer >= 2, got {type(value).__name__} {value!r}."
-        )
-
-
-def _open_store(owner: str, spec: StoreSpec, namespace: str) -> RungStore:
-    try:
-        return open_store(spec, namespace=namespace)
-    except StoreOpenError as error:
-        raise StoreOpenError(f"{owner}: cannot use this storage: {error}") from error
-    except TypeError as error:
-        raise TypeError(f"{owner}: storage: {error}") from error
-
-
-def hydra_job_number() -> int | None:
-    """The job number of the running Hydra multirun job, or None outside one."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from omegaconf.errors import OmegaConfBaseException
-    except ImportError:
-        return None
-    if not HydraConfig.initialized():
-        return None
-    try:
-        number = HydraConfig.get().job.num
-    except OmegaConfBaseException:  # a single run: no job number
-        return None
-    return None if number is None else int(number)
-
-
-def _default_id() -> str:
-    number = hydra_job_number()
-    return f"job{number}" if number is not None else uuid.uuid4().hex[:12]

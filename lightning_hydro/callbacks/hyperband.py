@@ -7,7 +7,8 @@ from typing import Any
 import lightning as L
 from typing_extensions import override
 
-from lightning_hydro.callbacks.halving_callback import HalvingCallback, TimeAttr, hydra_job_number
+from lightning_hydro.callbacks.callback_arguments import hydra_job_number
+from lightning_hydro.callbacks.halving_callback import HalvingCallback, TimeAttr
 from lightning_hydro.callbacks.refill_source import RefillSpec
 from lightning_hydro.schedulers import (
     BracketOrder,
