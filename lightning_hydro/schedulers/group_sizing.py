@@ -7,6 +7,7 @@ trials), plans the size, then checks the prediction against a measurement of the
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -41,6 +42,45 @@ class LinearCost:
                 )
         per_trial = at_two - at_one
         return cls(fixed=at_one - per_trial, per_trial=per_trial)
+
+    @classmethod
+    def fit(cls, measurements: Sequence[tuple[int, float]]) -> LinearCost:
+        """The least-squares line through ``(group_size, cost)`` measurements, never decreasing with ``B``.
+
+        One distinct group size gives a constant (``per_trial = 0``): without a second size nothing says how
+        the cost scales, and a constant never predicts a smaller group to be cheaper than measured. A fitted
+        slope below zero (noise) is likewise replaced by the constant mean cost.
+
+        Raises:
+            ValueError: If there are no measurements, or one has a group size < 1 or a cost that is negative
+                or not finite.
+
+        Example::
+
+            >>> line = LinearCost.fit([(1, 3.0), (2, 4.0), (4, 6.1), (4, 5.9)])   # seconds per epoch at B
+            >>> round(line.fixed, 6), round(line.per_trial, 6)
+            (2.0, 1.0)
+            >>> LinearCost.fit([(3, 5.0), (3, 7.0)])
+            LinearCost(fixed=6.0, per_trial=0.0)
+        """
+        if not measurements:
+            raise ValueError("LinearCost.fit: no measurements; pass (group_size, cost) pairs.")
+        for size, measured in measurements:
+            if size < 1 or not math.isfinite(measured) or measured < 0:
+                raise ValueError(
+                    f"LinearCost.fit: each measurement must be (group_size >= 1, finite cost >= 0), got "
+                    f"({size!r}, {measured!r})."
+                )
+        n = len(measurements)
+        mean_size = sum(size for size, _ in measurements) / n
+        mean_cost = sum(measured for _, measured in measurements) / n
+        spread = sum((size - mean_size) ** 2 for size, _ in measurements)
+        if spread == 0:
+            return cls(fixed=mean_cost, per_trial=0.0)
+        slope = sum((size - mean_size) * (measured - mean_cost) for size, measured in measurements) / spread
+        if slope <= 0:
+            return cls(fixed=mean_cost, per_trial=0.0)
+        return cls(fixed=mean_cost - slope * mean_size, per_trial=slope)
 
     def predict(self, group_size: int) -> float:
         """The cost of a group of ``group_size`` trials."""

@@ -93,3 +93,20 @@ def test_a_cost_growing_too_little_to_bound_needs_max_group_size() -> None:
     with pytest.raises(ValueError, match=r"grows too little per trial \(1e-320\) to bound the group size"):
         LinearCost(1.0, 1e-320).largest_group_size(1e10)
     assert LinearCost(1.0, 1e-320).largest_group_size(1e10, max_group_size=64) == 64
+
+
+def test_least_squares_fit_through_many_group_sizes() -> None:
+    line = LinearCost.fit([(1, 3.0), (2, 4.0), (4, 6.1), (4, 5.9), (8, 10.0)])
+    assert line.fixed == pytest.approx(2.0)
+    assert line.per_trial == pytest.approx(1.0)
+
+
+def test_fit_with_one_size_or_a_falling_line_is_a_constant() -> None:
+    assert LinearCost.fit([(3, 5.0), (3, 7.0)]) == LinearCost(fixed=6.0, per_trial=0.0)
+    assert LinearCost.fit([(1, 5.0), (2, 4.0)]) == LinearCost(fixed=4.5, per_trial=0.0)
+
+
+@pytest.mark.parametrize("measurements", [[], [(0, 1.0)], [(1, -1.0)], [(2, math.nan)]])
+def test_fit_rejects_bad_measurements(measurements) -> None:
+    with pytest.raises(ValueError, match=r"LinearCost.fit: (no measurements|each measurement must be)"):
+        LinearCost.fit(measurements)

@@ -1,0 +1,102 @@
+"""Checks and defaults shared by the callbacks' constructors: argument errors, storage, the trial's id."""
+
+from __future__ import annotations
+
+import uuid
+
+from lightning_hydro.schedulers import RungStore, StoreOpenError, StoreSpec, open_store
+
+__all__ = ["check_arguments", "default_trial_id", "hydra_job_number", "open_storage"]
+
+
+def check_arguments(
+    name: str,
+    monitor: object,
+    mode: object,
+    grace_period: object,
+    reduction_factor: object,
+    max_t: object,
+    time_attr: object,
+    namespace: object,
+    trial_id: object,
+) -> None:
+    """Raise, naming the callback ``name``, the argument, what came and how to fix it, for invalid settings."""
+    if not isinstance(monitor, str) or not monitor:
+        raise ValueError(f"{name}: monitor must be the name of a logged metric, e.g. 'val_loss', got {monitor!r}.")
+    if mode not in ("min", "max"):
+        raise ValueError(
+            f"{name}: mode must be 'min' or 'max', got {mode!r}. Use mode='min' when a lower {monitor} is better "
+            "(a loss) and mode='max' when a higher one is better (an accuracy)."
+        )
+    _check_integer(name, "reduction_factor", reduction_factor)
+    assert isinstance(reduction_factor, int)
+    if reduction_factor <= 1:
+        raise ValueError(
+            f"{name}: reduction_factor must be an integer >= 2, got {reduction_factor}. Each rung keeps about "
+            "1/reduction_factor of the trials it judges; use 2, 3 (the usual choice) or 4."
+        )
+    _check_integer(name, "grace_period", grace_period)
+    assert isinstance(grace_period, int)
+    if grace_period < 1:
+        raise ValueError(
+            f"{name}: grace_period must be >= 1, got {grace_period}. It is the budget every trial trains before it "
+            "is first judged; use grace_period=1 or more."
+        )
+    if max_t is not None:
+        _check_integer(name, "max_t", max_t)
+        assert isinstance(max_t, int)
+        if grace_period > max_t:
+            raise ValueError(
+                f"{name}: grace_period={grace_period} is greater than max_t={max_t}, so no trial would ever be "
+                "judged. Lower grace_period or raise max_t."
+            )
+    if time_attr not in ("epochs", "steps"):
+        raise ValueError(
+            f"{name}: time_attr must be 'epochs' or 'steps', got {time_attr!r}: the unit in which grace_period and "
+            "max_t count each trial's training."
+        )
+    if not isinstance(namespace, str) or not namespace:
+        raise ValueError(f"{name}: namespace must be a non-empty string naming the sweep, got {namespace!r}.")
+    if trial_id is not None and (isinstance(trial_id, bool) or not isinstance(trial_id, int | str)):
+        raise TypeError(f"{name}: trial_id must be an int, a str or None, got {type(trial_id).__name__}.")
+
+
+def _check_integer(name: str, argument: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"{name}: {argument} must be an integer number of epochs or steps, got {type(value).__name__} {value!r}."
+            if argument != "reduction_factor"
+            else f"{name}: reduction_factor must be an integer >= 2, got {type(value).__name__} {value!r}."
+        )
+
+
+def open_storage(owner: str, spec: StoreSpec, namespace: str) -> RungStore:
+    """:func:`~lightning_hydro.schedulers.open_store`, its errors prefixed with the callback's name."""
+    try:
+        return open_store(spec, namespace=namespace)
+    except StoreOpenError as error:
+        raise StoreOpenError(f"{owner}: cannot use this storage: {error}") from error
+    except TypeError as error:
+        raise TypeError(f"{owner}: storage: {error}") from error
+
+
+def hydra_job_number() -> int | None:
+    """The job number of the running Hydra multirun job, or None outside one."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf.errors import OmegaConfBaseException
+    except ImportError:
+        return None
+    if not HydraConfig.initialized():
+        return None
+    try:
+        number = HydraConfig.get().job.num
+    except OmegaConfBaseException:  # a single run: no job number
+        return None
+    return None if number is None else int(number)
+
+
+def default_trial_id() -> str:
+    """``"job{n}"`` in a Hydra multirun job, else a random id."""
+    number = hydra_job_number()
+    return f"job{number}" if number is not None else uuid.uuid4().hex[:12]
