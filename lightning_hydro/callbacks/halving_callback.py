@@ -428,9 +428,7 @@ class HalvingCallback(Callback):
             added += 1
             if trainer.world_size > 1:  # every rank must hold the same new trial
                 module.load_state_dict(trainer.strategy.broadcast(module.state_dict(), src=0))
-            tid = pl_module.add_trial(module)
-            # Added while the fused module may be in eval mode (after validation); training comes next.
-            module.train(True)
+            tid = pl_module.add_trial(module)  # in eval mode if added during validation, training after it
             self._on_trial_started(self._key(tid))
             if self.verbose:
                 rank_zero_info(f"{type(self).__name__}: trial {tid} fills a free slot.")

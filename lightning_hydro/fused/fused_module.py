@@ -263,6 +263,8 @@ class FusedLightningModule(L.LightningModule):
             raise ValueError(f"stop_trial: status must be 'stopped', 'completed' or 'diverged', got {status!r}.")
         if trial_id not in self._group.trial_ids:
             raise KeyError(f"stop_trial: trial {trial_id} is not running; running trials: {self._group.trial_ids}.")
+        # keep its last step values (e.g. train_loss): the step record is cleared when the rows change
+        self._book.update_metrics(trial_id, self._metrics.step_values().get(trial_id, {}))
         self._metrics.reslot()
         if self._optimizer is not None:
             self._optimizer.materialize()
@@ -297,7 +299,7 @@ class FusedLightningModule(L.LightningModule):
             raise ValueError("add_trial: the trial uses manual optimization; fused trials need automatic optimization.")
         stacked = next(iter(self._group.params.values()))
         module.to(device=stacked.device)
-        module.train(self.training)
+        self._set_mode_of_newcomer(module)
         self._metrics.reslot()
         if self._optimizer is not None:
             self._optimizer.materialize()
@@ -349,6 +351,16 @@ class FusedLightningModule(L.LightningModule):
     def _capture_modes(self) -> None:
         modules = [*self.modules(), *(m for trial in self._group.modules for m in trial.modules())]
         self._saved_modes = [(m, m.training) for m in modules]
+
+    def _set_mode_of_newcomer(self, module: nn.Module) -> None:
+        """A trial added during evaluation trains after it, like the others: record that mode for the restore."""
+        before_evaluation = next((mode for m, mode in getattr(self, "_saved_modes", []) if m is self), None)
+        if before_evaluation is None:
+            module.train(self.training)
+            return
+        module.train(before_evaluation)
+        self._saved_modes += [(m, m.training) for m in module.modules()]
+        module.eval()
 
     def _restore_modes(self) -> None:
         for module, mode in getattr(self, "_saved_modes", []):
