@@ -10,8 +10,8 @@ report says how much less wall time the sweep took, and how far its best accurac
 trials trained to the end (issue 4 asks for >= 4x less time, within 1 point). Results go to
 ``benchmarks/results/sweep_vs_basic.md`` and ``.json``.
 
-    python benchmarks/sweep_vs_basic.py                      # 32 trials, groups of <= 16, conf/train.yaml
-    python benchmarks/sweep_vs_basic.py --scheduler asha     # with early stopping (needs the fused core)
+    python benchmarks/sweep_vs_basic.py                      # 32 trials, groups of <= 16, ASHA, conf/train.yaml
+    python benchmarks/sweep_vs_basic.py --scheduler none     # fused, without early stopping
     python benchmarks/sweep_vs_basic.py --quick              # 4 trials of 2 epochs: checks the plumbing
 """
 
@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--n-trials", type=int, default=32)
     parser.add_argument("--fusion-limit", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=None, help="trainer.max_epochs (default: conf/train.yaml)")
-    parser.add_argument("--scheduler", default="none", help="hydra.sweeper.scheduler.name, e.g. asha")
+    parser.add_argument("--scheduler", default="asha", help="hydra.sweeper.scheduler.name (none: no early stopping)")
     parser.add_argument("--launcher", default="basic", help="launcher of the lightning_hydro sweep, e.g. joblib")
     parser.add_argument("--metric", default="val_acc")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "sweep_vs_basic")

@@ -422,13 +422,14 @@ class HalvingCallback(Callback):
         admitted = self._on_rank_zero(trainer, lambda: self._admissions(trainer, pl_module, pl_module.free_slots))
         added = 0
         for _ in range(admitted):
-            module = self._refill.draw()
-            if module is None:
+            drawn = self._refill.draw()
+            if drawn is None:
                 break
+            trial_id, module = drawn if isinstance(drawn, tuple) else (None, drawn)
             added += 1
             if trainer.world_size > 1:  # every rank must hold the same new trial
                 module.load_state_dict(trainer.strategy.broadcast(module.state_dict(), src=0))
-            tid = pl_module.add_trial(module)  # in eval mode if added during validation, training after it
+            tid = pl_module.add_trial(module, trial_id)  # in eval mode if added during validation, training after it
             self._on_trial_started(self._key(tid))
             if self.verbose:
                 rank_zero_info(f"{type(self).__name__}: trial {tid} fills a free slot.")

@@ -8,12 +8,15 @@ from typing import Any
 
 import lightning as L
 
-__all__ = ["RefillSource", "RefillSpec"]
+__all__ = ["NewTrial", "RefillSource", "RefillSpec"]
 
-RefillSpec = Iterable[L.LightningModule] | Callable[..., L.LightningModule | None]
-"""New trials for freed slots: an iterable of modules (e.g. a list, or a generator over the rest of a
-search space), or a factory called with the number of trials drawn so far (or with no argument) that returns a
-new module, or None when there are no more."""
+NewTrial = L.LightningModule | tuple[int, L.LightningModule]
+"""A new trial: its module, or ``(trial_id, module)`` to give it that id in the group (e.g. a sweep's id)."""
+
+RefillSpec = Iterable[NewTrial] | Callable[..., NewTrial | None]
+"""New trials for freed slots: an iterable of modules or ``(trial_id, module)`` pairs (e.g. a list, or a
+generator over the rest of a search space), or a factory called with the number of trials drawn so far (or with
+no argument) that returns one, or None when there are no more."""
 
 
 class RefillSource:
@@ -51,9 +54,9 @@ class RefillSource:
         self.owner = owner
         self.drawn = 0
         self.exhausted = False
-        self._factory: Callable[..., L.LightningModule | None] | None = None
-        self._iterable: Iterable[L.LightningModule] | None = None
-        self._iterator: Iterator[L.LightningModule] | None = None
+        self._factory: Callable[..., NewTrial | None] | None = None
+        self._iterable: Iterable[NewTrial] | None = None
+        self._iterator: Iterator[NewTrial] | None = None
         self._factory_takes_index = False
         if isinstance(spec, Iterable):
             self._iterable = spec
@@ -61,8 +64,8 @@ class RefillSource:
             self._factory = spec
             self._factory_takes_index = _accepts_one_argument(spec)
 
-    def draw(self) -> L.LightningModule | None:
-        """The next new trial, or None when the source is exhausted.
+    def draw(self) -> NewTrial | None:
+        """The next new trial (a module, or a ``(trial_id, module)`` pair), or None when the source is exhausted.
 
         Raises:
             TypeError: If the source produced something other than a LightningModule.
@@ -73,7 +76,10 @@ class RefillSource:
         if module is None:
             self.exhausted = True
             return None
-        if not isinstance(module, L.LightningModule):
+        candidate = (
+            module[1] if isinstance(module, tuple) and len(module) == 2 and isinstance(module[0], int) else module
+        )
+        if not isinstance(candidate, L.LightningModule):
             raise TypeError(
                 f"{self.owner}: refill produced a {type(module).__name__} for new trial {self.drawn}, expected a "
                 "LightningModule of the group's architecture (build the module from the configuration first)."
@@ -101,7 +107,7 @@ class RefillSource:
                     self.exhausted = True
                     break
 
-    def _next(self) -> L.LightningModule | None:
+    def _next(self) -> NewTrial | None:
         if self._factory is not None:
             return self._factory(self.drawn) if self._factory_takes_index else self._factory()
         if self._iterator is None:

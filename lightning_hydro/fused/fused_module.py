@@ -263,8 +263,7 @@ class FusedLightningModule(L.LightningModule):
             raise ValueError(f"stop_trial: status must be 'stopped', 'completed' or 'diverged', got {status!r}.")
         if trial_id not in self._group.trial_ids:
             raise KeyError(f"stop_trial: trial {trial_id} is not running; running trials: {self._group.trial_ids}.")
-        # keep its last step values (e.g. train_loss): the step record is cleared when the rows change
-        self._book.update_metrics(trial_id, self._metrics.step_values().get(trial_id, {}))
+        self._book.update_metrics(trial_id, self._metrics.step_values().get(trial_id, {}))  # e.g. last train_loss
         self._metrics.reslot()
         if self._optimizer is not None:
             self._optimizer.materialize()

@@ -177,11 +177,13 @@ class TrialMetrics:
             per_trial.setdefault(tid, {})[name] = value
 
     def reslot(self) -> None:
-        """Fold current rows into per-trial partials: call whenever the group's rows change."""
+        """Fold current rows into per-trial partials: call whenever the group's rows change.
+
+        Step values stay: each is stored with the ids of its rows, so it stays right until the next step.
+        """
         for accumulators in self._epoch.values():
             for accumulator in accumulators.values():
                 accumulator.fold()
-        self._step.clear()
 
     def step_values(self, *, logger_only: bool = False) -> dict[int, dict[str, float]]:
         """The latest step value of every ``on_step`` metric, per trial (one device sync)."""

@@ -27,6 +27,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from lightning_hydro.sweeper.early_stopping import REFILLING, build_stopping_callback
 from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec
 from lightning_hydro.sweeper.json_files import read_json, write_json_atomic
 from lightning_hydro.sweeper.metric_history import MetricHistory, scalar_metrics
@@ -73,8 +74,8 @@ class TrialResult(TypedDict):
 class TrainerFactory(Protocol):
     """Builds the Trainer of a training run rooted in ``root_dir`` (logs and checkpoints go there)."""
 
-    def __call__(self, *, root_dir: Path, callbacks: Sequence[Callback] = ()) -> L.Trainer:
-        """A Trainer with the app's settings and callbacks, plus ``callbacks``."""
+    def __call__(self, *, root_dir: Path, callbacks: Sequence[Callback] = (), **overrides: Any) -> L.Trainer:
+        """A Trainer with the app's settings (``overrides`` win) and callbacks, plus ``callbacks``."""
         ...
 
     def last_checkpoint(self, root_dir: Path) -> Path | None:
@@ -116,49 +117,68 @@ def fit_trials(
         ``{trial_id: TrialResult}`` for every id in ``trial_ids``.
 
     Raises:
-        NotImplementedError: for an early-stopping scheduler other than ``none`` (needs the callbacks).
+        ValueError: ``slots`` < 1; early stopping without fused settings (a plain run has one trial).
     """
-    if early_stopping is not None and early_stopping.name != "none":
-        raise NotImplementedError(
-            f"fit_trials: early stopping {early_stopping.name!r} needs lightning_hydro's early-stopping "
-            "callbacks, which are not available in this build. Fix: set hydra.sweeper.scheduler.name=none."
-        )
     if slots < 1:
         raise ValueError(f"fit_trials: slots must be >= 1, got {slots}.")
+    stopping = early_stopping if early_stopping is not None and early_stopping.name != "none" else None
     if fused is None:
+        if stopping is not None:
+            raise ValueError(
+                f"fit_trials: early stopping {stopping.name!r} decides between the trials of a fused group; "
+                "a plain run trains one trial. Fix: run it as a sweep (-m), or set scheduler.name=none."
+            )
         return {tid: _fit_one(build_module, tid, datamodule, trainer_factory, workdir) for tid in trial_ids}
-    results: dict[int, TrialResult] = {}
     ids = list(trial_ids)
+    if stopping is not None and stopping.name in REFILLING:
+        # one fused group; slots freed by early stopping are refilled from the pending trials, in order
+        return _fit_fused(build_module, ids, slots, datamodule, trainer_factory, workdir / "fused_0", fused, stopping)
+    results: dict[int, TrialResult] = {}
     for round_index, start in enumerate(range(0, len(ids), slots)):
         round_ids = ids[start : start + slots]
-        results.update(
-            _fit_fused(build_module, round_ids, datamodule, trainer_factory, workdir / f"fused_{round_index}", fused)
-        )
+        root = workdir / f"fused_{round_index}"
+        results.update(_fit_fused(build_module, round_ids, slots, datamodule, trainer_factory, root, fused, stopping))
     return results
 
 
 def _fit_fused(
     build_module: Callable[[int], L.LightningModule],
     trial_ids: list[int],
+    slots: int,
     datamodule: L.LightningDataModule,
     trainer_factory: TrainerFactory,
     root: Path,
     settings: FusedSettings,
+    stopping: EarlyStoppingSpec | None,
 ) -> dict[int, TrialResult]:
+    """Train ``trial_ids`` as one fused group of ``slots`` slots; trials beyond them refill freed slots."""
     from lightning_hydro.fused import FusedLightningModule
 
     done: dict[str, TrialResult] | None = read_json(root / ROUND_RESULT_FILE)
     if done is not None:
         log.info("trials %s: finished before, not retrained (%s)", trial_ids, root / ROUND_RESULT_FILE)
         return {int(k): v for k, v in done.items()}
+    first, pending = trial_ids[:slots], trial_ids[slots:]
     fused = FusedLightningModule(
-        [build_module(t) for t in trial_ids],
-        trial_ids=trial_ids,
+        [build_module(t) for t in first],
+        trial_ids=first,
+        max_slots=slots,
         backend=settings.backend,  # type: ignore[arg-type]
         optimizer_path=settings.optimizer_path,  # type: ignore[arg-type]
         trial_factory=build_module,
     )
-    trainer = trainer_factory(root_dir=root)
+    callbacks: list[Callback] = []
+    overrides: dict[str, Any] = {}
+    if stopping is not None:
+        configured = (
+            trainer_factory.trainer_kwargs.get("max_epochs") if hasattr(trainer_factory, "trainer_kwargs") else None
+        )
+        max_t = stopping.max_budget or int(configured or 10)
+        refill = ((t, build_module(t)) for t in pending) if pending else None
+        callbacks.append(build_stopping_callback(stopping, max_t=max_t, refill=refill))
+        if pending:  # the group ends when its last trial does, not at max_epochs
+            overrides["max_epochs"] = max_t * len(trial_ids)
+    trainer = trainer_factory(root_dir=root, callbacks=callbacks, **overrides)
     checkpoint = trainer_factory.last_checkpoint(root)
     if checkpoint is not None:
         log.info("trials %s: resuming from %s", trial_ids, checkpoint)

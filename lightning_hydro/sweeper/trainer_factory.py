@@ -65,15 +65,19 @@ class ConfigTrainerFactory:
         self.checkpointing = bool(trainer_kwargs.get("enable_checkpointing", True))
         self.callbacks_config = dict(callbacks or {})
 
-    def __call__(self, *, root_dir: Path, callbacks: Sequence[Callback] = ()) -> L.Trainer:
-        """A Trainer rooted in ``root_dir``: the app's callbacks, then ``callbacks``, then the checkpoint."""
+    def __call__(self, *, root_dir: Path, callbacks: Sequence[Callback] = (), **overrides: Any) -> L.Trainer:
+        """A Trainer rooted in ``root_dir``: the app's callbacks, then ``callbacks``, then the checkpoint.
+
+        ``overrides`` replace the app's Trainer settings for this Trainer (e.g. ``max_epochs``).
+        """
         root_dir.mkdir(parents=True, exist_ok=True)
         all_callbacks: list[Callback] = [instantiate(c) for c in self.callbacks_config.values() if c is not None]
         all_callbacks += list(callbacks)
         if self.checkpointing:
             all_callbacks.append(_last_checkpoint_callback(root_dir / _CHECKPOINT_DIR))
         logger = CSVLogger(root_dir, name="logs") if self.use_logger else False
-        return L.Trainer(**self.trainer_kwargs, default_root_dir=root_dir, logger=logger, callbacks=all_callbacks)
+        kwargs = {**self.trainer_kwargs, **overrides}
+        return L.Trainer(**kwargs, default_root_dir=root_dir, logger=logger, callbacks=all_callbacks)
 
     def last_checkpoint(self, root_dir: Path) -> Path | None:
         """``<root_dir>/checkpoints/last.ckpt`` if it exists."""

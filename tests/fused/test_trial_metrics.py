@@ -36,6 +36,14 @@ def test_reslot_keeps_each_trials_own_batches():
     assert metrics.step_values() == {0: {"loss_step": 3.0}, 2: {"loss_step": 5.0}, 3: {"loss_step": 7.0}}
 
 
+def test_step_values_survive_a_reslot_until_the_next_step():
+    metrics = TrialMetrics()
+    opts = MetricOptions(on_step=True, on_epoch=False)
+    metrics.record("train", "loss", torch.tensor([1.0, 2.0]), opts, trial_ids=[0, 1])
+    metrics.reslot()  # two trials stopped one after the other: both keep their last values
+    assert metrics.step_values() == {0: {"loss": 1.0}, 1: {"loss": 2.0}}
+
+
 def test_metric_objects_are_computed_and_reset_at_epoch_end():
     metrics = TrialMetrics()
     accuracy = {0: torchmetrics.MeanMetric(), 1: torchmetrics.MeanMetric()}

@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "train.py"
 # Train for seconds: a narrow MLP, two batches per epoch.
 TINY = [
+    "hydra.sweeper.scheduler.name=none",  # the plumbing; early stopping has tests of its own
     "trainer.max_epochs=1",
     "model.hidden_dim=8",
     "+trainer.limit_train_batches=2",

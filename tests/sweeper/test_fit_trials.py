@@ -5,7 +5,7 @@ import pytest
 from lightning.pytorch.callbacks import EarlyStopping
 
 from lightning_hydro.demos import DigitsDataModule, DigitsMLP
-from lightning_hydro.sweeper.fit_trials import fit_trials, trial_dir
+from lightning_hydro.sweeper.fit_trials import FusedSettings, fit_trials, trial_dir
 from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec
 from lightning_hydro.sweeper.trainer_factory import ConfigTrainerFactory
 
@@ -97,11 +97,46 @@ def test_statuses_diverged_and_stopped(tmp_path):
 
 
 def test_errors(tmp_path):
-    with pytest.raises(
-        NotImplementedError,
-        match=r"early stopping 'asha' needs lightning_hydro's early-stopping callbacks.*"
-        r"Fix: set hydra.sweeper.scheduler.name=none",
-    ):
+    with pytest.raises(ValueError, match=r"early stopping 'asha' decides between the trials of a fused group"):
         fit(tmp_path, {0: 0.1}, early_stopping=EarlyStoppingSpec(name="asha"))
     with pytest.raises(ValueError, match="fit_trials: slots must be >= 1, got 0"):
         fit_trials(builder({0: 0.1}), [0], slots=0, datamodule=None, trainer_factory=None, workdir=tmp_path)  # type: ignore[arg-type]
+
+
+def test_a_fused_group_with_asha_refills_freed_slots_from_its_pending_trials(tmp_path):
+    lrs = {10: 0.001, 11: 0.3, 12: 0.002, 13: 0.2, 14: 0.25, 15: 0.001}
+    spec = EarlyStoppingSpec(name="asha", metric="val_acc", mode="max", reduction_factor=3, min_budget=1, max_budget=3)
+    results = fit_trials(
+        builder(lrs),
+        list(lrs),
+        slots=3,
+        datamodule=DigitsDataModule(batch_size=32),
+        trainer_factory=ConfigTrainerFactory({**TRAINER, "max_epochs": 3}),
+        workdir=tmp_path,
+        early_stopping=spec,
+        fused=FusedSettings(backend="vmap"),
+    )
+    assert sorted(results) == list(lrs)  # the sweep's ids are kept, also for refilled trials
+    statuses = {tid: r["status"] for tid, r in results.items()}
+    assert set(statuses.values()) <= {"completed", "stopped"}
+    assert "stopped" in statuses.values()  # ASHA stopped some trials, whose slots the pending ones took
+    assert sum(r["budget"] for r in results.values()) < 3 * len(lrs)  # less than every trial to max_t
+    assert all(r["budget"] >= 1 for r in results.values())  # every pending trial got a slot
+
+
+def test_successive_halving_trains_the_group_in_rounds_of_slots(tmp_path):
+    lrs = {0: 0.001, 1: 0.3, 2: 0.002, 3: 0.2}
+    spec = EarlyStoppingSpec(name="successive_halving", metric="val_acc", mode="max", reduction_factor=2)
+    results = fit_trials(
+        builder(lrs),
+        list(lrs),
+        slots=2,
+        datamodule=DigitsDataModule(batch_size=32),
+        trainer_factory=ConfigTrainerFactory({**TRAINER, "max_epochs": 2}),
+        workdir=tmp_path,
+        early_stopping=spec,
+        fused=FusedSettings(backend="vmap"),
+    )
+    assert (tmp_path / "fused_0").is_dir()
+    assert (tmp_path / "fused_1").is_dir()
+    assert sorted(r["status"] for r in results.values()) == ["completed", "completed", "stopped", "stopped"]

@@ -277,3 +277,26 @@ def test_a_scaled_search_tunes_surrogates_and_retrains_the_full_size_target(tmp_
     target = torch.load(retrain_dir / "checkpoints" / "last.ckpt", weights_only=False)
     assert target["state_dict"]["stacked.head__weight"].shape == (1, 10, 16)
     assert target["lightning_hydro"]["specs"][retrained["trial_id"]]["width_scaling"]["ratio"] == 1
+
+
+def test_an_asha_sweep_stops_trials_and_refills_their_slots(tmp_path):
+    run_sweep(
+        tmp_path,
+        [
+            *TINY,
+            "hydra.sweeper.scheduler.name=asha",
+            "trainer.max_epochs=3",
+            "hydra.sweeper.n_trials=5",
+            "hydra.sweeper.fusion_limit=3",
+            "hydra.sweeper.params=null",
+            "model.lr=0.001,0.3,0.002,0.2,0.0005",
+            "hydra.sweeper.sampler=grid",
+        ],
+    )
+    plan = json.loads((tmp_path / "lightning_hydro" / "plan.json").read_text())
+    assert [len(g["trial_ids"]) for g in plan["groups"]] == [5]  # one job: 3 slots, 2 trials wait for a slot
+    trials = read_results(tmp_path)["trials"]
+    assert sorted(t["trial_id"] for t in trials) == [0, 1, 2, 3, 4]
+    assert {t["status"] for t in trials} <= {"completed", "stopped"}
+    assert any(t["status"] == "stopped" for t in trials)
+    assert sum(t["budget"] for t in trials) < 5 * 3  # less than every trial trained to the end

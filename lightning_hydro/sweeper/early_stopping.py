@@ -1,0 +1,69 @@
+"""The early-stopping callback of a sweep job, built from ``hydra.sweeper.scheduler`` settings.
+
+Example::
+
+    >>> from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec
+    >>> spec = EarlyStoppingSpec(name="asha", metric="val_acc", mode="max", reduction_factor=3, min_budget=1)
+    >>> callback = build_stopping_callback(spec, max_t=9)
+    >>> type(callback).__name__, callback.monitor
+    ('ASHA', 'val_acc')
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+
+from lightning_hydro.callbacks.refill_source import RefillSpec
+from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec
+
+__all__ = ["REFILLING", "build_stopping_callback"]
+
+# Schedulers whose callback takes new trials into freed slots (synchronous successive halving cannot).
+REFILLING = ("asha", "hyperband", "hypersched")
+
+
+def build_stopping_callback(spec: EarlyStoppingSpec, *, max_t: int, refill: RefillSpec | None = None) -> L.Callback:
+    """The callback for ``spec.name`` (``asha``, ``successive_halving``, ``hyperband`` or ``hypersched``).
+
+    ``spec.options`` go to the callback as keyword arguments (``hypersched`` needs ``deadline``, in seconds).
+
+    Raises:
+        ValueError: an unknown scheduler, a reduction factor that is not a whole number, ``hypersched``
+            without a deadline.
+    """
+    from lightning_hydro.callbacks import ASHA, Deadline, Hyperband, SuccessiveHalving
+
+    classes: dict[str, type[L.Callback]] = {
+        "asha": ASHA,
+        "successive_halving": SuccessiveHalving,
+        "hyperband": Hyperband,
+        "hypersched": Deadline,
+    }
+    if spec.name not in classes:
+        raise ValueError(
+            f"hydra.sweeper.scheduler.name={spec.name!r} has no early-stopping callback; expected one of "
+            f"{sorted(classes)} (or none)."
+        )
+    if float(spec.reduction_factor) != int(spec.reduction_factor):
+        raise ValueError(
+            f"hydra.sweeper.scheduler.reduction_factor must be a whole number (budgets are whole epochs), got "
+            f"{spec.reduction_factor}. Fix: e.g. hydra.sweeper.scheduler.reduction_factor=3."
+        )
+    if spec.name == "hypersched" and "deadline" not in spec.options:
+        raise ValueError(
+            "hydra.sweeper.scheduler.name=hypersched needs a deadline in seconds. Fix: "
+            "+hydra.sweeper.scheduler.options.deadline=600."
+        )
+    kwargs: dict[str, Any] = dict(
+        monitor=spec.metric,
+        mode=spec.mode,
+        grace_period=spec.min_budget,
+        reduction_factor=int(spec.reduction_factor),
+        max_t=max_t,
+        **spec.options,
+    )
+    if refill is not None:
+        kwargs["refill"] = refill
+    return classes[spec.name](**kwargs)
