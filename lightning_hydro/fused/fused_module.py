@@ -757,8 +757,9 @@ class FusedLightningModule(L.LightningModule):
         self._forward_hook("on_fit_end")
         if not self.trainer.interrupted:
             self._book.set_status(self._group.trial_ids, "completed")
-        if self.summary:
-            self.print(format_results_table(self._book.records, monitor=self.monitor, mode=self.mode))
+        if self.summary and self.trainer.is_global_zero:
+            # plain stdout (the progress bar is finished): Lightning's print goes through the bar, to stderr
+            print(format_results_table(self._book.records, monitor=self.monitor, mode=self.mode))
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
 
