@@ -149,19 +149,26 @@ def model_table(args: argparse.Namespace) -> list[str]:
 
 
 class StepTimer(L.Callback):
-    """Records the wall time of every training batch (optimizer step) after the first `warmup` ones."""
+    """Records the wall time of every training batch after the first `warmup` ones; stops after `steps`.
 
-    def __init__(self, warmup: int) -> None:
-        self.warmup = warmup
+    It counts batches itself: with manual optimization and no optimizer, Lightning's global_step stays 0.
+    """
+
+    def __init__(self, warmup: int, steps: int) -> None:
+        self.warmup, self.steps = warmup, steps
         self.times: list[float] = []
+        self.batches = 0
         self._last = 0.0
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
         self._last = time.perf_counter()
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if trainer.global_step > self.warmup:
+        self.batches += 1
+        if self.batches > self.warmup:
             self.times.append(time.perf_counter() - self._last)
+        if self.batches >= self.steps:
+            trainer.should_stop = True
 
 
 def trainer_for(steps: int, device: str, callbacks: list[L.Callback]) -> L.Trainer:
@@ -184,7 +191,7 @@ def make_trials(count: int, width: int) -> list[DigitsMLP]:
 
 
 def time_fused(count: int, width: int, backend: str, steps: int, warmup: int, device: str) -> float:
-    timer = StepTimer(warmup)
+    timer = StepTimer(warmup, steps)
     fused = FusedLightningModule(make_trials(count, width), backend=backend, summary=False, verify=False)
     trainer_for(steps, device, [timer]).fit(fused, datamodule=DigitsDataModule())
     return statistics.median(timer.times)
@@ -194,7 +201,7 @@ def time_separate(count: int, width: int, steps: int, warmup: int, device: str, 
     """(per group step, start-up per run): `measured` runs are timed and scaled to `count` (they are identical)."""
     per_step, startup = [], []
     for trial in make_trials(min(count, measured), width):
-        timer = StepTimer(warmup)
+        timer = StepTimer(warmup, steps)
         start = time.perf_counter()
         trainer_for(steps, device, [timer]).fit(trial, datamodule=DigitsDataModule())
         total = time.perf_counter() - start
@@ -265,7 +272,7 @@ class LightningVmap(L.LightningModule):
 
 
 def time_lightning_vmap(count: int, width: int, steps: int, warmup: int, device: str) -> float:
-    timer = StepTimer(warmup)
+    timer = StepTimer(warmup, steps)
     trainer_for(steps, device, [timer]).fit(LightningVmap(count, width), datamodule=DigitsDataModule())
     return statistics.median(timer.times)
 

@@ -556,11 +556,13 @@ class FusedLightningModule(L.LightningModule):
                 self._metrics.record_objects(phase, log.name, values, options)
                 continue
             size = log.options.get("batch_size")
-            if size is None:
+            if size is None and options.on_epoch:  # only epoch means are weighted by the batch size
                 if batch_size is None:
                     batch_size = extract_batch_size(batch)
                 size = batch_size
-            self._metrics.record(phase, log.name, log.values, options, trial_ids=self._group.trial_ids, batch_size=size)
+            self._metrics.record(
+                phase, log.name, log.values, options, trial_ids=self._group.trial_ids, batch_size=size or 1
+            )
 
     @override
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
@@ -576,10 +578,11 @@ class FusedLightningModule(L.LightningModule):
             return None
         loss = loss.reshape(self._group.size)
         finite = torch.isfinite(loss.detach())
-        if not bool(finite.all()):
-            for tid, ok in zip(self._group.trial_ids, finite.tolist()):
-                if not ok:
-                    self._loss_problems.setdefault(tid, "non-finite loss")
+        if bool(finite.all()):
+            return loss.sum()
+        for tid, ok in zip(self._group.trial_ids, finite.tolist()):
+            if not ok:
+                self._loss_problems.setdefault(tid, "non-finite loss")
         return torch.where(finite, loss, torch.zeros_like(loss)).sum()
 
     def _eval_backend(self, method: str) -> Backend:

@@ -25,9 +25,21 @@ from typing_extensions import override
 __all__ = ["FusedAdam", "FusedSGD", "FusedUpdate", "select_fused_update"]
 
 
-def _rows(values: Sequence[float], like: Tensor) -> Tensor:
-    """A ``[B, 1, ...]`` tensor of per-row scalars that broadcasts against ``like`` (``[B, ...]``)."""
-    return torch.tensor(values, dtype=like.dtype, device=like.device).view(-1, *([1] * (like.dim() - 1)))
+class _RowTensors:
+    """``[B, 1, ...]`` tensors of per-row scalars, cached: hyperparameters rarely change between steps."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[Any, ...], Tensor] = {}
+
+    def __call__(self, values: Sequence[Any], like: Tensor) -> Tensor:
+        key = (tuple(values), like.dtype, like.device, like.dim())
+        found = self._cache.get(key)
+        if found is None:
+            if len(self._cache) > 512:  # e.g. a scheduler changing lr every step: keep the cache small
+                self._cache.clear()
+            found = torch.tensor([float(v) for v in values], dtype=like.dtype, device=like.device)
+            found = self._cache[key] = found.view(-1, *([1] * (like.dim() - 1)))
+        return found
 
 
 class FusedUpdate(ABC):
@@ -44,6 +56,7 @@ class FusedUpdate(ABC):
         self.state: list[dict[str, Any]] = [{} for _ in self.params]
         # the index of the param group each parameter is in (the same in every trial); None: not optimized
         self.group_of: list[int | None] = [0] * len(self.params) if group_of is None else list(group_of)
+        self._rows = _RowTensors()
 
     def _by_group(self, param_groups: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, list[Any]]]:
         """Hyperparameters per group index, each a list over rows: ``[g][key][row]``."""
@@ -127,26 +140,48 @@ class FusedSGD(FusedUpdate):
             weight_decay, nesterov = hyper[g]["weight_decay"], hyper[g]["nesterov"]
             uses_momentum = [float(m) != 0 for m in momentum]
             if any(weight_decay):
-                d_p = d_p + _rows(weight_decay, param) * param
+                d_p = d_p + self._rows(weight_decay, param) * param
             if any(uses_momentum):
                 buf = state.get("momentum_buffer")
                 initialized: list[bool] = state.get("initialized", [False] * self.rows)
-                if buf is None:
-                    buf = torch.zeros_like(param)
-                updated = buf * _rows(momentum, param) + _rows([1 - float(d) for d in dampening], param) * d_p
-                # torch starts the buffer as a copy of the first gradient (no dampening on step one)
-                new_buf = torch.where(_rows(initialized, param).bool(), updated, d_p)
-                active = _rows(uses_momentum, param).bool()
-                buf = torch.where(active, new_buf, buf)
-                state["momentum_buffer"] = buf
-                state["initialized"] = [
-                    done or (uses and row not in skip)
-                    for row, (done, uses) in enumerate(zip(initialized, uses_momentum))
-                ]
-                direction = torch.where(_rows(nesterov, param).bool(), d_p + _rows(momentum, param) * buf, buf)
-                d_p = torch.where(active, direction, d_p)
-            param.add_(_rows([-float(x) for x in lr], param) * d_p)
+                if buf is not None and all(uses_momentum) and all(initialized) and len(set(nesterov)) == 1:
+                    # the steady state: every row has a buffer; torch's in-place update, for all rows at once
+                    buf.mul_(self._rows(momentum, param)).add_(
+                        self._rows([1 - float(d) for d in dampening], param) * d_p
+                    )
+                    d_p = d_p + self._rows(momentum, param) * buf if nesterov[0] else buf
+                else:
+                    d_p = self._first_momentum_step(param, d_p, state, momentum, dampening, nesterov, skip)
+            param.add_(self._rows([-float(x) for x in lr], param) * d_p)
         self._restore_rows(saved, skip_rows)
+
+    def _first_momentum_step(
+        self,
+        param: Tensor,
+        d_p: Tensor,
+        state: dict[str, Any],
+        momentum: Sequence[Any],
+        dampening: Sequence[Any],
+        nesterov: Sequence[Any],
+        skip: set[int],
+    ) -> Tensor:
+        """Rows without a buffer yet (or without momentum) mixed with rows that have one: torch's rules per row."""
+        uses_momentum = [float(m) != 0 for m in momentum]
+        initialized: list[bool] = state.get("initialized", [False] * self.rows)
+        buf = state.get("momentum_buffer")
+        if buf is None:
+            buf = torch.zeros_like(param)
+        updated = buf * self._rows(momentum, param) + self._rows([1 - float(d) for d in dampening], param) * d_p
+        # torch starts the buffer as a copy of the first gradient (no dampening on step one)
+        new_buf = torch.where(self._rows(initialized, param).bool(), updated, d_p)
+        active = self._rows(uses_momentum, param).bool()
+        buf = torch.where(active, new_buf, buf)
+        state["momentum_buffer"] = buf
+        state["initialized"] = [
+            done or (uses and row not in skip) for row, (done, uses) in enumerate(zip(initialized, uses_momentum))
+        ]
+        direction = torch.where(self._rows(nesterov, param).bool(), d_p + self._rows(momentum, param) * buf, buf)
+        return torch.where(active, direction, d_p)
 
     @override
     def export_row(self, row: int) -> list[dict[str, Tensor]]:
@@ -213,20 +248,20 @@ class FusedAdam(FusedUpdate):
             steps = state["step"].tolist()
             if any(weight_decay):
                 if self.decoupled:
-                    param.mul_(_rows([1 - a * float(w) for a, w in zip(lr, weight_decay)], param))
+                    param.mul_(self._rows([1 - a * float(w) for a, w in zip(lr, weight_decay)], param))
                 else:
-                    grad = grad + _rows(weight_decay, param) * param
+                    grad = grad + self._rows(weight_decay, param) * param
             exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-            exp_avg.lerp_(grad, _rows([1 - b for b in beta1], param))
-            exp_avg_sq.mul_(_rows(beta2, param)).add_(_rows([1 - b for b in beta2], param) * grad * grad)
+            exp_avg.lerp_(grad, self._rows([1 - b for b in beta1], param))
+            exp_avg_sq.mul_(self._rows(beta2, param)).add_(self._rows([1 - b for b in beta2], param) * grad * grad)
             step_size = [a / (1 - b**s) for a, b, s in zip(lr, beta1, steps)]
             bias_correction2_sqrt = [(1 - b**s) ** 0.5 for b, s in zip(beta2, steps)]
             second_moment = exp_avg_sq
             if self.amsgrad:
                 torch.maximum(state["max_exp_avg_sq"], exp_avg_sq, out=state["max_exp_avg_sq"])
                 second_moment = state["max_exp_avg_sq"]
-            denom = (second_moment.sqrt() / _rows(bias_correction2_sqrt, param)).add_(_rows(eps, param))
-            param.add_((_rows([-s for s in step_size], param) * exp_avg) / denom)
+            denom = (second_moment.sqrt() / self._rows(bias_correction2_sqrt, param)).add_(self._rows(eps, param))
+            param.add_((self._rows([-s for s in step_size], param) * exp_avg) / denom)
         self._restore_rows(saved, skip_rows)
 
     @override

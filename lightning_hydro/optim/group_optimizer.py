@@ -163,7 +163,9 @@ class TrialGroupOptimizer(Optimizer):
         skipped = self._is_skipped()
         grads = [p.grad for p in self.group.params.values() if p.grad is not None]
         if grads:
-            finite = torch.stack([torch.isfinite(g.flatten(1)).all(1) for g in grads]).all(0).tolist()
+            # one reduction per parameter: a NaN or inf anywhere in a row makes that row's sum non-finite
+            sums = torch.stack([g.flatten(1).sum(1) for g in grads]).sum(0)  # (an overflow to inf counts too)
+            finite = torch.isfinite(sums).tolist()
         else:
             finite = [True] * self.group.size
         for row, tid in enumerate(self.group.trial_ids):
