@@ -39,8 +39,11 @@ class LoopBackend(Backend):
             self._callers = [MethodCaller(module) for module in self.group.modules]
         outputs: list[Any] = []
         calls_per_row: list[list[LogCall]] = []
+        # one unbind per parameter, not p[row] per trial: the backward of indexing allocates a whole [B, ...]
+        # zero gradient per trial (quadratic in B), unbind's stacks the B row gradients once
+        rows = {name: p.unbind(0) for name, p in self.group.params.items()}
         for row, caller in enumerate(self._callers):
-            params = {f"module.{name}": p[row] for name, p in self.group.params.items()}
+            params = {f"module.{name}": p[row] for name, p in rows.items()}
             buffers = {f"module.{name}": b[row] for name, b in self.group.buffers.items()}
             with capture_logs(caller.module) as calls:
                 outputs.append(functional_call(caller, (params, buffers), (method, *args)))

@@ -135,7 +135,14 @@ class FusedSGD(FusedUpdate):
         skip = set(skip_rows)
         saved = self._save_rows(skip_rows)
         hyper = self._by_group(param_groups)
-        for param, d_p, state, g in self._active():
+        active = self._active()
+        steady = [a for a in active if self._is_steady(a[2], hyper[a[3]])]
+        for g in {a[3] for a in steady}:
+            self._steady_step([a for a in steady if a[3] == g], hyper[g])
+        done = {id(a[2]) for a in steady}
+        for param, d_p, state, g in active:
+            if id(state) in done:
+                continue
             lr, momentum, dampening = hyper[g]["lr"], hyper[g]["momentum"], hyper[g]["dampening"]
             weight_decay, nesterov = hyper[g]["weight_decay"], hyper[g]["nesterov"]
             uses_momentum = [float(m) != 0 for m in momentum]
@@ -145,7 +152,7 @@ class FusedSGD(FusedUpdate):
                 buf = state.get("momentum_buffer")
                 initialized: list[bool] = state.get("initialized", [False] * self.rows)
                 if buf is not None and all(uses_momentum) and all(initialized) and len(set(nesterov)) == 1:
-                    # the steady state: every row has a buffer; torch's in-place update, for all rows at once
+                    # every row has a buffer (nesterov; the plain case runs in _steady_step): torch's update
                     buf.mul_(self._rows(momentum, param)).add_(
                         self._rows([1 - float(d) for d in dampening], param) * d_p
                     )
@@ -154,6 +161,34 @@ class FusedSGD(FusedUpdate):
                     d_p = self._first_momentum_step(param, d_p, state, momentum, dampening, nesterov, skip)
             param.add_(self._rows([-float(x) for x in lr], param) * d_p)
         self._restore_rows(saved, skip_rows)
+
+    def _is_steady(self, state: dict[str, Any], hyper: dict[str, list[Any]]) -> bool:
+        """Every row has a momentum buffer, and no row uses nesterov: one update over all parameters at once."""
+        return (
+            state.get("momentum_buffer") is not None
+            and all(state.get("initialized", [False]))
+            and all(float(m) != 0 for m in hyper["momentum"])
+            and not any(hyper["nesterov"])
+        )
+
+    def _steady_step(
+        self, active: list[tuple[nn.Parameter, Tensor, dict[str, Any], int]], hyper: dict[str, Any]
+    ) -> None:
+        """The in-place momentum update of torch's SGD for the parameters of one group, as a few foreach calls.
+
+        A loop over parameters costs several small kernel launches and Python row-tensor lookups each; on
+        a small model that overhead is comparable to the arithmetic, so it is batched here (same numbers).
+        """
+        params = [a[0] for a in active]
+        d_p = [a[1] for a in active]
+        bufs = [a[2]["momentum_buffer"] for a in active]
+        if any(hyper["weight_decay"]):
+            d_p = torch._foreach_addcmul(d_p, [self._rows(hyper["weight_decay"], p) for p in params], params)
+        torch._foreach_mul_(bufs, [self._rows(hyper["momentum"], p) for p in params])
+        if any(hyper["dampening"]):
+            d_p = torch._foreach_mul(d_p, [self._rows([1 - float(d) for d in hyper["dampening"]], p) for p in params])
+        torch._foreach_add_(bufs, d_p)
+        torch._foreach_addcmul_(params, [self._rows([-float(x) for x in hyper["lr"]], p) for p in params], bufs)
 
     def _first_momentum_step(
         self,
