@@ -1,10 +1,12 @@
 """Whole models train fused to the same weights as trained trial by trial (relative <= 1e-4).
 
-ResNet-18 is compared in float64: its float32 training on these small batches amplifies rounding so
-much that the SAME code run trial by trial in float32 and in float64 ends 20 steps apart by a relative
-1.4 in BatchNorm biases (measured, batch 8 and 16), so no float32 implementation that sums in another
-order could meet 1e-4. In float64 rounding starts at 1e-16, so any fusion error shows and noise does
-not. The Transformer LM stays well-conditioned and is compared in float32.
+ResNet-18 is compared in float64, at small learning rates. Its training on these small batches amplifies
+rounding: trained trial by trial in float32 and in float64, the SAME code ends 20 steps apart by a relative
+1.4 in BatchNorm biases (batch 8 and 16). Even in float64, at learning rates 0.01-0.03 the fused and the
+separate runs start 1e-17 apart after one step and drift apart 3-4x per step with no jump (4.5e-3 after 20
+steps), which is rounding, not fusion; at 0.001-0.003 the drift is ~1.5x per step (4e-11 after 20 steps),
+so a fusion error shows and noise does not. One step is also checked at 1e-12. The Transformer LM stays
+well-conditioned and is compared in float32.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ from .training import Batch, train_fused, train_separately
 TOLERANCE = 1e-4
 
 
-def assert_same_weights(fused: dict[str, Tensor], separate: dict[str, Tensor]) -> None:
+def assert_same_weights(fused: dict[str, Tensor], separate: dict[str, Tensor], tolerance: float = TOLERANCE) -> None:
     assert fused.keys() == separate.keys()
     errors = {name: relative_error(fused[name].detach().to(separate[name].dtype), separate[name]) for name in fused}
     worst = max(errors, key=errors.__getitem__)
-    assert errors[worst] <= TOLERANCE, f"{worst}: relative error {errors[worst]:.2e} > {TOLERANCE:.0e}"
+    assert errors[worst] <= tolerance, f"{worst}: relative error {errors[worst]:.2e} > {tolerance:.0e}"
 
 
 def resnet_trial(slot: int) -> nn.Module:
@@ -50,13 +52,13 @@ def image_batches(steps: int, batch: int, dtype: torch.dtype) -> list[Batch]:
     ]
 
 
-def check_resnet(num_trials: int, steps: int, batch: int) -> None:
+def check_resnet(num_trials: int, steps: int, batch: int, tolerance: float = TOLERANCE) -> None:
     trials = [resnet_trial(slot).double() for slot in range(num_trials)]
-    rates = [0.01 * (slot + 1) for slot in range(num_trials)]
+    rates = [0.001 * (slot + 1) for slot in range(num_trials)]
     batches = image_batches(steps, batch, torch.float64)
     fused = train_fused(trials, rates, batches, F.cross_entropy)
     separate = train_separately(copy.deepcopy(trials), rates, batches, F.cross_entropy)
-    assert_same_weights(fused, separate)
+    assert_same_weights(fused, separate, tolerance)
 
 
 def test_resnet18_trains_fused_to_the_same_weights_reduced() -> None:
@@ -64,8 +66,9 @@ def test_resnet18_trains_fused_to_the_same_weights_reduced() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # ~430 s on a shared 2-core CPU: float64, 3 trials fused and 3 separately
+@pytest.mark.timeout(1800)  # ~80 s on 2 CPU cores (float64, 3 trials fused and 3 separately)
 def test_resnet18_trains_fused_to_the_same_weights() -> None:
+    check_resnet(num_trials=3, steps=1, batch=8, tolerance=1e-12)  # one step: float64 rounding only
     check_resnet(num_trials=3, steps=20, batch=8)
 
 
