@@ -179,15 +179,16 @@ class FusedSGD(FusedUpdate):
         A loop over parameters costs several small kernel launches and Python row-tensor lookups each; on
         a small model that overhead is comparable to the arithmetic, so it is batched here (same numbers).
         """
-        params = [a[0] for a in active]
-        d_p = [a[1] for a in active]
+        params: list[Tensor] = [a[0] for a in active]
+        d_p: Sequence[Tensor] = [a[1] for a in active]
         bufs = [a[2]["momentum_buffer"] for a in active]
         if any(hyper["weight_decay"]):
-            d_p = torch._foreach_addcmul(d_p, [self._rows(hyper["weight_decay"], p) for p in params], params)
+            d_p = torch._foreach_addcmul(list(d_p), [self._rows(hyper["weight_decay"], p) for p in params], params)
         torch._foreach_mul_(bufs, [self._rows(hyper["momentum"], p) for p in params])
         if any(hyper["dampening"]):
-            d_p = torch._foreach_mul(d_p, [self._rows([1 - float(d) for d in hyper["dampening"]], p) for p in params])
-        torch._foreach_add_(bufs, d_p)
+            factors = [self._rows([1 - float(d) for d in hyper["dampening"]], p) for p in params]
+            d_p = torch._foreach_mul(list(d_p), factors)
+        torch._foreach_add_(bufs, list(d_p))
         torch._foreach_addcmul_(params, [self._rows([-float(x) for x in hyper["lr"]], p) for p in params], bufs)
 
     def _first_momentum_step(

@@ -26,6 +26,13 @@ SGD_SETTINGS = [
     dict(lr=0.2, momentum=0.5, dampening=0.3, weight_decay=0.001),
     dict(lr=0.01, momentum=0.8, nesterov=True),
 ]
+# every row with momentum and no nesterov: after the first step the foreach ("steady") update runs
+STEADY_SGD_SETTINGS = [
+    dict(lr=0.1, momentum=0.9),
+    dict(lr=0.05, momentum=0.5, weight_decay=0.01),
+    dict(lr=0.2, momentum=0.3, dampening=0.3, weight_decay=0.001),
+    dict(lr=0.01, momentum=0.99, dampening=0.1),
+]
 ADAM_SETTINGS = [
     dict(lr=1e-2),
     dict(lr=3e-3, betas=(0.8, 0.99), weight_decay=0.01),
@@ -58,7 +65,8 @@ def run(kind: str, settings: list[dict[str, Any]], steps: int, skip: dict[int, l
 
 
 @pytest.mark.parametrize(
-    ("kind", "settings"), [("sgd", SGD_SETTINGS), ("adam", ADAM_SETTINGS), ("adamw", ADAM_SETTINGS)]
+    ("kind", "settings"),
+    [("sgd", SGD_SETTINGS), ("sgd", STEADY_SGD_SETTINGS), ("adam", ADAM_SETTINGS), ("adamw", ADAM_SETTINGS)],
 )
 def test_rows_match_separate_torch_optimizers(kind, settings):
     _fused, stacked, trials, _ = run(kind, settings, steps=10)
@@ -75,7 +83,9 @@ def test_amsgrad_matches():
         torch.testing.assert_close(stacked[0].detach()[row], params[0].detach(), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize(("kind", "settings"), [("sgd", SGD_SETTINGS), ("adam", ADAM_SETTINGS)])
+@pytest.mark.parametrize(
+    ("kind", "settings"), [("sgd", SGD_SETTINGS), ("sgd", STEADY_SGD_SETTINGS), ("adam", ADAM_SETTINGS)]
+)
 def test_skipped_rows_keep_parameters_and_state(kind, settings):
     # row 1 is skipped at steps 0 and 3 (a diverged trial would be); it must look as if those steps never came
     _fused, stacked, trials, _ = run(kind, settings, steps=6, skip={0: [1], 3: [1, 2]})
