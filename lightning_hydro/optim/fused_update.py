@@ -178,6 +178,7 @@ class FusedSGD(FusedUpdate):
 
         A loop over parameters costs several small kernel launches and Python row-tensor lookups each; on
         a small model that overhead is comparable to the arithmetic, so it is batched here (same numbers).
+        ``torch._foreach_*`` has no public counterpart; torch.optim's own foreach implementations use it.
         """
         params: list[Tensor] = [a[0] for a in active]
         d_p: Sequence[Tensor] = [a[1] for a in active]
