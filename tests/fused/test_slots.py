@@ -97,3 +97,55 @@ def test_trials_added_before_fit_train_from_the_start():
     fit_digits(make_trainer(max_steps=4), fused)
     assert fused.trial_ids == [0, 10]
     assert fused.results[10]["steps"] == 4
+
+
+class StopAllBut(L.Callback):
+    """At the end of epoch 0 stops every trial but ``keep``; at the end of epoch 1 adds ``newcomer``."""
+
+    def __init__(self, keep: int, newcomer: L.LightningModule) -> None:
+        self.keep, self.newcomer = keep, newcomer
+        self.backends: list[str | None] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.backends.append(pl_module.backend)  # the backend that ran this batch
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.current_epoch == 0:
+            for tid in [t for t in pl_module.trial_ids if t != self.keep]:
+                pl_module.stop_trial(tid, "probe decided")
+        elif trainer.current_epoch == 1:
+            pl_module.add_trial(self.newcomer)
+
+
+@pytest.mark.parametrize("chosen", ["vmap", "hfta"])
+def test_auto_runs_a_lone_trial_on_the_loop_and_a_newcomer_brings_its_choice_back(monkeypatch, chosen):
+    from lightning_hydro.backends import auto
+
+    def choose(group, candidates, run_step, **kwargs):  # auto's timing is machine-dependent: fix its choice
+        return auto.AutoChoice(dict(candidates)[chosen]())
+
+    monkeypatch.setattr("lightning_hydro.fused.fused_module.choose_backend", choose)
+    trials = mixed_optimizer_mlps()
+    separate = train_separately(trials[2:3], fit_digits, max_epochs=3, limit_train_batches=4, limit_val_batches=1)
+    probe = StopAllBut(keep=2, newcomer=DigitsMLP(hidden_dim=32, lr=0.1))
+    fused = FusedLightningModule(trials, backend="auto", max_slots=4, summary=False)
+    fit_digits(make_trainer(max_epochs=3, limit_train_batches=4, limit_val_batches=1, callbacks=[probe]), fused)
+    assert probe.backends == [chosen] * 4 + ["loop"] * 4 + [chosen] * 4
+    assert fused.trial_ids == [2, 4]
+    assert max_state_difference(fused.unfuse(2), separate[0]) <= 1e-5  # Adam's state survived both switches
+
+
+def test_a_checkpoint_keeps_autos_choice_while_a_lone_trial_runs_on_the_loop(monkeypatch):
+    from lightning_hydro.backends import auto
+
+    monkeypatch.setattr(
+        "lightning_hydro.fused.fused_module.choose_backend",
+        lambda group, candidates, run_step, **kwargs: auto.AutoChoice(dict(candidates)["vmap"]()),
+    )
+    fused = FusedLightningModule([DigitsMLP(hidden_dim=8), DigitsMLP(hidden_dim=8)], backend="auto", summary=False)
+    fit_digits(make_trainer(max_steps=2), fused)
+    fused.stop_trial(0)
+    assert fused.backend == "loop"
+    checkpoint: dict = {}
+    fused.on_save_checkpoint(checkpoint)
+    assert checkpoint["lightning_hydro"]["backend"] == "vmap"  # a resumed group that refills goes back to it
