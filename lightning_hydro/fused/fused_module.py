@@ -108,7 +108,8 @@ class FusedLightningModule(L.LightningModule):
     Args:
         trials: the trial modules (one architecture: same parameter/buffer names, shapes, dtypes).
         backend: ``"vmap"`` (torch.func), ``"hfta"`` (fused operators), ``"loop"`` (one trial after another,
-            always correct) or ``"auto"`` (time each on the first batch, keep the fastest).
+            always correct) or ``"auto"`` (time each on the first batch, keep the fastest; a group that early
+            stopping leaves with one trial runs it on the loop until another trial joins).
         trial_ids: one integer id per trial (default ``0..B-1``).
         max_slots: how many trials the group may hold at once (default: ``len(trials)``); ``add_trial``
             fills free slots up to this.
