@@ -7,7 +7,7 @@ from typing import Any
 from typing_extensions import override
 
 from lightning_hydro.callbacks.halving_callback import HalvingCallback
-from lightning_hydro.schedulers import AsyncSuccessiveHalving, Decision, HalvingConfig, RungStore, TrialReport
+from lightning_hydro.schedulers import AsyncSuccessiveHalving, HalvingConfig, RungStore
 
 __all__ = ["ASHA"]
 
@@ -63,9 +63,3 @@ class ASHA(HalvingCallback):
     @override
     def _build_rule(self, config: HalvingConfig, store: RungStore | None) -> Any:
         return AsyncSuccessiveHalving(config, store)
-
-    @override
-    def _judge(self, reports: list[TrialReport], *, together: bool) -> list[Decision]:
-        if together:
-            return self.rule.report_batch(reports)
-        return [self.rule.report(*report) for report in reports]

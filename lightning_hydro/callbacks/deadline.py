@@ -249,9 +249,7 @@ class Deadline(ASHA):
             assert isinstance(pl_module, FusedLightningModule)
             results = pl_module.results
             return [
-                TrialProgress(
-                    tid, self._trial_budget(trainer, pl_module, tid), results[tid]["metrics"].get(self.monitor)
-                )
+                TrialProgress(tid, self._record_budget(results[tid]), results[tid]["metrics"].get(self.monitor))
                 for tid in pl_module.trial_ids
             ]
         if self.status != "running":

@@ -133,21 +133,25 @@ class HalvingCallback(Callback):
         self._refill = None if refill is None else RefillSource(refill, owner=name)
         self.config: HalvingConfig | None = None
         self.rule: Any = None
+        self._fused = False
+        self._trial_key: TrialId | None = None  # one trial per process: its id in the rule
+        self._prefix: str | None = None  # fused module in shared storage: prefix of its trials' ids
+        self._reset_fit_state()
+        self._saved_state: Mapping[str, Any] | None = None
+
+    def _reset_fit_state(self) -> None:
+        """What one fit records: outcomes, reports, the summary, and the one-trial-per-process counters."""
         self.outcomes: dict[TrialId, TrialOutcome] = {}
         self.budget: BudgetSummary | None = None
         self.summary = ""
         self.status = "running"
         self.result: dict[str, Any] = {}
-        self._fused = False
-        self._trial_key: TrialId | None = None  # one trial per process: its id in the rule
-        self._prefix: str | None = None  # fused module in shared storage: prefix of its trials' ids
         self._reported: dict[TrialId, int] = {}  # budget of each trial's last report
         self._started = False
         self._pending = False  # fused module without validation: decide when its epoch values are published
         self._epochs = 0  # epochs trained in this fit (one trial per process: the trial's budget)
         self._epoch_counted = False
         self._monitor_seen = False
-        self._saved_state: Mapping[str, Any] | None = None
 
     # -- what subclasses provide -------------------------------------------------------------------------------
 
@@ -157,7 +161,9 @@ class HalvingCallback(Callback):
 
     def _judge(self, reports: list[TrialReport], *, together: bool) -> list[Decision]:
         """Decisions for ``reports`` (in order); ``together``: the reports of a fused group at one point."""
-        raise NotImplementedError
+        if together:
+            return self.rule.report_batch(reports)
+        return [self.rule.report(*report) for report in reports]
 
     def _on_trial_started(self, key: TrialId) -> None:
         """A trial entered the run (e.g. Hyperband deals it to a bracket)."""
@@ -211,9 +217,7 @@ class HalvingCallback(Callback):
             path = os.path.join(trainer.default_root_dir, DEFAULT_STORE_FILE)
             store = open_storage(type(self).__name__, path, self.namespace)
         self.rule = self._build_rule(self.config, store)
-        self.outcomes, self._reported, self.budget, self.summary, self.result = {}, {}, None, "", {}
-        self.status, self._started, self._pending, self._monitor_seen = "running", False, False, False
-        self._epochs, self._epoch_counted = 0, False
+        self._reset_fit_state()
         if self._fused:
             shared = store is not None
             self._prefix = (
@@ -347,7 +351,7 @@ class HalvingCallback(Callback):
                 raise self._monitor_error(trainer, logged, per_trial=True)
             reports = []
             for tid in running:
-                budget = self._trial_budget(trainer, pl_module, tid)
+                budget = self._record_budget(results[tid])
                 value = values[tid]
                 if value is not None and budget > self._reported.get(tid, 0):
                     reports.append(_Report(tid, self._key(tid), budget, float(value)))
@@ -385,8 +389,6 @@ class HalvingCallback(Callback):
             status, reason = "completed", f"reached max_t={self.config.max_t}"
         elif decision.reason == "diverged":
             status, reason = "diverged", f"{self.monitor} is {decision.value} (diverged)"
-        elif decision.reason == "cannot_finish_before_deadline":
-            status, reason = "stopped", "cannot reach the top rung before the deadline"
         else:
             status = "stopped"
             where = f"{type(self).__name__}" + (f" bracket {bracket}" if bracket is not None else "")
@@ -442,26 +444,18 @@ class HalvingCallback(Callback):
         unit = self.time_attr
         if self._fused:
             assert isinstance(pl_module, FusedLightningModule)
-            ended = []
-            for tid in pl_module.trial_ids:
-                budget = self._trial_budget(trainer, pl_module, tid)
-                status: OutcomeStatus = "completed" if budget >= max_t else "stopped"
-                reason = f"reached max_t={max_t}" if budget >= max_t else self._end_reason(budget)
-                ended.append(TrialOutcome(tid, status, budget, reason))
+            running = pl_module.results
+            ended = [self._end_outcome(tid, self._record_budget(running[tid])) for tid in pl_module.trial_ids]
             self._apply(trainer, pl_module, ended)
             results = pl_module.results
-            budgets: dict[TrialId, int] = {
-                tid: int(r["epochs"] if unit == "epochs" else r["steps"]) for tid, r in results.items()
-            }
+            budgets: dict[TrialId, int] = {tid: self._record_budget(r) for tid, r in results.items()}
             statuses: dict[TrialId, str] = {tid: str(r["status"]) for tid, r in results.items()}
         else:
             assert self._trial_key is not None
             budget = self._trial_budget(trainer, pl_module, self._trial_key)
             if self.status == "running":
-                status = "completed" if budget >= max_t else "stopped"
-                reason = f"reached max_t={max_t}" if budget >= max_t else self._end_reason(budget)
-                self.outcomes[self._trial_key] = TrialOutcome(self._trial_key, status, budget, reason)
-                self.status = status
+                self.outcomes[self._trial_key] = self._end_outcome(self._trial_key, budget)
+                self.status = self.outcomes[self._trial_key].status
             outcome = self.outcomes[self._trial_key]
             budgets, statuses = {self._trial_key: budget}, {self._trial_key: str(self.status)}
             self.result = {
@@ -487,9 +481,20 @@ class HalvingCallback(Callback):
     def _trial_budget(self, trainer: L.Trainer, pl_module: L.LightningModule, trial_id: TrialId) -> int:
         if self._fused:
             assert isinstance(pl_module, FusedLightningModule)
-            record = pl_module.results[int(trial_id)]
-            return int(record["epochs"] if self.time_attr == "epochs" else record["steps"])
+            return self._record_budget(pl_module.results[int(trial_id)])
         return self._epochs if self.time_attr == "epochs" else int(trainer.global_step)
+
+    def _record_budget(self, record: Mapping[str, Any]) -> int:
+        """A fused trial's budget from its ``results`` record (read ``results`` once per loop: it is a copy)."""
+        return int(record["epochs"] if self.time_attr == "epochs" else record["steps"])
+
+    def _end_outcome(self, trial_id: TrialId, budget: int) -> TrialOutcome:
+        """How a trial still running when training ends ends: completed at ``max_t``, else stopped."""
+        assert self.config is not None
+        max_t = self.config.max_t
+        if budget >= max_t:
+            return TrialOutcome(trial_id, "completed", budget, f"reached max_t={max_t}")
+        return TrialOutcome(trial_id, "stopped", budget, self._end_reason(budget))
 
     def _count_epoch(self) -> None:
         if not self._epoch_counted:

@@ -12,13 +12,11 @@ from lightning_hydro.callbacks.halving_callback import HalvingCallback, TimeAttr
 from lightning_hydro.callbacks.refill_source import RefillSpec
 from lightning_hydro.schedulers import (
     BracketOrder,
-    Decision,
     HalvingConfig,
     Mode,
     RungStore,
     StoreSpec,
     TrialId,
-    TrialReport,
 )
 from lightning_hydro.schedulers import Hyperband as HyperbandRule
 
@@ -134,12 +132,6 @@ class Hyperband(HalvingCallback):
     @override
     def _bracket_of(self, key: TrialId) -> int | None:
         return self.rule.assignments.get(key)
-
-    @override
-    def _judge(self, reports: list[TrialReport], *, together: bool) -> list[Decision]:
-        if together:
-            return self.rule.report_batch(reports)
-        return [self.rule.report(*report) for report in reports]
 
     @override
     def _settings(self) -> dict[str, Any]:
