@@ -687,8 +687,7 @@ class FusedLightningModule(L.LightningModule):
         self._loss_problems.clear()
         self._book.stepped(report.stepped)
         for tid, reason in report.diverged.items():
-            self._book.update_metrics(tid, self._metrics.step_values().get(tid, {}))
-            self.stop_trial(tid, reason, status="diverged")
+            self.stop_trial(tid, reason, status="diverged")  # it records the trial's last step values
         trainer = self.trainer
         if trainer.loggers and self._should_log_step():
             flat = {

@@ -276,10 +276,16 @@ class FusedAdam(FusedUpdate):
     def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_rows: Sequence[int] = ()) -> None:
         saved = self._save_rows(skip_rows)
         hyper = self._by_group(param_groups)
+        per_group = [  # (lr, beta1, beta2) per group, each a list over rows: read once per step, not per parameter
+            (
+                [float(x) for x in h["lr"]],
+                [float(b[0]) for b in h["betas"]],
+                [float(b[1]) for b in h["betas"]],
+            )
+            for h in hyper
+        ]
         for param, grad, state, g in self._active():
-            lr, eps, weight_decay = [float(x) for x in hyper[g]["lr"]], hyper[g]["eps"], hyper[g]["weight_decay"]
-            beta1 = [float(b[0]) for b in hyper[g]["betas"]]
-            beta2 = [float(b[1]) for b in hyper[g]["betas"]]
+            (lr, beta1, beta2), eps, weight_decay = per_group[g], hyper[g]["eps"], hyper[g]["weight_decay"]
             self._ensure_state(param, state)
             state["step"] += 1
             steps = state["step"].tolist()
