@@ -6,14 +6,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from lightning_hydro.schedulers.cutoff import judge_against_quantile, quantile_score, to_score, to_value
-from lightning_hydro.schedulers.decision import Action, Decision
+from lightning_hydro.schedulers.decision import Decision, off_rung_decision, rung_action
 from lightning_hydro.schedulers.halving_config import (
     HalvingConfig,
     TrialId,
     check_budget,
     check_trial_id,
     check_value,
-    is_diverged,
 )
 from lightning_hydro.schedulers.open_store import StoreSpec, open_store
 from lightning_hydro.schedulers.rung_record import RungEntry, RungRecord
@@ -183,13 +182,7 @@ class AsyncSuccessiveHalving:
     def _rung_decision(self, report: TrialReport, record: RungRecord, population: list[float]) -> Decision:
         config = self.config
         reason, cutoff = judge_against_quantile(record.value, population, config.mode, config.reduction_factor)
-        action: Action
-        if reason == "diverged":
-            action = "stop"
-        elif report.budget >= config.max_t:  # finished: the cutoff no longer matters
-            action, reason = "complete", "reached_max_t"
-        else:
-            action = "stop" if reason == "below_cutoff" else "continue"
+        action, reason = rung_action(reason, report.budget, config.max_t)
         return Decision(
             report.trial_id,
             action,
@@ -202,8 +195,4 @@ class AsyncSuccessiveHalving:
         )
 
     def _off_rung_decision(self, report: TrialReport) -> Decision:
-        if is_diverged(report.value):
-            return Decision(report.trial_id, "stop", "diverged", budget=report.budget, value=report.value)
-        if report.budget >= self.config.max_t:
-            return Decision(report.trial_id, "complete", "reached_max_t", budget=report.budget, value=report.value)
-        return Decision(report.trial_id, "continue", "not_at_rung", budget=report.budget, value=report.value)
+        return off_rung_decision(report.trial_id, report.budget, report.value, self.config.max_t)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from lightning_hydro.schedulers.halving_config import TrialId
+from lightning_hydro.schedulers.halving_config import TrialId, is_diverged
 
 Action = Literal["continue", "stop", "complete"]
 """``"continue"`` training, ``"stop"`` now (free the slot), or ``"complete"``: the trial reached ``max_t``."""
@@ -81,3 +81,27 @@ class Decision:
             "cannot_finish_before_deadline": "cannot reach the top rung before the deadline",
         }[self.reason]
         return f"{head}: {detail}"
+
+
+def rung_action(reason: Reason, budget: int, max_t: int) -> tuple[Action, Reason]:
+    """The action for a trial judged at a rung (``reason`` from the cutoff): diverged stops, ``max_t`` completes.
+
+    Example::
+
+        >>> rung_action("below_cutoff", 3, 9), rung_action("below_cutoff", 9, 9), rung_action("diverged", 9, 9)
+        (('stop', 'below_cutoff'), ('complete', 'reached_max_t'), ('stop', 'diverged'))
+    """
+    if reason == "diverged":
+        return "stop", reason
+    if budget >= max_t:  # finished: the cutoff no longer matters
+        return "complete", "reached_max_t"
+    return ("stop" if reason == "below_cutoff" else "continue"), reason
+
+
+def off_rung_decision(trial_id: TrialId, budget: int, value: float, max_t: int) -> Decision:
+    """The decision for a trial whose budget is not at a new rung: stop if diverged, complete at ``max_t``."""
+    if is_diverged(value):
+        return Decision(trial_id, "stop", "diverged", budget=budget, value=value)
+    if budget >= max_t:
+        return Decision(trial_id, "complete", "reached_max_t", budget=budget, value=value)
+    return Decision(trial_id, "continue", "not_at_rung", budget=budget, value=value)

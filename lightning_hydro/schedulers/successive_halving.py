@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lightning_hydro.schedulers.cutoff import judge_against_top_k
-from lightning_hydro.schedulers.decision import Action, Decision
+from lightning_hydro.schedulers.decision import Decision, off_rung_decision, rung_action
 from lightning_hydro.schedulers.halving_config import (
     AnyTrialId,
     HalvingConfig,
@@ -15,7 +15,6 @@ from lightning_hydro.schedulers.halving_config import (
     check_budget,
     check_trial_id,
     check_value,
-    is_diverged,
     keep_count,
 )
 from lightning_hydro.schedulers.memory_rung_store import MemoryRungStore
@@ -138,21 +137,11 @@ class SuccessiveHalving:
         decisions = {}
         for trial, value in values.items():
             reason, cutoff = judge_against_top_k(value, cohort, config.mode, keep)
-            action: Action
-            if reason == "diverged":
-                action = "stop"
-            elif budget >= config.max_t:
-                action, reason = "complete", "reached_max_t"
-            else:
-                action = "stop" if reason == "below_cutoff" else "continue"
+            action, reason = rung_action(reason, budget, config.max_t)
             decisions[trial] = Decision(
                 trial, action, reason, budget, milestone, config.rung_of(milestone), value, cutoff
             )
         return decisions
 
     def _between_rungs(self, trial: TrialId, value: float, budget: int) -> Decision:
-        if is_diverged(value):
-            return Decision(trial, "stop", "diverged", budget=budget, value=value)
-        if budget >= self.config.max_t:
-            return Decision(trial, "complete", "reached_max_t", budget=budget, value=value)
-        return Decision(trial, "continue", "not_at_rung", budget=budget, value=value)
+        return off_rung_decision(trial, budget, value, self.config.max_t)
