@@ -9,8 +9,6 @@ setting (ELU ``alpha``, GELU ``approximate``, ...) are handled by
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 
@@ -56,19 +54,13 @@ def fused_prelu(info: VmapInfo, in_dims: InDims, x: Tensor, weight: Tensor, modu
 class FusedLeakyReLUFunction(TrialFunction):
     """Autograd Function whose vmap rule is :func:`fused_leaky_relu`."""
 
-    @staticmethod
-    def vmap(info: VmapInfo, in_dims: InDims, *args: Any) -> tuple[Tensor, int]:
-        """See :func:`fused_leaky_relu`."""
-        return fused_leaky_relu(info, in_dims, *args)
+    vmap = staticmethod(fused_leaky_relu)
 
 
 class FusedPReLUFunction(TrialFunction):
     """Autograd Function whose vmap rule is :func:`fused_prelu`."""
 
-    @staticmethod
-    def vmap(info: VmapInfo, in_dims: InDims, *args: Any) -> tuple[Tensor, int]:
-        """See :func:`fused_prelu`."""
-        return fused_prelu(info, in_dims, *args)
+    vmap = staticmethod(fused_prelu)
 
 
 class FusedLeakyReLU(FusedModule, nn.LeakyReLU):

@@ -245,10 +245,7 @@ def fused_multihead_attention(
 class FusedMultiheadAttentionFunction(TrialFunction):
     """Autograd Function whose vmap rule is :func:`fused_multihead_attention`."""
 
-    @staticmethod
-    def vmap(info: VmapInfo, in_dims: InDims, *args: Any) -> tuple[Any, Any]:
-        """See :func:`fused_multihead_attention`."""
-        return fused_multihead_attention(info, in_dims, *args)
+    vmap = staticmethod(fused_multihead_attention)
 
 
 class FusedMultiheadAttention(FusedModule, nn.MultiheadAttention):

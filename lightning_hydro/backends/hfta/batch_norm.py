@@ -11,7 +11,6 @@ of ``var_mean`` and ``rsqrt`` instead.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -144,10 +143,7 @@ def _affine(
 class FusedBatchNormFunction(TrialFunction):
     """Autograd Function whose vmap rule is :func:`fused_batch_norm`."""
 
-    @staticmethod
-    def vmap(info: VmapInfo, in_dims: InDims, *args: Any) -> tuple[Tensor, int]:
-        """See :func:`fused_batch_norm`."""
-        return fused_batch_norm(info, in_dims, *args)
+    vmap = staticmethod(fused_batch_norm)
 
 
 class _FusedBatchNorm(FusedModule):

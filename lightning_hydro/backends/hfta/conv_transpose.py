@@ -8,7 +8,6 @@ expanded to all trials first (a copy of the input only; it is usually a small no
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -72,10 +71,7 @@ def fused_conv_transpose(
 class FusedConvTransposeFunction(TrialFunction):
     """Autograd Function whose vmap rule is :func:`fused_conv_transpose`."""
 
-    @staticmethod
-    def vmap(info: VmapInfo, in_dims: InDims, *args: Any) -> tuple[Tensor, int]:
-        """See :func:`fused_conv_transpose`."""
-        return fused_conv_transpose(info, in_dims, *args)
+    vmap = staticmethod(fused_conv_transpose)
 
 
 class _FusedConvTranspose(FusedModule):

@@ -77,10 +77,7 @@ def fused_convolution(
 class FusedConvolutionFunction(TrialFunction):
     """Autograd Function whose vmap rule is :func:`fused_convolution`."""
 
-    @staticmethod
-    def vmap(info: VmapInfo, in_dims: InDims, *args: Any) -> tuple[Tensor, int]:
-        """See :func:`fused_convolution`."""
-        return fused_convolution(info, in_dims, *args)
+    vmap = staticmethod(fused_convolution)
 
 
 class _FusedConvolution(FusedModule):

@@ -9,8 +9,6 @@ variants (``Dropout1d/2d/3d``) draw one value per (sample, channel) and broadcas
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 
@@ -48,10 +46,7 @@ def fused_dropout(
 class FusedDropoutFunction(TrialFunction):
     """Autograd Function whose vmap rule is :func:`fused_dropout`."""
 
-    @staticmethod
-    def vmap(info: VmapInfo, in_dims: InDims, *args: Any) -> tuple[Tensor, int]:
-        """See :func:`fused_dropout`."""
-        return fused_dropout(info, in_dims, *args)
+    vmap = staticmethod(fused_dropout)
 
 
 class _FusedDropout(FusedModule):

@@ -10,8 +10,6 @@ each trial's looked-up rows with that trial's own ``max_norm`` and ``norm_type``
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -59,10 +57,7 @@ def fused_embedding(
 class FusedEmbeddingFunction(TrialFunction):
     """Autograd Function whose vmap rule is :func:`fused_embedding`."""
 
-    @staticmethod
-    def vmap(info: VmapInfo, in_dims: InDims, *args: Any) -> tuple[Tensor, int]:
-        """See :func:`fused_embedding`."""
-        return fused_embedding(info, in_dims, *args)
+    vmap = staticmethod(fused_embedding)
 
 
 class FusedEmbedding(FusedModule, nn.Embedding):

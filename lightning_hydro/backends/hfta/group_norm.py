@@ -8,8 +8,6 @@ and applies the stacked affine parameters, flattened to ``[B*C]``. The output is
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -62,10 +60,7 @@ def fused_group_norm(
 class FusedGroupNormFunction(TrialFunction):
     """Autograd Function whose vmap rule is :func:`fused_group_norm`."""
 
-    @staticmethod
-    def vmap(info: VmapInfo, in_dims: InDims, *args: Any) -> tuple[Tensor, int]:
-        """See :func:`fused_group_norm`."""
-        return fused_group_norm(info, in_dims, *args)
+    vmap = staticmethod(fused_group_norm)
 
 
 class FusedGroupNorm(FusedModule, nn.GroupNorm):

@@ -8,8 +8,6 @@ once and broadcast against the per-trial affine. Trials whose eps differ use ``v
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -62,10 +60,7 @@ def fused_layer_norm(
 class FusedLayerNormFunction(TrialFunction):
     """Autograd Function whose vmap rule is :func:`fused_layer_norm`."""
 
-    @staticmethod
-    def vmap(info: VmapInfo, in_dims: InDims, *args: Any) -> tuple[Tensor, int | None]:
-        """See :func:`fused_layer_norm`."""
-        return fused_layer_norm(info, in_dims, *args)
+    vmap = staticmethod(fused_layer_norm)
 
 
 class FusedLayerNorm(FusedModule, nn.LayerNorm):

@@ -7,8 +7,6 @@ by ``baddbmm`` with the ``[B, I, O]`` weights.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 
@@ -55,10 +53,7 @@ def fused_linear(
 class FusedLinearFunction(TrialFunction):
     """Autograd Function whose vmap rule is :func:`fused_linear`."""
 
-    @staticmethod
-    def vmap(info: VmapInfo, in_dims: InDims, *args: Any) -> tuple[Tensor, int]:
-        """See :func:`fused_linear`."""
-        return fused_linear(info, in_dims, *args)
+    vmap = staticmethod(fused_linear)
 
 
 class FusedLinear(FusedModule, nn.Linear):

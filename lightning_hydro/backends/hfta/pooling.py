@@ -44,10 +44,7 @@ def fused_pooling(
 class FusedPoolingFunction(TrialFunction):
     """Autograd Function whose vmap rule is :func:`fused_pooling`."""
 
-    @staticmethod
-    def vmap(info: VmapInfo, in_dims: InDims, *args: Any) -> tuple[Pooled, Any]:
-        """See :func:`fused_pooling`."""
-        return fused_pooling(info, in_dims, *args)
+    vmap = staticmethod(fused_pooling)
 
 
 class _FusedPooling(FusedModule):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -77,10 +76,7 @@ def grouped_rule(
 class TrialGroupedFunction(TrialFunction):
     """Autograd Function whose vmap rule is :func:`grouped_rule`."""
 
-    @staticmethod
-    def vmap(info: VmapInfo, in_dims: InDims, *args: Any) -> tuple[Tensor, int]:
-        """See :func:`grouped_rule`."""
-        return grouped_rule(info, in_dims, *args)
+    vmap = staticmethod(grouped_rule)
 
 
 class TrialGroupedModule(nn.Module):
