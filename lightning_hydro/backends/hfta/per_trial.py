@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -50,6 +51,10 @@ class PerTrial(Generic[T]):
     """
 
     values: tuple[T, ...]
+    # built once per (dtype, device, ndim): a fused operator asks for its column on every forward
+    _columns: dict[tuple[torch.dtype, torch.device, int], Tensor] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     @classmethod
     def gather(cls, modules: Sequence[nn.Module], name: str) -> PerTrial[Any]:
@@ -59,7 +64,7 @@ class PerTrial(Generic[T]):
     def __len__(self) -> int:
         return len(self.values)
 
-    @property
+    @cached_property
     def is_uniform(self) -> bool:
         """Whether every trial has the same value (then one ordinary op serves all trials)."""
         return all(values_equal(value, self.values[0]) for value in self.values[1:])
@@ -71,8 +76,11 @@ class PerTrial(Generic[T]):
 
     def column(self, like: Tensor, ndim: int) -> Tensor:
         """The values as a ``[B, 1, ..., 1]`` tensor of ``ndim`` dims, on ``like``'s device and dtype."""
-        column = torch.tensor(self.values, dtype=like.dtype, device=like.device)
-        return column.view(len(self.values), *([1] * (ndim - 1)))
+        key = (like.dtype, like.device, ndim)
+        if key not in self._columns:
+            column = torch.tensor(self.values, dtype=like.dtype, device=like.device)
+            self._columns[key] = column.view(len(self.values), *([1] * (ndim - 1)))
+        return self._columns[key]
 
     def select(self, slots: Sequence[int]) -> PerTrial[T]:
         """The values of the trials in ``slots``, in that order (used when trials are removed)."""
