@@ -91,7 +91,7 @@ def choose_backend(
     key = _cache_key(group)
     if key in _CACHE and _CACHE[key] in factories:
         return AutoChoice(factories[_CACHE[key]](), cached=True)
-    device = next(iter(group.params.values())).device
+    device = group.device
     saved_buffers = {name: b.clone() for name, b in group.buffers.items()}
     choice = AutoChoice(backend=None)  # type: ignore[arg-type]
     last_error: FusionError | None = None

@@ -48,9 +48,8 @@ class LoopBackend(Backend):
             with capture_logs(caller.module) as calls:
                 outputs.append(functional_call(caller, (params, buffers), (method, *args)))
             calls_per_row.append(calls)
-        device = next(iter(self.group.params.values())).device
         return StepOutputs(
             output=stack_outputs(outputs, method, strict=method != "predict_step"),
-            logs=stack_logs(calls_per_row, device),
+            logs=stack_logs(calls_per_row, self.group.device),
             per_row=outputs,
         )

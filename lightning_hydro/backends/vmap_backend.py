@@ -138,7 +138,7 @@ class VmapBackend(Backend):
                     )
                 logs.append(StackedLog(call.name, values.reshape(rows), call.options))
             elif isinstance(call.value, (int, float)):
-                device = next(iter(self.group.params.values())).device
+                device = self.group.device
                 logs.append(StackedLog(call.name, torch.full((rows,), float(call.value), device=device), call.options))
             else:
                 raise FusionError(

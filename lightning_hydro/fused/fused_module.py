@@ -299,8 +299,7 @@ class FusedLightningModule(L.LightningModule):
             raise ValueError(f"add_trial: trial id {tid} is already used; known ids: {sorted(self._book.records)}.")
         if not module.automatic_optimization:
             raise ValueError("add_trial: the trial uses manual optimization; fused trials need automatic optimization.")
-        stacked = next(iter(self._group.params.values()))
-        module.to(device=stacked.device)
+        module.to(device=self._group.device)
         self._set_mode_of_newcomer(module)
         self._metrics.reslot()
         if self._optimizer is not None:
@@ -328,9 +327,8 @@ class FusedLightningModule(L.LightningModule):
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> FusedLightningModule:
         super()._apply(fn, recurse)
         self._group.bind()
-        stacked = next(iter(self._group.params.values()))
         for module in [*self._group.modules, *self._retired.values()]:
-            module.to(device=stacked.device)  # updates each trial's `self.device`; bound tensors are already there
+            module.to(device=self._group.device)  # updates each trial's `self.device`; bound tensors are already there
         self._rebind_backends()
         return self
 

@@ -147,6 +147,11 @@ class StackedState:
         """Number of occupied slots (rows)."""
         return len(self.trial_ids)
 
+    @property
+    def device(self) -> torch.device:
+        """The device the stacked tensors live on."""
+        return next(iter(self.params.values())).device
+
     def row_of(self, trial_id: int) -> int:
         """The row (slot index) of a live trial."""
         try:
@@ -200,14 +205,8 @@ class StackedState:
         drop = set(rows)
         if not drop <= set(range(self.size)):
             raise IndexError(f"rows {sorted(drop)} out of range for a group of {self.size}")
-        keep = [r for r in range(self.size) if r not in drop]
         removed = [self.modules[r] for r in sorted(drop)]
-        for module in removed:
-            self.detach(module)
-        self._select_rows(keep)
-        self.modules = [self.modules[r] for r in keep]
-        self.trial_ids = [self.trial_ids[r] for r in keep]
-        self.bind()
+        self.reorder([tid for r, tid in enumerate(self.trial_ids) if r not in drop])
         return removed
 
     def reorder(self, trial_ids: Sequence[int]) -> None:
