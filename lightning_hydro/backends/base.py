@@ -88,8 +88,13 @@ def stack_outputs(per_row: list[Any], method: str, *, strict: bool = True) -> Te
         }
     if not strict:
         return None
-    raise TypeError(
-        f"{method} returned {type(first).__name__}; a fused trial's step must return a tensor, a dict of "
+    raise step_output_error(first, method)
+
+
+def step_output_error(output: Any, method: str) -> TypeError:
+    """The error for a step that returned something other than a tensor, a dict of tensors or None."""
+    return TypeError(
+        f"{method} returned {type(output).__name__}; a fused trial's step must return a tensor, a dict of "
         "tensors, or None."
     )
 

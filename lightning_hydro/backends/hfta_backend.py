@@ -10,6 +10,8 @@ LeakyReLU slope, Embedding ``padding_idx``...) really are per trial. See docs/hf
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import lightning as L
@@ -26,6 +28,15 @@ if TYPE_CHECKING:
 __all__ = ["HftaBackend"]
 
 
+@contextmanager
+def _conversion_errors_as_fusion_errors() -> Iterator[None]:
+    """What the conversion rejects is a FusionError for the fused module (auto then falls back)."""
+    try:
+        yield
+    except ConversionError as err:
+        raise FusionError(f"backend='hfta' cannot convert these trials: {err}") from err
+
+
 class HftaBackend(VmapBackend):
     """vmap over a template converted into fused operators; reconverted whenever the trials change.
 
@@ -38,19 +49,15 @@ class HftaBackend(VmapBackend):
     def __init__(self, group: StackedState, *, chunk_size: int | None = None) -> None:
         super().__init__(group, chunk_size=chunk_size)
         self._converted: nn.Module | None = None
-        try:
+        with _conversion_errors_as_fusion_errors():
             plan_conversion(group.modules[0], group.modules).raise_if_rejected()
-        except ConversionError as err:
-            raise FusionError(f"backend='hfta' cannot convert these trials: {err}") from err
 
     @override
     def template(self) -> nn.Module:
         first = self.group.modules[0]
         if self._converted is None:
-            try:
+            with _conversion_errors_as_fusion_errors():
                 self._converted = convert_to_fused(first, self.group.modules)
-            except ConversionError as err:
-                raise FusionError(f"backend='hfta' cannot convert these trials: {err}") from err
         converted = self._converted
         # the copy follows the trial modules: train/eval mode (per submodule) and the Trainer the user's code uses
         modes = {name: module.training for name, module in first.named_modules()}

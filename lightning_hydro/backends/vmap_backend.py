@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 from typing_extensions import override
 
-from lightning_hydro.backends.base import Backend, StackedLog, StepOutputs
+from lightning_hydro.backends.base import Backend, StackedLog, StepOutputs, step_output_error
 from lightning_hydro.backends.errors import FusionError, explain_vmap_error
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
 
@@ -65,10 +65,7 @@ def _encode(out: Any, method: str) -> tuple[Any, _Kind]:
         return out, "tensor"
     if isinstance(out, Mapping):
         return {k: v for k, v in out.items() if isinstance(v, Tensor)}, "dict"
-    raise TypeError(
-        f"{method} returned {type(out).__name__}; a fused trial's step must return a tensor, a dict of "
-        "tensors, or None."
-    )
+    raise step_output_error(out, method)
 
 
 class VmapBackend(Backend):
