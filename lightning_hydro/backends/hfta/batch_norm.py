@@ -22,6 +22,7 @@ from lightning_hydro.backends.hfta.fused_module import (
     InDims,
     TrialFunction,
     VmapInfo,
+    channel_affine,
     trials_at,
     trials_first,
 )
@@ -104,7 +105,7 @@ def fused_batch_norm(
             out = out.view(samples.shape)
         else:
             out, mean, biased_var = _composite_batch_norm(samples, None, None, _eps_column(eps, samples))
-            out = _affine(out, weight, bias, weight_dim, bias_dim, trials)
+            out = channel_affine(out, weight, bias, weight_dim, bias_dim, trials)
             batch_mean, batch_var = mean.detach(), biased_var.detach() * (count / (count - 1))
         if update_running_stats and stats_mean is not None and stats_var is not None:
             factors = _momentum_factors(module, num_batches_tracked, stats_mean)
@@ -120,24 +121,7 @@ def fused_batch_norm(
         )
         return out.view(samples.shape), 1
     out, _, _ = _composite_batch_norm(samples, stats_mean, stats_var, _eps_column(eps, samples))
-    return _affine(out, weight, bias, weight_dim, bias_dim, trials), 1
-
-
-def _affine(
-    normalised: Tensor,
-    weight: Tensor | None,
-    bias: Tensor | None,
-    weight_dim: int | None,
-    bias_dim: int | None,
-    trials: int,
-) -> Tensor:
-    """``normalised * weight + bias`` on ``[N, B, C, *]`` with per-trial ``[B, C]`` weight and bias."""
-    shape = (1, trials, normalised.shape[2], *([1] * (normalised.dim() - 3)))
-    if weight is not None:
-        normalised = normalised * trials_first(weight, weight_dim, trials).reshape(shape)
-    if bias is not None:
-        normalised = normalised + trials_first(bias, bias_dim, trials).reshape(shape)
-    return normalised
+    return channel_affine(out, weight, bias, weight_dim, bias_dim, trials), 1
 
 
 class FusedBatchNormFunction(TrialFunction):

@@ -221,6 +221,23 @@ def trials_at(tensor: Tensor, in_dim: int | None, position: int, batch_size: int
     return expanded.expand(shape)
 
 
+def channel_affine(
+    normalised: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    weight_dim: int | None,
+    bias_dim: int | None,
+    trials: int,
+) -> Tensor:
+    """``normalised * weight + bias`` on ``[N, B, C, *]`` with per-trial ``[B, C]`` weight and bias (norm layers)."""
+    shape = (1, trials, normalised.shape[2], *([1] * (normalised.dim() - 3)))
+    if weight is not None:
+        normalised = normalised * trials_first(weight, weight_dim, trials).reshape(shape)
+    if bias is not None:
+        normalised = normalised + trials_first(bias, bias_dim, trials).reshape(shape)
+    return normalised
+
+
 def random_uniform(randomness: str, shape: Sequence[int], like: Tensor) -> Tensor:
     """Uniform [0, 1) draws for a fused random op, honouring vmap's ``randomness`` mode.
 

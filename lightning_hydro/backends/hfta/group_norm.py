@@ -17,6 +17,7 @@ from lightning_hydro.backends.hfta.fused_module import (
     InDims,
     TrialFunction,
     VmapInfo,
+    channel_affine,
     trials_at,
     trials_first,
 )
@@ -38,10 +39,10 @@ def fused_group_norm(
     num_groups: int = module.num_groups  # type: ignore[assignment]
     samples = trials_at(x, x_dim, 1, trials)  # [N, B, C, *spatial]
     batch, channels = samples.shape[0], samples.shape[2]
-    flat_weight = None if weight is None else trials_first(weight, weight_dim, trials).reshape(-1)
-    flat_bias = None if bias is None else trials_first(bias, bias_dim, trials).reshape(-1)
     eps = module.setting("eps")
     if eps.is_uniform:
+        flat_weight = None if weight is None else trials_first(weight, weight_dim, trials).reshape(-1)
+        flat_bias = None if bias is None else trials_first(bias, bias_dim, trials).reshape(-1)
         flat = samples.reshape(batch, trials * channels, *samples.shape[3:])
         out = F.group_norm(flat, trials * num_groups, flat_weight, flat_bias, eps.first)
         return out.view(samples.shape), 1
@@ -49,12 +50,7 @@ def fused_group_norm(
     variance, mean = torch.var_mean(grouped, dim=-1, correction=0, keepdim=True)
     per_trial_eps = eps.column(samples, 3).unsqueeze(0)  # [1, B, 1, 1]
     out = ((grouped - mean) * torch.rsqrt(variance + per_trial_eps)).view(samples.shape)
-    affine_shape = (1, trials, channels, *([1] * (samples.dim() - 3)))
-    if flat_weight is not None:
-        out = out * flat_weight.view(affine_shape)
-    if flat_bias is not None:
-        out = out + flat_bias.view(affine_shape)
-    return out, 1
+    return channel_affine(out, weight, bias, weight_dim, bias_dim, trials), 1
 
 
 class FusedGroupNormFunction(TrialFunction):
