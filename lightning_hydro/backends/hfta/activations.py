@@ -18,6 +18,7 @@ from lightning_hydro.backends.hfta.fused_module import (
     TrialFunction,
     VmapInfo,
     trials_first,
+    trials_first_or_shared,
 )
 
 
@@ -26,7 +27,7 @@ def fused_leaky_relu(
 ) -> tuple[Tensor, int]:
     """The fused rule of LeakyReLU: ``x if x > 0 else slope[b] * x``; returns (output ``[B, ...]``, 0)."""
     module.check_trial_count(info.batch_size)
-    samples = x.unsqueeze(0) if in_dims[0] is None else x.movedim(in_dims[0], 0)
+    samples = trials_first_or_shared(x, in_dims[0])
     slopes = module.setting("negative_slope").column(samples, samples.dim())
     return torch.where(samples > 0, samples, samples * slopes), 0
 
@@ -35,7 +36,7 @@ def fused_prelu(info: VmapInfo, in_dims: InDims, x: Tensor, weight: Tensor, modu
     """The fused rule of PReLU, stacked slopes ``[B, num_parameters]``; returns (output ``[B, ...]``, 0)."""
     module.check_trial_count(info.batch_size)
     trials = info.batch_size
-    samples = x.unsqueeze(0) if in_dims[0] is None else x.movedim(in_dims[0], 0)
+    samples = trials_first_or_shared(x, in_dims[0])
     slopes = trials_first(weight, in_dims[1], trials)
     logical_dims = samples.dim() - 1
     shape = [trials] + [1] * logical_dims

@@ -29,6 +29,7 @@ from lightning_hydro.backends.hfta.fused_module import (
     VmapInfo,
     random_uniform,
     trials_first,
+    trials_first_or_shared,
 )
 
 
@@ -44,7 +45,7 @@ class AttentionCall:
 
 def _batch_first(tensor: Tensor, in_dim: int | None, batch_first: bool) -> Tensor:
     """An input as ``[B or 1, N, L, E]`` (1: shared by all trials)."""
-    samples = tensor.unsqueeze(0) if in_dim is None else tensor.movedim(in_dim, 0)
+    samples = trials_first_or_shared(tensor, in_dim)
     if samples.dim() == 3:  # unbatched attention input [L, E]
         return samples.unsqueeze(1)
     return samples if batch_first else samples.transpose(1, 2)
@@ -83,7 +84,7 @@ def _merged_mask(
     """One additive mask broadcastable to ``[B, N, H, L, S]``, or None."""
     merged: Tensor | None = None
     if attn_mask is not None:
-        mask = attn_mask.unsqueeze(0) if in_dims[1] is None else attn_mask.movedim(in_dims[1], 0)
+        mask = trials_first_or_shared(attn_mask, in_dims[1])
         if mask.dim() == 3:  # [B|1, L, S]
             mask = mask[:, None, None]
         elif mask.dim() == 4:  # [B|1, N*H, L, S]
@@ -92,7 +93,7 @@ def _merged_mask(
             raise RuntimeError(f"attn_mask's dimension {mask.dim() - 1} is not supported")
         merged = _float_mask(mask, dtype)
     if key_padding_mask is not None:
-        mask = key_padding_mask.unsqueeze(0) if in_dims[0] is None else key_padding_mask.movedim(in_dims[0], 0)
+        mask = trials_first_or_shared(key_padding_mask, in_dims[0])
         if mask.dim() == 2:  # unbatched [B|1, S]
             mask = mask.unsqueeze(1)
         padding = _float_mask(mask[:, :, None, None, :], dtype)

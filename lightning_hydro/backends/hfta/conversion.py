@@ -27,6 +27,7 @@ from lightning_hydro.backends.hfta.registry import (
     FUSED_CONTAINERS,
     FUSED_OPERATORS,
     ONLY_WHEN_TRIALS_DIFFER,
+    has_tensors,
     is_groupable,
 )
 from lightning_hydro.backends.hfta.trial_groups import TrialGroupedModule
@@ -168,8 +169,7 @@ def _decide_other(path: str, module: nn.Module, differing: list[str], trials: Se
             "vmap would run every trial with the template's values"
         )
         return ModuleDecision(path, type_name, "rejected", reason)
-    has_state = any(True for _ in module.parameters()) or any(True for _ in module.buffers())
-    if has_state:
+    if has_tensors(module):
         reason = f"no fused operator for {type_name}; its stacked parameters run under vmap's own rules"
     else:
         reason = "parameter-free; vmap's own rule"

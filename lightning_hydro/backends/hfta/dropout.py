@@ -18,6 +18,7 @@ from lightning_hydro.backends.hfta.fused_module import (
     TrialFunction,
     VmapInfo,
     random_uniform,
+    trials_first_or_shared,
 )
 
 
@@ -31,7 +32,7 @@ def fused_dropout(
     """
     module.check_trial_count(info.batch_size)
     trials = info.batch_size
-    samples = x.unsqueeze(0) if in_dims[0] is None else x.movedim(in_dims[0], 0)  # [B or 1, ...]
+    samples = trials_first_or_shared(x, in_dims[0])  # [B or 1, ...]
     logical_shape = samples.shape[1:]
     if mask_dims < 0:
         mask_shape = (trials, *logical_shape)

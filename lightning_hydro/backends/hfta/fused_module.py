@@ -211,6 +211,17 @@ def trials_first(tensor: Tensor, in_dim: int | None, batch_size: int) -> Tensor:
     return trials_at(tensor, in_dim, 0, batch_size)
 
 
+def trials_first_or_shared(tensor: Tensor, in_dim: int | None) -> Tensor:
+    """``tensor`` as ``[B, ...]`` with its trial dim first, or ``[1, ...]`` when it is shared by all trials.
+
+    Example::
+
+        >>> trials_first_or_shared(torch.zeros(3, 2), None).shape, trials_first_or_shared(torch.zeros(3, 2), 1).shape
+        (torch.Size([1, 3, 2]), torch.Size([2, 3]))
+    """
+    return tensor.unsqueeze(0) if in_dim is None else tensor.movedim(in_dim, 0)
+
+
 def trials_at(tensor: Tensor, in_dim: int | None, position: int, batch_size: int) -> Tensor:
     """``tensor`` with its trial dim at ``position``; an unbatched tensor is expanded (a view)."""
     if in_dim is not None:

@@ -18,6 +18,7 @@ from lightning_hydro.backends.hfta.fused_module import (
     TrialFunction,
     VmapInfo,
     trials_first,
+    trials_first_or_shared,
 )
 
 
@@ -35,7 +36,7 @@ def fused_layer_norm(
     trials = info.batch_size
     x_dim, weight_dim, bias_dim = in_dims[:3]
     normalized_shape: tuple[int, ...] = module.normalized_shape  # type: ignore[assignment]
-    samples = x.unsqueeze(0) if x_dim is None else x.movedim(x_dim, 0)  # [B or 1, ...]
+    samples = trials_first_or_shared(x, x_dim)  # [B or 1, ...]
     eps = module.setting("eps")
     if eps.is_uniform:
         out = F.layer_norm(samples, normalized_shape, None, None, eps.first)

@@ -91,6 +91,11 @@ GROUPABLE_MODULE_FILES: frozenset[str] = frozenset(
 """Torch files whose parameter-free modules map one tensor to one tensor and may run grouped by setting."""
 
 
+def has_tensors(module: nn.Module) -> bool:
+    """Whether the module (or a submodule) holds any parameter or buffer."""
+    return any(True for _ in module.parameters()) or any(True for _ in module.buffers())
+
+
 def is_groupable(module: nn.Module) -> bool:
     """Whether ``module`` is a parameter-free torch module that can run grouped by trial settings.
 
@@ -99,7 +104,7 @@ def is_groupable(module: nn.Module) -> bool:
         >>> is_groupable(nn.ELU()), is_groupable(nn.PReLU()), is_groupable(nn.Linear(1, 1))
         (True, False, False)
     """
-    stateless = not any(True for _ in module.parameters()) and not any(True for _ in module.buffers())
+    stateless = not has_tensors(module)
     return (
         stateless
         and type(module).__module__ in GROUPABLE_MODULE_FILES
