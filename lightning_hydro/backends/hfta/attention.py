@@ -31,6 +31,7 @@ from lightning_hydro.backends.hfta.fused_module import (
     trials_first,
     trials_first_or_shared,
 )
+from lightning_hydro.backends.hfta.linear import linear_per_trial, linear_shared
 
 
 @dataclass(frozen=True)
@@ -53,18 +54,9 @@ def _batch_first(tensor: Tensor, in_dim: int | None, batch_first: bool) -> Tenso
 
 def _project(samples: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``samples @ weight[b].T + bias[b]`` per trial: ``[B or 1, N, L, I]`` -> ``[B, N, L, O]``."""
-    trials, out_features, in_features = weight.shape
     if samples.shape[0] == 1:  # shared input: one matmul against all trials' weights
-        rows = samples[0].reshape(-1, in_features)
-        all_weights = weight.reshape(trials * out_features, in_features).t()
-        out = rows @ all_weights if bias is None else torch.addmm(bias.reshape(-1), rows, all_weights)
-        return out.view(*samples.shape[1:3], trials, out_features).permute(2, 0, 1, 3)
-    rows = samples.reshape(trials, -1, in_features)
-    if bias is None:
-        out = torch.bmm(rows, weight.transpose(1, 2))
-    else:
-        out = torch.baddbmm(bias.unsqueeze(1), rows, weight.transpose(1, 2))
-    return out.view(trials, *samples.shape[1:3], out_features)
+        return linear_shared(samples[0], weight, bias).permute(2, 0, 1, 3)
+    return linear_per_trial(samples, weight, bias)
 
 
 def _float_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:

@@ -20,6 +20,29 @@ from lightning_hydro.backends.hfta.fused_module import (
 )
 
 
+def linear_shared(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``x`` ``[*, I]`` shared by all trials times ``weight`` ``[B, O, I]`` (+ ``bias`` ``[B, O]``): ``[*, B, O]``.
+
+    One ``addmm`` against all trials' weights side by side.
+    """
+    trials, out_features, in_features = weight.shape
+    rows = x.reshape(-1, in_features)
+    all_weights = weight.reshape(trials * out_features, in_features).t()
+    out = rows @ all_weights if bias is None else torch.addmm(bias.reshape(-1), rows, all_weights)
+    return out.view(*x.shape[:-1], trials, out_features)
+
+
+def linear_per_trial(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """Each trial's own input ``x`` ``[B, *, I]`` times its ``weight`` ``[B, O, I]`` (+ ``bias``): ``[B, *, O]``."""
+    trials, out_features, in_features = weight.shape
+    rows = x.reshape(trials, -1, in_features)
+    if bias is None:
+        out = torch.bmm(rows, weight.transpose(1, 2))
+    else:
+        out = torch.baddbmm(bias.unsqueeze(1), rows, weight.transpose(1, 2))
+    return out.view(*x.shape[:-1], out_features)
+
+
 def fused_linear(
     info: VmapInfo, in_dims: InDims, x: Tensor, weight: Tensor, bias: Tensor | None, module: FusedModule
 ) -> tuple[Tensor, int]:
@@ -28,7 +51,7 @@ def fused_linear(
     trials = info.batch_size
     x_dim, weight_dim, bias_dim = in_dims[:3]
     weight = trials_first(weight, weight_dim, trials)
-    out_features, in_features = weight.shape[1:]
+    in_features = weight.shape[2]
     if logical_shape(x, x_dim)[-1] != in_features:
         raise RuntimeError(
             f"{module.describe()}: per-trial input has shape {tuple(logical_shape(x, x_dim))}, expected "
@@ -36,18 +59,8 @@ def fused_linear(
         )
     stacked_bias = None if bias is None else trials_first(bias, bias_dim, trials)
     if x_dim is None:
-        rows = x.reshape(-1, in_features)
-        all_weights = weight.reshape(trials * out_features, in_features).t()
-        out = rows @ all_weights if stacked_bias is None else torch.addmm(stacked_bias.reshape(-1), rows, all_weights)
-        return out.view(*x.shape[:-1], trials, out_features), x.dim() - 1
-    per_trial = x.movedim(x_dim, 0)
-    leading = per_trial.shape[1:-1]
-    rows = per_trial.reshape(trials, -1, in_features)
-    if stacked_bias is None:
-        out = torch.bmm(rows, weight.transpose(1, 2))
-    else:
-        out = torch.baddbmm(stacked_bias.unsqueeze(1), rows, weight.transpose(1, 2))
-    return out.view(trials, *leading, out_features), 0
+        return linear_shared(x, weight, stacked_bias), x.dim() - 1
+    return linear_per_trial(x.movedim(x_dim, 0), weight, stacked_bias), 0
 
 
 class FusedLinearFunction(TrialFunction):
