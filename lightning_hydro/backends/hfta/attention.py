@@ -27,7 +27,7 @@ from lightning_hydro.backends.hfta.fused_module import (
     InDims,
     TrialFunction,
     VmapInfo,
-    random_uniform,
+    drop_per_trial,
     trials_first,
     trials_first_or_shared,
 )
@@ -161,9 +161,7 @@ def _explicit_attention(
     if keep_probability is not None:
         trials = keep_probability.shape[0]
         per_trial = weights.view(trials, -1, *weights.shape[1:])
-        keep = random_uniform(randomness, per_trial.shape, q) < keep_probability
-        scale = torch.where(keep_probability > 0, 1.0 / keep_probability, torch.zeros_like(keep_probability))
-        weights = (per_trial * (keep * scale)).view_as(weights)
+        weights = drop_per_trial(per_trial, keep_probability, per_trial.shape, randomness, like=q).view_as(weights)
     return weights @ v, weights
 
 

@@ -9,7 +9,6 @@ variants (``Dropout1d/2d/3d``) draw one value per (sample, channel) and broadcas
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from lightning_hydro.backends.hfta.fused_module import (
@@ -17,7 +16,7 @@ from lightning_hydro.backends.hfta.fused_module import (
     InDims,
     TrialFunction,
     VmapInfo,
-    random_uniform,
+    drop_per_trial,
     trials_first_or_shared,
 )
 
@@ -39,9 +38,7 @@ def fused_dropout(
     else:
         mask_shape = (trials, *logical_shape[:mask_dims], *([1] * (len(logical_shape) - mask_dims)))
     keep_probability = 1.0 - module.setting("p").column(samples, len(mask_shape))
-    keep = random_uniform(info.randomness, mask_shape, samples) < keep_probability
-    scale = torch.where(keep_probability > 0, 1.0 / keep_probability, torch.zeros_like(keep_probability))
-    return samples * (keep * scale), 0
+    return drop_per_trial(samples, keep_probability, mask_shape, info.randomness, like=samples), 0
 
 
 class FusedDropoutFunction(TrialFunction):
@@ -69,6 +66,7 @@ class FusedDropout(_FusedDropout, nn.Dropout):
 
     Example::
 
+        >>> import torch
         >>> from torch.func import functional_call, vmap
         >>> trials = [nn.Dropout(p) for p in (0.0, 1.0)]
         >>> fused = FusedDropout.fuse(nn.Dropout(), trials, path="drop")

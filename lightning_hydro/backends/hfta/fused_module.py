@@ -263,3 +263,16 @@ def random_uniform(randomness: str, shape: Sequence[int], like: Tensor) -> Tenso
     if randomness == "same":
         shape = (1, *shape[1:])
     return torch.rand(tuple(shape), dtype=like.dtype, device=like.device)
+
+
+def drop_per_trial(
+    samples: Tensor, keep_probability: Tensor, mask_shape: Sequence[int], randomness: str, like: Tensor
+) -> Tensor:
+    """Dropout with each trial's own keep probability (``[B, 1, ...]``), the mask drawn as ``mask_shape``.
+
+    The draws take ``like``'s dtype and device; kept elements are scaled by ``1 / keep_probability`` (a
+    trial with ``p = 1`` drops everything).
+    """
+    keep = random_uniform(randomness, mask_shape, like) < keep_probability
+    scale = torch.where(keep_probability > 0, 1.0 / keep_probability, torch.zeros_like(keep_probability))
+    return samples * (keep * scale)
