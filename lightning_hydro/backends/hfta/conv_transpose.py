@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_hydro.backends.hfta.convolution import fold_trials, unfold_trials
 from lightning_hydro.backends.hfta.fused_module import (
     FusedModule,
     InDims,
@@ -48,10 +49,7 @@ def fused_conv_transpose(
     all_biases = None if bias is None else trials_first(bias, bias_dim, trials).reshape(-1)
     per_trial = trials_first(x, x_dim, trials)
     unbatched_sample = per_trial.dim() - 1 == spatial_dims + 1
-    if unbatched_sample:
-        per_trial = per_trial.unsqueeze(1)
-    samples = per_trial.transpose(0, 1)
-    samples = samples.reshape(samples.shape[0], -1, *samples.shape[3:])
+    samples = fold_trials(per_trial, unbatched_sample)
     out = _TRANSPOSED_CONVOLUTIONS[spatial_dims](
         samples,
         all_weights,
@@ -62,10 +60,7 @@ def fused_conv_transpose(
         trials * groups,
         module.dilation,
     )
-    out = out.view(out.shape[0], trials, out_channels, *out.shape[2:])
-    if unbatched_sample:
-        return out.squeeze(0), 0
-    return out, 1
+    return unfold_trials(out, trials, out_channels, unbatched_sample)
 
 
 class FusedConvTransposeFunction(TrialFunction):

@@ -38,6 +38,22 @@ def convolve(module: nn.Module, x: Tensor, weight: Tensor, bias: Tensor | None, 
     return _CONVOLUTIONS[spatial_dims](x, weight, bias, module.stride, padding, module.dilation, groups)
 
 
+def fold_trials(per_trial: Tensor, unbatched_sample: bool) -> Tensor:
+    """``[B, N, C, *S]`` (``[B, C, *S]`` for an unbatched sample) as ``[N, B*C, *S]``: trials become channel groups."""
+    if unbatched_sample:
+        per_trial = per_trial.unsqueeze(1)
+    samples = per_trial.transpose(0, 1)
+    return samples.reshape(samples.shape[0], -1, *samples.shape[3:])
+
+
+def unfold_trials(out: Tensor, trials: int, out_channels: int, unbatched_sample: bool) -> tuple[Tensor, int]:
+    """``[N, B*O, *S]`` as ``[N, B, O, *S]`` (trial dim 1), or ``[B, O, *S]`` (dim 0) for an unbatched sample."""
+    out = out.view(out.shape[0], trials, out_channels, *out.shape[2:])
+    if unbatched_sample:
+        return out.squeeze(0), 0
+    return out, 1
+
+
 def fused_convolution(
     info: VmapInfo, in_dims: InDims, x: Tensor, weight: Tensor, bias: Tensor | None, module: FusedModule
 ) -> tuple[Tensor, int]:
@@ -62,16 +78,9 @@ def fused_convolution(
         samples = x.unsqueeze(0) if unbatched_sample else x
         out = convolve(module, samples, all_weights, all_biases, 1)
     else:
-        per_trial = trials_first(x, x_dim, trials)
-        if unbatched_sample:
-            per_trial = per_trial.unsqueeze(1)
-        samples = per_trial.transpose(0, 1)
-        samples = samples.reshape(samples.shape[0], -1, *samples.shape[3:])
+        samples = fold_trials(trials_first(x, x_dim, trials), unbatched_sample)
         out = convolve(module, samples, all_weights, all_biases, trials * groups)
-    out = out.view(out.shape[0], trials, out_channels, *out.shape[2:])
-    if unbatched_sample:
-        return out.squeeze(0), 0
-    return out, 1
+    return unfold_trials(out, trials, out_channels, unbatched_sample)
 
 
 class FusedConvolutionFunction(TrialFunction):
