@@ -1,7 +1,11 @@
+import dataclasses
+import inspect
+
 import pytest
 from omegaconf import OmegaConf
 
-from lightning_hydro.sweeper.settings import SweepSettings
+from hydra_plugins.lightning_hydro_sweeper.config import LightningHydroSweeperConf
+from lightning_hydro.sweeper.settings import ProbeSettings, RetrainSettings, SchedulerSettings, SweepSettings
 
 
 def test_defaults_and_dictconfig_input():
@@ -100,3 +104,27 @@ def test_the_request_ignores_ranking_and_retrain():
 def test_errors_name_the_setting_and_the_fix(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SweepSettings.from_config(**kwargs)
+
+
+def test_the_plugin_config_and_the_settings_have_the_same_defaults():
+    # hydra_plugins/.../config.py may import only Hydra (plugin discovery), so its defaults are a second copy
+    conf = LightningHydroSweeperConf()
+    defaults = inspect.signature(SweepSettings.from_config).parameters
+    for name, parameter in defaults.items():
+        if name in ("scheduler", "probe", "retrain"):
+            continue
+        expected = parameter.default
+        got = getattr(conf, name)
+        assert (tuple(got) if isinstance(got, list) else got) == expected, name
+    for conf_part, settings in [
+        (conf.scheduler, SchedulerSettings),
+        (conf.probe, ProbeSettings),
+        (conf.retrain, RetrainSettings),
+    ]:
+        for f in dataclasses.fields(settings):
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+            got = getattr(conf_part, f.name)
+            assert (tuple(got) if isinstance(got, list) else got) == default, f"{settings.__name__}.{f.name}"
+    # and what the plugin hands over is accepted as it is
+    fields = {k: v for k, v in dataclasses.asdict(conf).items() if k != "_target_"}
+    assert SweepSettings.from_config(**{**fields, "n_trials": 4}).n_trials == 4
