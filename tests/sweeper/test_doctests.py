@@ -15,7 +15,8 @@ MODULES = [
     "plots",
     "metric_history",
     "trainer_factory",
-    "fit_from_config",
+    "overrides",
+    "group_model",
 ]
 
 
