@@ -49,6 +49,7 @@ from lightning_hydro.fused.arguments import check_fused_arguments
 from lightning_hydro.fused.results import TRIAL_STATUSES, TrialStatus, format_results_table
 from lightning_hydro.fused.stacked_state import StackedState
 from lightning_hydro.fused.stateful_metrics import updated_metrics
+from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_book import TrialBook
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
 from lightning_hydro.fused.trial_specs import module_spec, rebuild_trials
@@ -307,7 +308,7 @@ class FusedLightningModule(L.LightningModule):
         self._group.append(module, tid)
         self._book.add(tid)
         if self._trainer is not None:
-            module.trainer = self.trainer
+            attach_trainer(module, self.trainer, tid)
         if self._optimizer is not None:
             self._optimizer.trials[tid] = self._configure_trial_optimizer(tid, module)
             self._optimizer.rebuild()
@@ -426,8 +427,8 @@ class FusedLightningModule(L.LightningModule):
                 "skip every trial's step whenever one trial overflows, coupling the trials. Use "
                 "precision='bf16-mixed' (no loss scaling needed), '32-true' or '16-true'."
             )
-        for _, module in self._running():
-            module.trainer = self.trainer
+        for tid, module in self._running():
+            attach_trainer(module, self.trainer, tid)
             if is_overridden("setup", module, L.LightningModule):
                 module.setup(stage)
 
@@ -822,5 +823,5 @@ class FusedLightningModule(L.LightningModule):
         self._parked = None
         self._fit_backend_to_group()
         if self._trainer is not None:
-            for _, module in self._running():
-                module.trainer = self.trainer
+            for tid, module in self._running():
+                attach_trainer(module, self.trainer, tid)
