@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightning_hydro.sweeper.app_config import SEED_KEY, check_sweep_keys
 from lightning_hydro.sweeper.fusion_report import warn_if_nothing_fuses
 from lightning_hydro.sweeper.group_model import trial_seed
-from lightning_hydro.sweeper.group_task import ERROR_FILE, GroupResultMissing, GroupTask
+from lightning_hydro.sweeper.group_task import ERROR_FILE, GroupTask
 from lightning_hydro.sweeper.group_spec import (
     RESULT_FILE,
     EarlyStoppingSpec,
@@ -290,8 +290,13 @@ class LightningHydroSweeperImpl(Sweeper):
             self._launched_before = True
             self._launch(jobs[:1])
             first = self.failures.get(jobs[0][0].group_id)
-            if isinstance(first, GroupResultMissing):
-                raise RuntimeError(f"lightning_hydro sweeper: {first}") from first
+            if first is not None:
+                raise RuntimeError(
+                    f"lightning_hydro sweeper: the sweep's first job failed, so no other job was launched "
+                    f"({jobs[0][0].group_id}: {_one_line(first)}). Its traceback is in the log above and in "
+                    f"{self.state.sweep_dir / jobs[0][0].group_id / ERROR_FILE}. Fix the cause, then re-run the "
+                    "same command (same hydra.sweep.dir)."
+                ) from first
             jobs = jobs[1:]
         self._launched_before = True
         batch = [overrides for _, overrides in jobs]

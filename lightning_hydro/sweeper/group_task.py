@@ -19,12 +19,12 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from lightning_hydro.sweeper.group_model import built_groups, describe_trials, rewrite_model_node
 from lightning_hydro.sweeper.group_spec import RESULT_FILE, job_dirs, read_group_spec
 
-__all__ = ["ERROR_FILE", "GroupResultMissing", "GroupTask"]
+__all__ = ["ERROR_FILE", "GroupResultMissing", "GroupTask", "keys_concerned"]
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +59,43 @@ class GroupTask:
                 raise GroupResultMissing(_missing_message(spec.group_id, built=spec.group_id in built_groups))
         except Exception as err:
             err.add_note(f"lightning_hydro sweep group {spec.group_id} ({job_dir}): {describe_trials(spec)}")
+            keys = keys_concerned(cfg, str(err))
+            if keys:
+                err.add_note(f"config keys it may concern: {', '.join(keys)}")
             text = "".join(traceback.format_exception(err))
             (job_dir / ERROR_FILE).write_text(text, encoding="utf-8")
             log.error("lightning_hydro: group %s failed (traceback also in %s):\n%s", spec.group_id, ERROR_FILE, text)
             raise
         return returned
+
+
+def keys_concerned(cfg: DictConfig, message: str, limit: int = 5) -> list[str]:
+    """Config keys that an error ``message`` names: a dotted key it contains, or a value it quotes.
+
+    Example::
+
+        >>> cfg = OmegaConf.create({"callbacks": {"stop": {"monitor": "val/acc"}}, "model": {"depth": 2}})
+        >>> keys_concerned(cfg, "Early stopping conditioned on metric `val/acc` which is not available")
+        ["callbacks.stop.monitor (= 'val/acc')"]
+        >>> keys_concerned(cfg, "model.depth must be even")
+        ['model.depth']
+    """
+    tree = OmegaConf.to_container(cfg, resolve=False)
+    found: list[str] = []
+    for key, value in _leaves(tree, ""):
+        if len(key) > 3 and "." in key and key in message:
+            found.append(key)
+        elif isinstance(value, str) and len(value) >= 3 and any(f"{q}{value}{q}" in message for q in "'\"`"):
+            found.append(f"{key} (= {value!r})")
+    return found[:limit]
+
+
+def _leaves(node: Any, prefix: str) -> list[tuple[str, Any]]:
+    if isinstance(node, dict):
+        return [leaf for k, v in node.items() for leaf in _leaves(v, f"{prefix}{k}.")]
+    if isinstance(node, list):
+        return [leaf for i, v in enumerate(node) for leaf in _leaves(v, f"{prefix}{i}.")]
+    return [(prefix[:-1], node)]
 
 
 def _missing_message(group_id: str, *, built: bool) -> str:

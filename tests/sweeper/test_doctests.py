@@ -17,6 +17,8 @@ MODULES = [
     "trainer_factory",
     "overrides",
     "group_model",
+    "group_task",
+    "fusion_report",
 ]
 
 
