@@ -91,7 +91,7 @@ class SweepGroupModule(FusedLightningModule):
 
     @override
     def configure_callbacks(self) -> list[Callback]:
-        callbacks: list[Callback] = [GroupResultWriter(self.spec, self.job_dir)]
+        callbacks: list[Callback] = [*super().configure_callbacks(), GroupResultWriter(self.spec, self.job_dir)]
         stopping = self.spec.early_stopping
         if stopping.name == "none" or self.trainer.state.fn != TrainerFn.FITTING:
             return callbacks
