@@ -54,13 +54,13 @@ from lightning_hydro.fused.trial_book import TrialBook
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
 from lightning_hydro.fused.trial_specs import module_spec, rebuild_trials
 from lightning_hydro.fused.verify import verify_fusion
-from lightning_hydro.optim.clipping import clip_grad_norm_per_trial, clip_grad_value_per_trial
 from lightning_hydro.optim.group_optimizer import (
     OptimizerPath,
     StepReport,
     TrialGroupOptimizer,
     TrialScheduler,
 )
+from lightning_hydro.optim.trial_clipping import clip_trial_gradients
 from lightning_hydro.optim.trial_optimization import TrialOptimization, parse_optimizer_config
 
 __all__ = ["FusedLightningModule"]
@@ -510,13 +510,8 @@ class FusedLightningModule(L.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        if not gradient_clip_val:
-            return
-        params = list(self._group.params.values())
-        if gradient_clip_algorithm == "value":
-            clip_grad_value_per_trial(params, gradient_clip_val)
-        else:
-            clip_grad_norm_per_trial(params, gradient_clip_val)
+        if self._optimizer is not None:  # each trial as Lightning clips it alone: see optim/trial_clipping.py
+            clip_trial_gradients(self._group, self._optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # -- steps --------------------------------------------------------------------------------------------------
 
