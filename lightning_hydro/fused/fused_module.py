@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.model_helpers import is_overridden
@@ -51,6 +52,7 @@ from lightning_hydro.fused.stacked_state import StackedState
 from lightning_hydro.fused.stateful_metrics import updated_metrics
 from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_book import TrialBook
+from lightning_hydro.fused.trial_callbacks import per_trial_callbacks
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
 from lightning_hydro.fused.trial_specs import module_spec, rebuild_trials
 from lightning_hydro.fused.verify import verify_fusion
@@ -413,6 +415,13 @@ class FusedLightningModule(L.LightningModule):
     @override
     def on_predict_end(self) -> None:
         self._restore_modes()
+
+    @override
+    def configure_callbacks(self) -> list[Callback]:
+        """Lightning's callbacks configured for an unfused run act per trial: see :mod:`.trial_callbacks`."""
+        callbacks: list[Callback] = self.trainer.callbacks  # type: ignore[attr-defined]
+        callbacks[:] = per_trial_callbacks(callbacks)
+        return []
 
     @override
     def prepare_data(self) -> None:
