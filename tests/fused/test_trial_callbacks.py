@@ -193,3 +193,35 @@ def test_checkpoint_of_a_trial_holds_its_optimizer_state_and_loads_into_its_clas
         assert torch.equal(loaded.state_dict()[key], value)
     # a trial's checkpoint holds that trial only (its tensors are not views of the group's)
     assert all(value.shape == trials[1].state_dict()[key].shape for key, value in checkpoint["state_dict"].items())
+
+
+def test_per_trial_callback_states_survive_a_resume(tmp_path: Path) -> None:
+    def run(root: Path, max_epochs: int, ckpt_path: str | None = None) -> L.Trainer:
+        trials = [_Plateaus(hidden_dim=8, lr=lr) for lr in (0.02, 0.05, 0.1)]
+        for seed, module in enumerate(trials):
+            torch.manual_seed(seed)
+            module.load_state_dict(_Plateaus(hidden_dim=8, lr=module.hparams["lr"]).state_dict())
+        fused = FusedLightningModule(trials, backend="vmap", summary=False)
+        callbacks = [
+            ModelCheckpoint(dirpath=str(root), monitor="val_loss", save_last=True),
+            EarlyStopping("val_loss", patience=3, min_delta=0.05),
+        ]
+        trainer = make_trainer(
+            max_epochs=max_epochs, limit_train_batches=4, callbacks=callbacks, enable_checkpointing=True
+        )
+        torch.manual_seed(1234)
+        fit_digits(trainer, fused, ckpt_path=ckpt_path)
+        return trainer
+
+    whole = run(tmp_path / "whole", 4)
+    run(tmp_path / "resumed", 2)
+    resumed = run(tmp_path / "resumed", 4, ckpt_path=str(tmp_path / "resumed" / "last.ckpt"))
+    for tid in range(3):
+        stop_whole = whole.early_stopping_callback.trial_callbacks[tid]
+        stop_resumed = resumed.early_stopping_callback.trial_callbacks[tid]
+        assert stop_resumed.wait_count == stop_whole.wait_count
+        assert float(stop_resumed.best_score) == pytest.approx(float(stop_whole.best_score), rel=1e-5)
+        best_whole = whole.checkpoint_callback.trial_callbacks[tid].best_model_path
+        best_resumed = resumed.checkpoint_callback.trial_callbacks[tid].best_model_path
+        assert os.path.basename(best_resumed) == os.path.basename(best_whole)
+        assert len(resumed.checkpoint_callback.trial_callbacks[tid].best_k_models) == 1
