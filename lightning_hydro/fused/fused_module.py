@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.model_helpers import is_overridden
@@ -51,16 +52,17 @@ from lightning_hydro.fused.stacked_state import StackedState
 from lightning_hydro.fused.stateful_metrics import updated_metrics
 from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_book import TrialBook
+from lightning_hydro.fused.trial_callbacks import per_trial_callbacks
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
 from lightning_hydro.fused.trial_specs import module_spec, rebuild_trials
 from lightning_hydro.fused.verify import verify_fusion
-from lightning_hydro.optim.clipping import clip_grad_norm_per_trial, clip_grad_value_per_trial
 from lightning_hydro.optim.group_optimizer import (
     OptimizerPath,
     StepReport,
     TrialGroupOptimizer,
     TrialScheduler,
 )
+from lightning_hydro.optim.trial_clipping import clip_trial_gradients
 from lightning_hydro.optim.trial_optimization import TrialOptimization, parse_optimizer_config
 
 __all__ = ["FusedLightningModule"]
@@ -415,6 +417,13 @@ class FusedLightningModule(L.LightningModule):
         self._restore_modes()
 
     @override
+    def configure_callbacks(self) -> list[Callback]:
+        """Lightning's callbacks configured for an unfused run act per trial: see :mod:`.trial_callbacks`."""
+        callbacks: list[Callback] = self.trainer.callbacks  # type: ignore[attr-defined]
+        callbacks[:] = per_trial_callbacks(callbacks)
+        return []
+
+    @override
     def prepare_data(self) -> None:
         self._first().prepare_data()
 
@@ -510,13 +519,8 @@ class FusedLightningModule(L.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        if not gradient_clip_val:
-            return
-        params = list(self._group.params.values())
-        if gradient_clip_algorithm == "value":
-            clip_grad_value_per_trial(params, gradient_clip_val)
-        else:
-            clip_grad_norm_per_trial(params, gradient_clip_val)
+        if self._optimizer is not None:  # each trial as Lightning clips it alone: see optim/trial_clipping.py
+            clip_trial_gradients(self._group, self._optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # -- steps --------------------------------------------------------------------------------------------------
 
