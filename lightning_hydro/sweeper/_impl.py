@@ -31,7 +31,6 @@ from omegaconf import DictConfig, OmegaConf
 from lightning_hydro.sweeper.app_config import SEED_KEY, check_sweep_keys
 from lightning_hydro.sweeper.fusion_report import warn_if_nothing_fuses
 from lightning_hydro.sweeper.group_model import trial_seed
-from lightning_hydro.sweeper.group_task import ERROR_FILE, GroupTask
 from lightning_hydro.sweeper.group_spec import (
     RESULT_FILE,
     EarlyStoppingSpec,
@@ -40,6 +39,7 @@ from lightning_hydro.sweeper.group_spec import (
     group_launch_overrides,
     spec_path,
 )
+from lightning_hydro.sweeper.group_task import ERROR_FILE, GroupTask
 from lightning_hydro.sweeper.json_files import write_json_atomic
 from lightning_hydro.sweeper.plots import plot_sweep
 from lightning_hydro.sweeper.reports import format_best_table, metric_value, rank_trials, write_results

@@ -20,7 +20,9 @@ __all__ = ["nothing_fuses_message", "warn_if_nothing_fuses"]
 log = logging.getLogger(__name__)
 
 
-def nothing_fuses_message(groups: Sequence[TrialGroup], non_fusible: Sequence[str], searched: Sequence[str]) -> str | None:
+def nothing_fuses_message(
+    groups: Sequence[TrialGroup], non_fusible: Sequence[str], searched: Sequence[str]
+) -> str | None:
     """The warning for ``groups`` that are all single trials (of more than one), or ``None``."""
     n_trials = sum(len(g.trial_ids) for g in groups)
     if n_trials < 2 or any(len(g.trial_ids) > 1 for g in groups):

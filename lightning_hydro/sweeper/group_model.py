@@ -126,7 +126,7 @@ def fused_group_model(**node: Any) -> L.LightningModule:
     job_dir, sweep_dir = job_dirs()
     spec = read_group_spec(sweep_dir) if sweep_dir is not None else None
     if spec is None:
-        return instantiate(base[MODEL_KEY])  # type: ignore[no-any-return]
+        return instantiate(base[MODEL_KEY])
     if spec.kind == "probe":
         raise ValueError(
             "lightning_hydro sweeper: hydra.sweeper.fusion_limit=auto measures memory in a probe job run by "
@@ -139,7 +139,7 @@ def fused_group_model(**node: Any) -> L.LightningModule:
     def build_trial(trial_id: int) -> L.LightningModule:
         if seeds[trial_id] is not None:
             L.seed_everything(seeds[trial_id], verbose=False)
-        return instantiate(trial_cfgs[trial_id][MODEL_KEY])  # type: ignore[no-any-return]
+        return instantiate(trial_cfgs[trial_id][MODEL_KEY])
 
     module = SweepGroupModule.for_group(spec, build_trial, job_dir=job_dir)
     built_groups.add(spec.group_id)

@@ -98,9 +98,7 @@ class GroupSpec:
             group_id=data["group_id"],
             kind=data["kind"],
             slots=int(data["slots"]),
-            trials=tuple(
-                TrialSpec(int(t["trial_id"]), tuple(t["overrides"]), t.get("seed")) for t in data["trials"]
-            ),
+            trials=tuple(TrialSpec(int(t["trial_id"]), tuple(t["overrides"]), t.get("seed")) for t in data["trials"]),
             early_stopping=EarlyStoppingSpec(**data["early_stopping"]),
             probe=dict(data.get("probe", {})),
             fused=dict(data.get("fused", {})),

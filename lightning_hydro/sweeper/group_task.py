@@ -9,7 +9,9 @@ function, so joblib and submitit run it in their workers). In a group job it:
    from ``group_result.json``, written by the fused module or by ``fit_from_config``);
 3. on failure, writes the traceback to ``<job_dir>/job_error.txt`` and the job's log, with the group's
    overrides attached to the exception, and re-raises it;
-4. raises :class:`GroupResultMissing` if the task function returned without the group's results.
+4. raises :class:`GroupResultMissing` if the task function returned without the group's results;
+5. on the rerun of an interrupted group, sets a top-level ``ckpt_path: null`` (lightning-hydra-template's
+   resume key) to the group's latest fused ``last.ckpt``, so that the task function resumes the group.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from __future__ import annotations
 import logging
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightning_hydro.sweeper.group_model import built_groups, describe_trials, rewrite_model_node
 from lightning_hydro.sweeper.group_spec import RESULT_FILE, job_dirs, read_group_spec
@@ -29,6 +32,7 @@ __all__ = ["ERROR_FILE", "GroupResultMissing", "GroupTask", "keys_concerned"]
 log = logging.getLogger(__name__)
 
 ERROR_FILE = "job_error.txt"
+CKPT_PATH_KEY = "ckpt_path"  # lightning-hydra-template's "resume fit from this checkpoint" key
 
 
 class GroupResultMissing(RuntimeError):
@@ -54,6 +58,7 @@ class GroupTask:
         (job_dir / ERROR_FILE).unlink(missing_ok=True)  # from an earlier attempt of this group
         try:
             rewrite_model_node(cfg)
+            _resume_from_last_checkpoint(cfg, job_dir)
             returned = self.task_function(cfg)
             if not (job_dir / RESULT_FILE).is_file():
                 raise GroupResultMissing(_missing_message(spec.group_id, built=spec.group_id in built_groups))
@@ -67,6 +72,23 @@ class GroupTask:
             log.error("lightning_hydro: group %s failed (traceback also in %s):\n%s", spec.group_id, ERROR_FILE, text)
             raise
         return returned
+
+
+def _resume_from_last_checkpoint(cfg: DictConfig, job_dir: Path) -> None:
+    """Point the template's ``ckpt_path`` (if the config has one, unset) at the group's latest ``last.ckpt``.
+
+    A rerun of an interrupted group then resumes it where it stopped: the fused checkpoint that the user's
+    ``ModelCheckpoint(save_last=True)`` writes holds every trial (per-trial copies are in ``trial_<id>/``).
+    """
+    if CKPT_PATH_KEY not in cfg or cfg[CKPT_PATH_KEY] is not None:
+        return
+    found = [p for p in job_dir.rglob("last.ckpt") if not p.parent.name.startswith("trial_")]
+    if not found:
+        return
+    latest = max(found, key=lambda p: p.stat().st_mtime)
+    with open_dict(cfg):
+        cfg[CKPT_PATH_KEY] = str(latest)
+    log.info("lightning_hydro: group resumes from %s (%s)", latest, CKPT_PATH_KEY)
 
 
 def keys_concerned(cfg: DictConfig, message: str, limit: int = 5) -> list[str]:

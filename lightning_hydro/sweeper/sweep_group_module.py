@@ -126,7 +126,9 @@ class GroupResultWriter(Callback):
             if trainer.interrupted or any(r["status"] == "running" for r in results.values()):
                 return  # unfinished: no result, so that a rerun retrains the group
             seeds = {t.trial_id: t.seed for t in self.spec.trials}
-            trials = {str(tid): {**{k: r[k] for k in _RESULT_KEYS}, "seed": seeds.get(tid)} for tid, r in results.items()}
+            trials = {
+                str(tid): {**{k: r[k] for k in _RESULT_KEYS}, "seed": seeds.get(tid)} for tid, r in results.items()
+            }
         elif previous is not None:
             # test/validate after fit (perhaps from a checkpoint, whose records are older): keep what fit
             # recorded, and add the metrics it did not log (test/acc, ...)

@@ -117,4 +117,5 @@ def test_a_sweep_with_seed_null_gives_each_trial_a_seed_of_its_own_in_the_result
 
     run_sweep(tmp_path, [*TINY, "hydra.sweeper.n_trials=2", "hydra.sweeper.fusion_limit=2", "seed=null"])
     seeds = [t["seed"] for t in read_results(tmp_path)["trials"]]
-    assert all(isinstance(s, int) for s in seeds) and len(set(seeds)) == 2
+    assert all(isinstance(s, int) for s in seeds)
+    assert len(set(seeds)) == 2

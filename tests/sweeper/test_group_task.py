@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import hydra
 import pytest
 from omegaconf import DictConfig
 
@@ -62,7 +61,8 @@ def test_a_failing_job_leaves_its_traceback_in_its_directory_and_the_sweep_log(t
     written = (tmp_path / "group_0000" / ERROR_FILE).read_text()
     assert "Traceback (most recent call last)" in written
     assert 'raise ValueError("model.depth must be even' in written  # the line that failed
-    assert "lightning_hydro sweep group group_0000" in written and "model.lr=" in written  # the trials' overrides
+    assert "lightning_hydro sweep group group_0000" in written
+    assert "model.lr=" in written
     assert "config keys it may concern: model.depth" in written
     out, err = capfd.readouterr()  # Hydra's log handlers write to the console
     sweeper_lines = (out + err)[(out + err).index("lightning_hydro: job group_0000 failed") :]
@@ -79,5 +79,6 @@ def test_a_search_that_fuses_nothing_says_so_at_launch(tmp_path, capfd):
     assert len(warnings) == 1
     assert "the 3 trials fall into 3 groups of one trial each" in warnings[0]
     assert "non-fusible keys model.lr, data.batch_size" in warnings[0]
-    assert "separate, earlier stage" in warnings[0] and "narrow their choices" in warnings[0]
+    assert "separate, earlier stage" in warnings[0]
+    assert "narrow their choices" in warnings[0]
     assert "muP surrogate" in warnings[0]

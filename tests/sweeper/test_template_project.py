@@ -18,7 +18,7 @@ from .template_project import make_project, read_json, run_train, train_command
 # Each test's one change to the project is the added hparams_search file; the command line only picks it,
 # the template's CSV logger, and a sweep directory the test can find.
 SEARCH = ["-m", "hparams_search=mnist_lightning_hydro", "logger=csv", "extras.print_config=false"]
-SMALL = ["hydra.sweeper.n_trials=4", "trainer.max_epochs=1", "callbacks=none"]  # TEMP
+SMALL = ["hydra.sweeper.n_trials=4", "trainer.max_epochs=1"]
 
 
 def test_the_template_project_sweeps_fused_with_its_own_train_py(tmp_path):
@@ -51,6 +51,8 @@ def test_the_template_project_sweeps_fused_with_its_own_train_py(tmp_path):
         for tid in group["trial_ids"]:
             assert f"val/acc/trial_{tid}" in columns
             assert f"test/acc/trial_{tid}" in columns
+            # the user's ModelCheckpoint (configs/callbacks/default.yaml, monitor val/acc) kept each trial's own
+            assert (job_dir / "checkpoints" / f"trial_{tid}" / "epoch_000.ckpt").is_file()
         # the job's saved config is the user's, not the rewritten node
         assert "src.models.mnist_module.MNISTLitModule" in (job_dir / ".hydra" / "config.yaml").read_text()
     assert "nothing fuses" not in out.stdout
@@ -79,8 +81,11 @@ def test_a_killed_template_sweep_resumes_without_retraining_finished_groups(tmp_
     done = {p.parent.name: p.read_text() for p in sweep_dir.glob("group_*/group_result.json")}
     assert 0 < len(done) < len(groups)
 
+    resumable = [p for p in sweep_dir.glob("group_*/checkpoints/last.ckpt") if p.parent.parent.name not in done]
     out = run_train(project, args)
     assert out.returncode == 0, out.stdout[-6000:]
+    if resumable:  # the interrupted group went on from its fused checkpoint (the template's ckpt_path)
+        assert f"group resumes from {resumable[0]}" in out.stdout
     for group_id, text in done.items():  # finished groups were kept, not retrained
         assert (sweep_dir / group_id / "group_result.json").read_text() == text
     trials = read_json(sweep_dir / "results.json")["trials"]

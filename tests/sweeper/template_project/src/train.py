@@ -26,8 +26,14 @@ def train(cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     callbacks = instantiate_callbacks(cfg.get("callbacks"))
     logger = instantiate_loggers(cfg.get("logger"))
     trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=logger)
-    object_dict = {"cfg": cfg, "datamodule": datamodule, "model": model, "callbacks": callbacks,
-                   "logger": logger, "trainer": trainer}
+    object_dict = {
+        "cfg": cfg,
+        "datamodule": datamodule,
+        "model": model,
+        "callbacks": callbacks,
+        "logger": logger,
+        "trainer": trainer,
+    }
     if logger:
         log_hyperparameters(object_dict)
     if cfg.get("train"):
