@@ -54,6 +54,7 @@ hydra:
 OPTUNA = f"""# @package _global_
 defaults:
   - override /hydra/sweeper: optuna
+  - override /hydra/sweeper/sampler: random  # a sampler node with only a seed, re-targeted below
 optimized_metric: val/acc_best
 hydra:
   mode: MULTIRUN
