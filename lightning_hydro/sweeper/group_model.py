@@ -37,15 +37,18 @@ import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from lightning_hydro.fused import ArchitectureMismatchError
 from lightning_hydro.sweeper.app_config import MODEL_KEY
 from lightning_hydro.sweeper.group_spec import GroupSpec, job_dirs, read_group_spec
 from lightning_hydro.sweeper.overrides import apply_overrides
+from lightning_hydro.sweeper.search_space import override_key
 
 __all__ = [
     "GROUP_MODEL_TARGET",
     "TRIAL_TARGET_KEY",
     "built_groups",
     "describe_trials",
+    "differing_keys",
     "fused_group_model",
     "restore_model_node",
     "rewrite_model_node",
@@ -141,9 +144,27 @@ def fused_group_model(**node: Any) -> L.LightningModule:
             L.seed_everything(seeds[trial_id], verbose=False)
         return instantiate(trial_cfgs[trial_id][MODEL_KEY])
 
-    module = SweepGroupModule.for_group(spec, build_trial, job_dir=job_dir)
+    try:
+        module = SweepGroupModule.for_group(spec, build_trial, job_dir=job_dir)
+    except ArchitectureMismatchError as err:
+        keys = differing_keys(spec)
+        raise ArchitectureMismatchError(
+            f"lightning_hydro sweeper: the trials of group {spec.group_id} cannot train as one model: they "
+            f"differ in {', '.join(keys) or 'no searched key'}, and their modules' shapes differ. {err} Fix: "
+            f"declare {keys or 'the shape-changing keys'} in hydra.sweeper.non_fusible (each value then gets "
+            "groups of its own)."
+        ) from err
     built_groups.add(spec.group_id)
     return module
+
+
+def differing_keys(spec: GroupSpec) -> list[str]:
+    """The override keys whose values differ between the group's trials."""
+    values: dict[str, set[str]] = {}
+    for trial in spec.trials:
+        for line in trial.overrides:
+            values.setdefault(override_key(line), set()).add(line.partition("=")[2])
+    return [key for key, seen in values.items() if len(seen) > 1]
 
 
 def describe_trials(spec: GroupSpec) -> str:
