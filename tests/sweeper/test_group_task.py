@@ -93,7 +93,10 @@ def test_a_searched_key_that_changes_shapes_is_named_with_the_fix(tmp_path):
     # model.hidden_dim searched as fusible: the group's trials cannot be one model
     overrides = [*TINY, "hydra.sweeper.n_trials=2", "hydra.sweeper.non_fusible=[]", "hydra.sweeper.params=null"]
     overrides += ["hydra.sweeper.sampler=grid", "model.hidden_dim=choice(8, 16)"]
-    with pytest.raises(RuntimeError, match=r"group_0000: .*ArchitectureMismatchError.*the trials of group group_0000 cannot train as one model"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"group_0000: .*ArchitectureMismatchError.*the trials of group group_0000 cannot train as one model",
+    ):
         sweep_with(builds_the_group, tmp_path, overrides)
     written = (tmp_path / "group_0000" / ERROR_FILE).read_text()
     assert "the trials of group group_0000 cannot train as one model: they differ in model.hidden_dim" in written

@@ -84,7 +84,8 @@ def test_a_killed_template_sweep_resumes_without_retraining_finished_groups(tmp_
     proc.wait()
     done = {p.parent.name: p.read_text() for p in sweep_dir.glob("group_*/group_result.json")}
     interrupted = interrupted_with_a_checkpoint()
-    assert done and interrupted
+    assert done
+    assert interrupted
 
     out = run_train(project, args)
     assert out.returncode == 0, out.stdout[-6000:]
