@@ -183,3 +183,62 @@ def test_template_val_acc_after_two_epochs_is_within_one_validation_image(optimi
     images = [round(abs(fused_metrics[f"val/acc/trial_{tid}"] - acc) * 250, 3) for tid, acc in enumerate(alone)]
     print(f"val/acc, fused ({optimizer_path}) vs separate, in images of 250:", images)
     assert max(images) <= (0.0 if optimizer_path == "universal" else 1.0), images
+
+
+class _OptimizerForms(L.LightningModule):
+    """One MLP, with each way of building its optimizer that published modules use."""
+
+    def __init__(self, form: str, lr: float, optimizer: Any = None) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.body = nn.Sequential(nn.Linear(28 * 28, 32), nn.LayerNorm(32), nn.ReLU(), nn.Linear(32, 10))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self.body(x.flatten(1)), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val/loss", F.cross_entropy(self.body(x.flatten(1)), y))
+
+    def configure_optimizers(self) -> Any:
+        form, lr = self.hparams["form"], self.hparams["lr"]
+        if form == "parameters":
+            return torch.optim.SGD(self.parameters(), lr=lr, momentum=0.9)
+        if form == "trainer_model":
+            return torch.optim.AdamW(self.trainer.model.parameters(), lr=lr)
+        if form == "decay_groups":  # no weight decay on biases and norms, selected by name
+            decay = [p for n, p in self.named_parameters() if p.dim() > 1]
+            other = [p for n, p in self.named_parameters() if p.dim() <= 1]
+            groups = [{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}]
+            return torch.optim.AdamW(groups, lr=lr)
+        optimizer = self.hparams["optimizer"](params=self.parameters())  # "plateau": a partial + monitored dict
+        # mode="max" on a falling loss: the schedule acts within the test's few epochs
+        scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", patience=0, factor=0.5)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "val/loss"}}
+
+
+@pytest.mark.parametrize("form", ["parameters", "trainer_model", "decay_groups", "plateau"])
+def test_every_configure_optimizers_form_trains_each_trial_as_alone(form: str) -> None:
+    trials = []
+    for seed, lr in enumerate((3e-3, 3e-2)):
+        torch.manual_seed(seed)
+        trials.append(_OptimizerForms(form, lr, optimizer=functools.partial(torch.optim.Adam, lr=lr)))
+
+    def fit(module: L.LightningModule) -> L.Trainer:
+        trainer = make_trainer(max_epochs=3, limit_train_batches=4, limit_val_batches=2)
+        torch.manual_seed(1234)
+        trainer.fit(module, datamodule=DigitsMNISTDataModule(batch_size=64))
+        return trainer
+
+    alone = [copy.deepcopy(m) for m in trials]
+    lrs = [fit(m).optimizers[0].param_groups[0]["lr"] for m in alone]
+    fused = FusedLightningModule([copy.deepcopy(m) for m in trials], backend="vmap", summary=False)
+    fit(fused)
+    for tid, module in enumerate(alone):
+        assert fused._optimizer.trials[tid].optimizer.param_groups[0]["lr"] == lrs[tid]
+        for key, value in module.state_dict().items():
+            torch.testing.assert_close(fused.unfuse(tid).state_dict()[key], value, rtol=1e-4, atol=1e-6)
+    if form == "plateau":
+        assert lrs[0] < 3e-3, lrs  # the plateau schedule really reduced the rates
+        assert lrs[1] < 3e-2, lrs
