@@ -225,3 +225,13 @@ def test_per_trial_callback_states_survive_a_resume(tmp_path: Path) -> None:
         best_resumed = resumed.checkpoint_callback.trial_callbacks[tid].best_model_path
         assert os.path.basename(best_resumed) == os.path.basename(best_whole)
         assert len(resumed.checkpoint_callback.trial_callbacks[tid].best_k_models) == 1
+
+
+def test_a_stop_decided_before_min_epochs_waits_for_them_as_in_lightning() -> None:
+    trials = [_Plateaus(hidden_dim=8, lr=lr) for lr in (0.0, 0.0)]
+    fused = FusedLightningModule(trials, backend="vmap", summary=False)
+    stopping = EarlyStopping("val_loss", patience=1)
+    trainer = make_trainer(max_epochs=8, min_epochs=4, limit_train_batches=2, callbacks=[stopping])
+    fit_digits(trainer, fused)
+    assert [fused.results[t]["epochs"] for t in (0, 1)] == [4, 4]  # decided after 2 epochs, applied after 4
+    assert trainer.current_epoch == 4  # then no trial was left: the fit ended
