@@ -362,7 +362,10 @@ class TrialLearningRateMonitor(LearningRateMonitor):
                 getattr(callback, hook)(view, view.lightning_module)
         for logger, step, metrics in buffer.values():
             logger.log_metrics(metrics, step=step)
-            trainer.callback_metrics.update({name: _as_tensor(value) for name, value in metrics.items()})
+            device = trainer.strategy.root_device  # where Lightning's own monitor puts them
+            trainer.callback_metrics.update(
+                {name: torch.as_tensor(value, device=device) for name, value in metrics.items()}
+            )
 
     @override
     def on_train_start(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
@@ -375,7 +378,3 @@ class TrialLearningRateMonitor(LearningRateMonitor):
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
         self._each_trial(trainer, trainer.lightning_module, "on_train_epoch_start")
-
-
-def _as_tensor(value: Any) -> torch.Tensor:
-    return value if isinstance(value, torch.Tensor) else torch.tensor(value)
