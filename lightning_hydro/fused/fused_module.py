@@ -48,7 +48,6 @@ from lightning_hydro.backends.auto import choose_backend
 from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.fused.arguments import check_fused_arguments
 from lightning_hydro.fused.results import TRIAL_STATUSES, TrialStatus, format_results_table
-from lightning_hydro.fused.stacked_state import StackedState
 from lightning_hydro.fused.stateful_metrics import updated_metrics
 from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_book import TrialBook
@@ -64,6 +63,7 @@ from lightning_hydro.optim.group_optimizer import (
 )
 from lightning_hydro.optim.trial_clipping import clip_trial_gradients
 from lightning_hydro.optim.trial_optimization import TrialOptimization, parse_optimizer_config
+from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = ["FusedLightningModule"]
 
