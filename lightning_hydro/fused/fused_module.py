@@ -52,6 +52,7 @@ from lightning_hydro.fused.stateful_metrics import updated_metrics
 from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_book import TrialBook
 from lightning_hydro.fused.trial_callbacks import per_trial_callbacks
+from lightning_hydro.fused.trial_clipping import clip_trial_gradients
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
 from lightning_hydro.fused.trial_specs import module_spec, rebuild_trials
 from lightning_hydro.fused.verify import verify_fusion
@@ -61,7 +62,6 @@ from lightning_hydro.optim.group_optimizer import (
     TrialGroupOptimizer,
     TrialScheduler,
 )
-from lightning_hydro.optim.trial_clipping import clip_trial_gradients
 from lightning_hydro.optim.trial_optimization import TrialOptimization, parse_optimizer_config
 from lightning_hydro.stacking.stacked_state import StackedState
 
@@ -519,7 +519,7 @@ class FusedLightningModule(L.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        if self._optimizer is not None:  # each trial as Lightning clips it alone: see optim/trial_clipping.py
+        if self._optimizer is not None:  # each trial as Lightning clips it alone: see fused/trial_clipping.py
             clip_trial_gradients(self._group, self._optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # -- steps --------------------------------------------------------------------------------------------------
