@@ -51,7 +51,7 @@ from lightning_hydro.fused.results import TRIAL_STATUSES, TrialStatus, format_re
 from lightning_hydro.fused.stateful_metrics import updated_metrics
 from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_book import TrialBook
-from lightning_hydro.fused.trial_callbacks import per_trial_callbacks
+from lightning_hydro.fused.trial_callbacks import per_trial_callbacks, refuse_module_callbacks
 from lightning_hydro.fused.trial_clipping import clip_trial_gradients
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
 from lightning_hydro.fused.trial_specs import module_spec, rebuild_trials
@@ -419,6 +419,7 @@ class FusedLightningModule(L.LightningModule):
     @override
     def configure_callbacks(self) -> list[Callback]:
         """Lightning's callbacks configured for an unfused run act per trial: see :mod:`.trial_callbacks`."""
+        refuse_module_callbacks(self._first())
         callbacks: list[Callback] = self.trainer.callbacks  # type: ignore[attr-defined]
         callbacks[:] = per_trial_callbacks(callbacks)
         return []

@@ -235,3 +235,15 @@ def test_a_stop_decided_before_min_epochs_waits_for_them_as_in_lightning() -> No
     fit_digits(trainer, fused)
     assert [fused.results[t]["epochs"] for t in (0, 1)] == [4, 4]  # decided after 2 epochs, applied after 4
     assert trainer.current_epoch == 4  # then no trial was left: the fit ended
+
+
+def test_callbacks_from_a_trials_configure_callbacks_are_refused_with_the_fix() -> None:
+    class BringsItsOwn(DigitsMLP):
+        def configure_callbacks(self) -> list[Any]:
+            return [EarlyStopping("val_loss", patience=self.hparams["depth"])]
+
+    fused = FusedLightningModule(
+        [BringsItsOwn(hidden_dim=8), BringsItsOwn(hidden_dim=8)], backend="loop", summary=False
+    )
+    with pytest.raises(CallbackNotPerTrialError, match=r"BringsItsOwn.configure_callbacks\(\).*Pass those callbacks"):
+        fit_digits(make_trainer(max_steps=1), fused)
