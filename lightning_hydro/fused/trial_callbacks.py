@@ -216,6 +216,13 @@ class TrialModelCheckpoint(ModelCheckpoint):
         self._finished: set[int] = set()
 
     @property
+    @override
+    def state_key(self) -> str:
+        # the group's own settings (no monitor) are the same for every translated ModelCheckpoint: the user's
+        # callback names it, so that two of them keep two states in a checkpoint
+        return self._generate_state_key(per_trial=self.template.state_key)
+
+    @property
     def trial_callbacks(self) -> dict[int, ModelCheckpoint]:
         """Each trial's ``ModelCheckpoint``, by trial id."""
         return dict(self._trials.copies)  # type: ignore[arg-type]

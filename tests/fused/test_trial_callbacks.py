@@ -247,3 +247,19 @@ def test_callbacks_from_a_trials_configure_callbacks_are_refused_with_the_fix() 
     )
     with pytest.raises(CallbackNotPerTrialError, match=r"BringsItsOwn.configure_callbacks\(\).*Pass those callbacks"):
         fit_digits(make_trainer(max_steps=1), fused)
+
+
+def test_two_checkpoints_and_two_early_stoppings_on_different_keys_coexist(tmp_path: Path) -> None:
+    trials = [DigitsMLP(hidden_dim=8, lr=lr) for lr in (0.01, 0.1)]
+    fused = FusedLightningModule(trials, backend="vmap", summary=False)
+    callbacks = [
+        ModelCheckpoint(dirpath=str(tmp_path / "acc"), monitor="val_acc", mode="max", filename="best"),
+        ModelCheckpoint(dirpath=str(tmp_path / "loss"), monitor="val_loss", filename="best"),
+        EarlyStopping("val_acc", mode="max", patience=5),
+        EarlyStopping("val_loss", patience=5),
+    ]
+    trainer = make_trainer(max_epochs=1, limit_train_batches=2, callbacks=callbacks, enable_checkpointing=True)
+    fit_digits(trainer, fused)  # Lightning refuses two stateful callbacks with one state key
+    assert (tmp_path / "acc" / "trial_1" / "best.ckpt").exists()
+    assert (tmp_path / "loss" / "trial_1" / "best.ckpt").exists()
+    assert len({c.state_key for c in trainer.callbacks}) == len(trainer.callbacks)
