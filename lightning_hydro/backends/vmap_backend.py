@@ -23,7 +23,7 @@ from torch.func import functional_call, vmap
 from typing_extensions import override
 
 from lightning_hydro.backends.base import Backend, StackedLog, StepOutputs, step_output_error
-from lightning_hydro.backends.errors import FusionError, explain_vmap_error
+from lightning_hydro.backends.errors import FusionError, explain_step_error
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
 
 if TYPE_CHECKING:
@@ -113,8 +113,11 @@ class VmapBackend(Backend):
                 encoded, logged = vmap(per_trial, in_dims=(0, 0), randomness="different", chunk_size=self.chunk_size)(
                     params, buffers
                 )
-        except (RuntimeError, ValueError) as err:
-            explained = explain_vmap_error(err, method=method, module_name=type(template).__name__, backend=self.name)
+        except FusionError:
+            raise
+        except (RuntimeError, ValueError, TypeError, IndexError) as err:
+            # any error the user's code raises under vmap is reported as a FusionError (auto then uses loop)
+            explained = explain_step_error(err, method=method, module_name=type(template).__name__, backend=self.name)
             if explained is not None:
                 raise explained from err
             raise

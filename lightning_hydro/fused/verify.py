@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from lightning_hydro.backends.errors import FusionError
+from lightning_hydro.backends.errors import FusionMismatchError
 from lightning_hydro.backends.trial_logging import capture_logs
 
 if TYPE_CHECKING:
@@ -34,10 +34,6 @@ __all__ = ["FusionMismatchError", "differing_attributes", "verify_fusion"]
 
 _SCALARS = (bool, int, float, str, type(None))
 _IGNORED = {"training", "prepare_data_per_node", "allow_zero_length_dataloader_with_multiple_devices"}
-
-
-class FusionMismatchError(FusionError):
-    """A trial's fused output differs from its own module's output."""
 
 
 def _plain(value: Any) -> bool:
