@@ -129,6 +129,9 @@ def choose_backend(
     if not choice.seconds:
         assert last_error is not None
         raise last_error
+    # the error's traceback holds this frame (and its callers'), which holds the error: a cycle that would
+    # keep the tensors of the step being run (its autograd graph included) alive until the collector runs
+    del last_error
     fastest = min(choice.seconds, key=lambda n: choice.seconds[n])
     choice.backend = built[fastest]
     _CACHE[key] = fastest

@@ -14,9 +14,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_hydro import FusedLightningModule, FusionError
+from lightning_hydro import FusedLightningModule, FusionError, FusionMismatchError
 from lightning_hydro.demos import DigitsMLP
-from tests.helpers import fit_digits, make_trainer, max_state_difference, seeded, train_fused, train_separately
+from tests.helpers import (
+    fit_digits,
+    make_trainer,
+    max_state_difference,
+    mixed_optimizer_mlps,
+    seeded,
+    train_fused,
+    train_separately,
+)
 
 # -- a scheduler on the fused optimizer path: no false "lr_scheduler.step() before optimizer.step()" ----------
 
@@ -103,3 +111,87 @@ def test_an_explicit_fused_backend_names_the_failing_line_and_suggests_loop(back
         r"match the broadcast shape \[2, 32, 10\].*Use backend='loop'",
     ):
         _fit_batches_of_32(make_trainer(max_steps=1), fused)
+
+
+# -- a Python attribute that differs between trials and that the step reads: refused, never silently wrong ----
+
+
+class NanStepMLP(DigitsMLP):
+    """Its loss turns NaN from step ``nan_step`` on: a fault that only some trials of the group carry."""
+
+    def __init__(self, nan_step: int | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.nan_step = nan_step
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        if self.nan_step is not None and self.global_step >= self.nan_step:
+            loss = loss * float("nan")
+        return loss
+
+
+def _nan_step_trials() -> list[L.LightningModule]:
+    return [seeded(lambda s=s: NanStepMLP(nan_step=s, hidden_dim=16), [i])[0] for i, s in enumerate([None, 20])]
+
+
+@pytest.mark.parametrize("backend", ["vmap", "hfta"])
+def test_an_explicit_fused_backend_refuses_trials_whose_step_reads_a_differing_attribute(backend):
+    with pytest.raises(
+        FusionMismatchError,
+        match=rf"backend='{backend}' cannot fuse these NanStepMLP trials: .*reads Python values that differ "
+        r"between trials: nan_step \(trial 0: None, trial 1: 20\)\. .*Use backend='loop'",
+    ):
+        FusedLightningModule(_nan_step_trials(), backend=backend, summary=False)
+
+
+def test_auto_runs_trials_whose_step_reads_a_differing_attribute_on_the_loop():
+    trials = _nan_step_trials()
+    separate = train_separately(trials[:1], fit_digits, max_steps=25)
+    fused = train_fused(trials, fit_digits, fused_kwargs={"backend": "auto"}, max_steps=25)
+    assert fused.backend == "loop"
+    assert "vmap skipped: backend='vmap' cannot fuse these NanStepMLP trials" in fused.backend_report
+    assert fused.results[1]["status"] == "diverged"  # under vmap it was 'completed', with trial 0's nan_step
+    assert fused.results[1]["steps"] == 20
+    assert fused.results[0]["status"] == "completed"
+    assert max_state_difference(fused.unfuse(0), separate[0]) <= 1e-6
+
+
+class HparamsNanStepMLP(DigitsMLP):
+    """The same fault, read from the saved hyperparameters."""
+
+    def __init__(self, nan_step: int = 10**9, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.save_hyperparameters()
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("nan") if self.global_step >= self.hparams["nan_step"] else loss
+
+
+def test_a_differing_hyperparameter_the_step_reads_is_refused():
+    with pytest.raises(FusionMismatchError, match=r"hparams.nan_step \(trial 0: 1000000000, trial 1: 20\)"):
+        FusedLightningModule([HparamsNanStepMLP(), HparamsNanStepMLP(nan_step=20)], backend="vmap")
+
+
+@pytest.mark.parametrize("backend", ["vmap", "hfta"])
+def test_hyperparameters_only_the_optimizer_reads_still_fuse(backend):
+    trials = mixed_optimizer_mlps(hidden_dim=8)  # lr, momentum, weight decay and optimizer class differ
+    fused = FusedLightningModule(trials, backend=backend, summary=False)
+    assert fused.backend == backend
+
+
+def test_vmap_refuses_a_differing_dropout_probability_that_hfta_runs_per_trial():
+    trials = [DigitsMLP(hidden_dim=8, dropout=p) for p in (0.1, 0.5)]
+    with pytest.raises(FusionMismatchError, match=r"body.2.p \(trial 0: 0.1, trial 1: 0.5\)"):
+        FusedLightningModule(trials, backend="vmap")
+    assert FusedLightningModule(trials, backend="hfta").backend == "hfta"
+
+
+def test_a_newcomer_whose_step_would_read_a_differing_attribute_is_refused():
+    fused = FusedLightningModule(
+        [NanStepMLP(hidden_dim=8), NanStepMLP(hidden_dim=8)], backend="vmap", max_slots=3, summary=False
+    )
+    with pytest.raises(FusionMismatchError, match=r"nan_step \(trial 0: None, trial 1: None, trial 2: 3\)"):
+        fused.add_trial(NanStepMLP(nan_step=3, hidden_dim=8))
+    assert fused.trial_ids == [0, 1]
+    assert fused.stacked.get_parameter("head__weight").shape[0] == 2
