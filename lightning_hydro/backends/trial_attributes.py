@@ -34,7 +34,6 @@ import os
 import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import torch
@@ -202,8 +201,18 @@ def _nested(code: types.CodeType) -> Iterator[types.CodeType]:
             yield from _nested(const)
 
 
-@lru_cache(maxsize=256)
+_READS: dict[tuple[type, tuple[str, ...], bool], frozenset[str]] = {}
+
+
 def _names_read(cls: type, entries: tuple[str, ...], framework_methods: bool) -> frozenset[str]:
+    """Cached :func:`_scan_names` (code does not change while the process runs)."""
+    key = (cls, entries, framework_methods)
+    if key not in _READS:
+        _READS[key] = _scan_names(cls, entries, framework_methods)
+    return _READS[key]
+
+
+def _scan_names(cls: type, entries: tuple[str, ...], framework_methods: bool) -> frozenset[str]:
     """Names read by ``entries`` of ``cls`` and what they call; ``"hparams."`` + key for hyperparameter reads.
 
     Methods of ``cls`` named in the code are followed (those defined in torch or Lightning only if
