@@ -39,7 +39,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["DifferingAttribute", "differing_attributes", "unfusible_attributes", "unfusible_error_text"]
+__all__ = [
+    "DifferingAttribute",
+    "differing_attributes",
+    "uncompared_reads",
+    "unfusible_attributes",
+    "unfusible_error_text",
+]
 
 # the methods the fused backends run on the root module (the trial's LightningModule)
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step", "forward")
@@ -160,6 +166,31 @@ def unfusible_attributes(
             fused operators do for theirs).
     """
     return [a for a in differing_attributes(modules, ids=ids) if a.read and not handled(a.path)]
+
+
+def uncompared_reads(modules: Sequence[nn.Module]) -> list[str]:
+    """Attributes the fused code reads that are objects this scan cannot compare, and not one shared object.
+
+    They are the suspects when fused and own outputs disagree although no compared value differs.
+    """
+    reads = _ReadNames(modules[0])
+    found = []
+    for path, sub in modules[0].named_modules():
+        for key, value in vars(sub).items():
+            if key.startswith("_") or _comparable(value) or isinstance(value, nn.Module) or callable(value):
+                continue
+            others = [_attribute(m, path, key) for m in modules[1:]]
+            if all(other is value for other in others) or not reads.reads(path, key):
+                continue
+            found.append(f"{f'{path}.{key}' if path else key} ({type(value).__name__})")
+    return found
+
+
+def _attribute(module: nn.Module, path: str, key: str) -> Any:
+    try:
+        return vars(module.get_submodule(path)).get(key, _MISSING)
+    except AttributeError:
+        return _MISSING
 
 
 def unfusible_error_text(backend: str, module_name: str, attributes: Sequence[DifferingAttribute]) -> str:

@@ -7,6 +7,7 @@ outcome on every backend it concerns.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 
 from lightning_hydro import FusedLightningModule, FusionError, FusionMismatchError
 from lightning_hydro.demos import DigitsMLP
+from lightning_hydro.fused.verify import compare
 from tests.helpers import (
     fit_digits,
     make_trainer,
@@ -195,3 +197,95 @@ def test_a_newcomer_whose_step_would_read_a_differing_attribute_is_refused():
         fused.add_trial(NanStepMLP(nan_step=3, hidden_dim=8))
     assert fused.trial_ids == [0, 1]
     assert fused.stacked.get_parameter("head__weight").shape[0] == 2
+
+
+# -- the first-batch check: its tolerance follows float rounding, and its message shows the numbers ------------
+
+
+def test_a_difference_at_the_measured_float_rounding_level_is_not_a_mismatch():
+    own = torch.linspace(-1, 1, 1000)
+    reference = own.double() + 1e-3 * torch.linspace(1, -1, 1000).double()  # an ill-conditioned value
+    fused = own + 2e-3 * torch.linspace(-1, 1, 1000)  # beyond the old fixed 1e-3, within the rounding
+    assert not compare("gradient", fused, own, reference, reduction=64).differs
+    assert compare("gradient", own * 1.01, own, own.double(), reduction=64).differs
+    assert compare("loss", torch.tensor(float("nan")), torch.tensor(1.0), None, reduction=64).differs
+
+
+def test_a_wide_deep_mlp_whose_trials_differ_only_in_lr_passes_the_check():
+    trials = [DigitsMLP(hidden_dim=1024, depth=4, lr=lr) for lr in (0.01, 0.03, 0.1, 0.3)]
+    fused = FusedLightningModule(trials, backend="vmap", summary=False)
+    fit_digits(make_trainer(max_steps=1), fused)
+    assert fused.results[3]["steps"] == 1
+
+
+@dataclass
+class LossConfig:
+    smoothing: float
+
+
+class ConfiguredMLP(DigitsMLP):
+    """Label smoothing kept in a config object: state the attribute scan cannot compare."""
+
+    def __init__(self, smoothing: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.loss_config = LossConfig(smoothing)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y, label_smoothing=self.loss_config.smoothing)
+
+
+def test_a_mismatch_the_scan_cannot_see_is_caught_with_its_numbers_and_suspects():
+    fused = FusedLightningModule([ConfiguredMLP(0.0, hidden_dim=8), ConfiguredMLP(0.3, hidden_dim=8)], backend="vmap")
+    with pytest.raises(
+        FusionMismatchError,
+        match=r"trial 1's fused training_step differs from its own module's beyond float rounding: .*"
+        r"\|fused - own\| = \S+ > tolerance \S+ \(16 x max\(float32 rounding \S+, eps\*sqrt\(n\)\*\|own\| = .*"
+        r"suspects: loss_config \(LossConfig\).*Not suspects .*: hparams.smoothing.*Use backend='loop'",
+    ):
+        fit_digits(make_trainer(max_steps=1), fused)
+
+
+# -- a diverging trial leaves the others bitwise unchanged, on every backend ---------------------------------
+
+
+class FaultyMLP(DigitsMLP):
+    """Its loss turns NaN from step ``fault_step`` on; the step is a buffer, so each trial has its own."""
+
+    def __init__(self, fault_step: float = float("inf"), **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.register_buffer("fault_step", torch.tensor(float(fault_step)))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        broken = self.fault_step <= self.global_step
+        return loss * torch.where(broken, torch.tensor(float("nan")), torch.tensor(1.0))
+
+
+class StopAt(L.Callback):
+    def __init__(self, trial_id: int, batch_idx: int) -> None:
+        self.trial_id, self.batch_idx = trial_id, batch_idx
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx == self.batch_idx:
+            pl_module.stop_trial(self.trial_id, "reference")
+
+
+@pytest.mark.parametrize("backend", ["vmap", "hfta", "loop"])
+def test_a_diverging_trial_leaves_the_others_bitwise_unchanged(backend):
+    def group(fault_step: float) -> list[L.LightningModule]:
+        steps = [float("inf"), fault_step, float("inf")]
+        return [seeded(lambda s=s: FaultyMLP(s, hidden_dim=16, lr=0.1), [i])[0] for i, s in enumerate(steps)]
+
+    faulty = train_fused(group(5), fit_digits, fused_kwargs={"backend": backend}, max_steps=12)
+    # the same group, healthy, with trial 1 taken out at the same step: what the others must see
+    reference = train_fused(
+        group(float("inf")), fit_digits, fused_kwargs={"backend": backend}, max_steps=12, callbacks=[StopAt(1, 5)]
+    )
+    assert faulty.results[1]["status"] == "diverged"
+    assert faulty.results[1]["steps"] == 5
+    assert all(torch.isfinite(p).all() for p in faulty.unfuse(1).parameters())  # its last finite weights
+    for tid in (0, 2):
+        assert faulty.results[tid]["steps"] == 12
+        for (name, a), b in zip(faulty.unfuse(tid).state_dict().items(), reference.unfuse(tid).state_dict().values()):
+            assert torch.equal(a, b), (backend, tid, name)
