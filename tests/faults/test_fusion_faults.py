@@ -6,6 +6,7 @@ outcome on every backend it concerns.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from lightning_hydro import FusedLightningModule, FusionError, FusionMismatchError
+from lightning_hydro.backends import make_backend
 from lightning_hydro.demos import DigitsMLP
 from lightning_hydro.fused.verify import compare
 from tests.helpers import (
@@ -289,3 +291,18 @@ def test_a_diverging_trial_leaves_the_others_bitwise_unchanged(backend):
         assert faulty.results[tid]["steps"] == 12
         for (name, a), b in zip(faulty.unfuse(tid).state_dict().items(), reference.unfuse(tid).state_dict().values()):
             assert torch.equal(a, b), (backend, tid, name)
+
+
+def test_under_auto_a_failed_first_batch_check_moves_the_group_to_the_loop():
+    trials = [seeded(lambda s=s: ConfiguredMLP(s, hidden_dim=8), [i])[0] for i, s in enumerate([0.0, 0.3])]
+    separate = train_separately(trials, fit_digits, max_steps=3)
+    fused = FusedLightningModule([copy.deepcopy(t) for t in trials], backend="auto", summary=False)
+    fused._backend = make_backend("vmap", fused._group)  # as if auto's timing had chosen vmap
+    torch.manual_seed(1234)
+    with pytest.warns(
+        UserWarning, match=r"backend='auto' runs the group on 'loop' from now on: .*suspects: loss_config"
+    ):
+        fit_digits(make_trainer(max_steps=3), fused)
+    assert fused.backend == "loop"
+    for tid, module in enumerate(separate):
+        assert max_state_difference(fused.unfuse(tid), module) <= 1e-6
