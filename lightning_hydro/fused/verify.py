@@ -123,12 +123,20 @@ def compare(what: str, fused: Tensor, own: Tensor, reference: Tensor | None, *, 
     """
     f, o = fused.detach().double(), own.detach().double()
     eps = torch.finfo(own.dtype).eps if own.is_floating_point() else 0.0
-    own_norm = float(o.norm())
-    rounding = None if reference is None else float((o - reference.detach().double().to(o.device)).norm())
     scalar = own.numel() == 1
+    finite = torch.isfinite(o)
+    # where the trial's own value is inf/NaN (a diverging trial), the fused one must be so too; isolation
+    # handles the divergence. Elsewhere the finite values are compared.
+    difference = math.inf if not torch.equal(torch.isfinite(f), finite) else float((f[finite] - o[finite]).norm())
+    rounding = None
+    if reference is not None:
+        r = reference.detach().double().to(o.device)
+        rounding = float((o[finite] - r[finite]).norm())
+        rounding = rounding if math.isfinite(rounding) else None
+    own_norm = float(o[finite].norm())
     return Comparison(
         what,
-        float((f - o).norm()),
+        difference,
         own_norm,
         rounding,
         eps * math.sqrt(max(reduction, 1)) * own_norm,

@@ -211,6 +211,8 @@ def test_a_difference_at_the_measured_float_rounding_level_is_not_a_mismatch():
     assert not compare("gradient", fused, own, reference, reduction=64).differs
     assert compare("gradient", own * 1.01, own, own.double(), reduction=64).differs
     assert compare("loss", torch.tensor(float("nan")), torch.tensor(1.0), None, reduction=64).differs
+    inf = torch.tensor(float("inf"))
+    assert not compare("loss", inf, inf, None, reduction=64).differs  # diverged in both: isolation's business
 
 
 def test_a_wide_deep_mlp_whose_trials_differ_only_in_lr_passes_the_check():
