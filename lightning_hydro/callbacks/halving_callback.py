@@ -150,7 +150,10 @@ class HalvingCallback(Callback):
         self._started = False
         self._pending = False  # fused module without validation: decide when its epoch values are published
         self._epochs = 0  # epochs trained in this fit (one trial per process: the trial's budget)
-        self._epoch_counted = False
+        # The index of the last epoch counted in _epochs. An index, not a flag reset at epoch start: a fit
+        # resumed from a checkpoint written after an epoch's last batch starts the next epoch without
+        # on_train_epoch_start.
+        self._counted_epoch = -1
         self._monitor_seen = False
 
     # -- what subclasses provide -------------------------------------------------------------------------------
@@ -252,7 +255,6 @@ class HalvingCallback(Callback):
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._epoch_counted = False
         if self._pending:
             self._pending = False
             self._decide(trainer, pl_module)
@@ -262,11 +264,11 @@ class HalvingCallback(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if batch_idx + 1 >= trainer.num_training_batches:
-            self._count_epoch()  # before validation, as a fused module counts its trials' epochs
+            self._count_epoch(trainer)  # before validation, as a fused module counts its trials' epochs
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._count_epoch()
+        self._count_epoch(trainer)
         if not trainer.enable_validation:
             if self._fused:
                 # A fused module publishes its trials' epoch values in its own on_train_epoch_end, which runs
@@ -302,7 +304,7 @@ class HalvingCallback(Callback):
             "trial_key": self._trial_key,
             "prefix": self._prefix,
             "epochs": self._epochs,
-            "epoch_counted": self._epoch_counted,
+            "counted_epoch": self._counted_epoch,
             "status": self.status,
         }
 
@@ -496,10 +498,10 @@ class HalvingCallback(Callback):
             return TrialOutcome(trial_id, "completed", budget, f"reached max_t={max_t}")
         return TrialOutcome(trial_id, "stopped", budget, self._end_reason(budget))
 
-    def _count_epoch(self) -> None:
-        if not self._epoch_counted:
+    def _count_epoch(self, trainer: L.Trainer) -> None:
+        if self._counted_epoch != trainer.current_epoch:
             self._epochs += 1
-            self._epoch_counted = True
+            self._counted_epoch = trainer.current_epoch
 
     def _key(self, trial_id: TrialId) -> TrialId:
         return trial_id if self._prefix is None else f"{self._prefix}/{trial_id}"
@@ -565,5 +567,5 @@ class HalvingCallback(Callback):
         self._trial_key = state["trial_key"]
         self._prefix = state["prefix"]
         self._epochs = int(state["epochs"])
-        self._epoch_counted = bool(state["epoch_counted"])
+        self._counted_epoch = int(state["counted_epoch"])
         self.status = str(state["status"])
