@@ -29,7 +29,7 @@ from typing_extensions import override
 
 from lightning_hydro.sweeper.early_stopping import REFILLING, build_stopping_callback
 from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec
-from lightning_hydro.sweeper.json_files import read_json, write_json_atomic
+from lightning_hydro.sweeper.json_files import read_json_or_redo, write_json_atomic
 from lightning_hydro.sweeper.metric_history import MetricHistory, scalar_metrics
 
 __all__ = ["FusedSettings", "TrainerFactory", "TrialResult", "TrialStatus", "fit_trials", "trial_dir"]
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 TrialStatus = Literal["completed", "stopped", "diverged", "running", "failed"]
 TRIAL_RESULT_FILE = "trial_result.json"
 ROUND_RESULT_FILE = "group_fit.json"
+_REDO = "its trials train again (from their last checkpoint, if it is readable)"
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ def _fit_fused(
     """Train ``trial_ids`` as one fused group of ``slots`` slots; trials beyond them refill freed slots."""
     from lightning_hydro.fused import FusedLightningModule
 
-    done: dict[str, TrialResult] | None = read_json(root / ROUND_RESULT_FILE)
+    done: dict[str, TrialResult] | None = read_json_or_redo(root / ROUND_RESULT_FILE, _REDO)
     if done is not None:
         log.info("trials %s: finished before, not retrained (%s)", trial_ids, root / ROUND_RESULT_FILE)
         return {int(k): v for k, v in done.items()}
@@ -233,7 +234,7 @@ def _fit_one(
     workdir: Path,
 ) -> TrialResult:
     root = trial_dir(workdir, trial_id)
-    done: TrialResult | None = read_json(root / TRIAL_RESULT_FILE)
+    done: TrialResult | None = read_json_or_redo(root / TRIAL_RESULT_FILE, _REDO)
     if done is not None:
         log.info("trial %d: finished before, not retrained (%s)", trial_id, root / TRIAL_RESULT_FILE)
         return done

@@ -9,6 +9,9 @@ launchers), ``tests/callbacks/test_resume.py`` (a fit killed between epochs) and
 
 from __future__ import annotations
 
+import json
+import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +22,12 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning_hydro.callbacks import ASHA
 from lightning_hydro.demos import DigitsDataModule, DigitsMLP
 from lightning_hydro.sweeper.fit_trials import FusedSettings, fit_trials
-from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec
+from lightning_hydro.sweeper.group_spec import GROUP_ENV, EarlyStoppingSpec, read_group_spec, spec_path
+from lightning_hydro.sweeper.json_files import CorruptStateFile
+from lightning_hydro.sweeper.search_space import Configuration
+from lightning_hydro.sweeper.sweep_state import SweepState
 from lightning_hydro.sweeper.trainer_factory import ConfigTrainerFactory
+from lightning_hydro.sweeper.trial_groups import Trial
 from tests.callbacks.trials import LEARNING_RATES, fit, fused, mlp, mlps
 from tests.sweeper.conftest import TINY, read_results, run_sweep
 
@@ -215,3 +222,85 @@ def test_a_sweep_marks_only_the_trial_whose_module_raises_failed(tmp_path, hydra
     assert trials["sgd"]["group"] == trials["bogus"]["group"]  # one fused group
     assert trials["sgd"]["status"] == trials["adam"]["status"] == "completed"
     assert "val_loss" in trials["sgd"]["metrics"]
+
+
+# -- corrupt state files on resume ---------------------------------------------------------------------------------
+
+
+def truncate(path: Path, keep: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "not_a_plan"])
+def test_an_unreadable_plan_is_named_and_not_to_be_deleted(damage, tmp_path):
+    SweepState(tmp_path, {"sampler": "grid"}).add([Trial(0, Configuration({"lr": 0.1}, {"lr": "0.1"}))], [])
+    plan = tmp_path / "lightning_hydro" / "plan.json"
+    if damage == "truncated":
+        truncate(plan)
+    else:
+        plan.write_text("" if damage == "empty" else "[1, 2]")
+    detail = {"truncated": "invalid JSON", "empty": "the file is empty", "not_a_plan": "not a plan"}[damage]
+    with pytest.raises(CorruptStateFile, match=rf"{re.escape(str(plan))} is unreadable \({detail}.*do NOT delete it"):
+        SweepState.open(tmp_path, {"sampler": "grid"})
+
+
+def test_an_unreadable_group_spec_is_named_and_safe_to_delete(tmp_path, monkeypatch):
+    path = spec_path(tmp_path, "group_0003")
+    path.parent.mkdir(parents=True)
+    path.write_text('{"group_id": "group_0003", "kind": "sea')
+    monkeypatch.setenv(GROUP_ENV, "group_0003")
+    with pytest.raises(CorruptStateFile, match=rf"{re.escape(str(path))} is unreadable .* it is safe to delete"):
+        read_group_spec(tmp_path)
+
+
+def fit_round(tmp_path: Path) -> dict[int, Any]:
+    return fit_group(tmp_path, {0: "sgd", 1: "adam"}, slots=2)
+
+
+def test_a_truncated_round_result_is_set_aside_and_the_round_resumed_from_its_checkpoint(tmp_path, caplog):
+    first = fit_round(tmp_path)
+    result = tmp_path / "fused_0" / "group_fit.json"
+    truncate(result)
+    with caplog.at_level(logging.WARNING, logger="lightning_hydro"):
+        again = fit_round(tmp_path)
+    assert f"{result} is unreadable (invalid JSON" in caplog.text
+    assert (tmp_path / "fused_0" / "group_fit.json.corrupt").is_file()
+    assert again == first  # resumed from the final checkpoint: no epoch trained again
+    assert json.loads(result.read_text()) == {str(k): v for k, v in first.items()}
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_a_damaged_checkpoint_is_set_aside_and_the_round_trains_from_scratch(damage, tmp_path, caplog):
+    first = fit_round(tmp_path)
+    (tmp_path / "fused_0" / "group_fit.json").unlink()  # killed after the last checkpoint, before the result
+    checkpoint = tmp_path / "fused_0" / "checkpoints" / "last.ckpt"
+    truncate(checkpoint, keep=0.5 if damage == "truncated" else 0.0)
+    with caplog.at_level(logging.WARNING, logger="lightning_hydro"):
+        again = fit_round(tmp_path)
+    assert f"{checkpoint} is unreadable (not a whole torch checkpoint" in caplog.text
+    assert "the run starts from scratch" in caplog.text
+    assert (checkpoint.parent / "last.ckpt.corrupt").is_file()
+    assert {t: (r["status"], r["budget"]) for t, r in again.items()} == {0: ("completed", 2), 1: ("completed", 2)}
+    rerun_log = (tmp_path / "fused_0" / "logs" / "version_1" / "metrics.csv").read_text().splitlines()
+    epoch = rerun_log[0].split(",").index("epoch")
+    assert {row.split(",")[epoch] for row in rerun_log[1:]} == {"0", "1"}  # both epochs trained again
+    assert set(again[0]["metrics"]) == set(first[0]["metrics"])
+    assert checkpoint.is_file()
+
+
+def test_a_sweep_with_a_truncated_group_result_relaunches_the_group_without_retraining(
+    tmp_path, hydra_restore_singletons
+):
+    sweep_dir = tmp_path / "sweep"
+    args = [*TINY, f"hydra.sweep.dir={sweep_dir}", "hydra.sweeper.sampler=grid", "hydra.sweeper.params=null"]
+    args.append("data.batch_size=32,64")  # two groups
+    run_sweep(sweep_dir, args)
+    before = read_results(sweep_dir)["trials"]
+    truncate(sweep_dir / "group_0000" / "group_result.json")
+    (sweep_dir / "results.json").unlink()
+
+    run_sweep(sweep_dir, args)
+    assert read_results(sweep_dir)["trials"] == before
+    assert (sweep_dir / "group_0000" / "group_result.json.corrupt").is_file()
+    assert not (sweep_dir / "group_0000" / "fused_0" / "logs" / "version_1").exists()  # not trained again
