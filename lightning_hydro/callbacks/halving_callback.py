@@ -155,6 +155,7 @@ class HalvingCallback(Callback):
         # on_train_epoch_start.
         self._counted_epoch = -1
         self._monitor_seen = False
+        self._sanity_checked = False  # the validation step has run (a fused module then knows what it logs)
 
     # -- what subclasses provide -------------------------------------------------------------------------------
 
@@ -263,6 +264,8 @@ class HalvingCallback(Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if not self._monitor_seen and isinstance(pl_module, FusedLightningModule):
+            self._check_monitor_early(trainer, pl_module)
         if batch_idx + 1 >= trainer.num_training_batches:
             self._count_epoch(trainer)  # before validation, as a fused module counts its trials' epochs
 
@@ -279,6 +282,9 @@ class HalvingCallback(Callback):
 
     @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking and isinstance(pl_module, FusedLightningModule):
+            self._sanity_checked = True
+            self._monitor_seen = self._monitor_seen or self.monitor in pl_module.logged_names
         if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
             return
         self._decide(trainer, pl_module)
@@ -370,17 +376,35 @@ class HalvingCallback(Callback):
         self._monitor_seen = self._monitor_seen or bool(reports)
         return reports
 
-    def _monitor_error(self, trainer: L.Trainer, logged: list[str], *, per_trial: bool) -> RuntimeError:
+    def _check_monitor_early(self, trainer: L.Trainer, pl_module: FusedLightningModule) -> None:
+        """Raise now if the trials cannot log ``monitor``, not at the first rung, after every trial trained.
+
+        A fused module knows every name its trials log once its training step and (in the sanity check) its
+        validation step have run; without a sanity check, the validation step's names come at the first rung.
+        """
+        logged = pl_module.logged_names
+        if self.monitor in logged:
+            self._monitor_seen = True
+        elif self._sanity_checked or not trainer.enable_validation:
+            raise self._monitor_error(
+                trainer, sorted(logged), per_trial=True, when="the sanity check and the first training batch"
+            )
+
+    def _monitor_error(
+        self, trainer: L.Trainer, logged: list[str], *, per_trial: bool, when: str | None = None
+    ) -> RuntimeError:
         where = "by any trial of the fused module" if per_trial else "in trainer.callback_metrics"
         shown = ", ".join(repr(name) for name in logged) if logged else "nothing"
+        first = "validation" if trainer.enable_validation else "training epoch"
+        when_text = f"after {when}" if when else f"at the end of the first {first}"
         hint = (
             " Pass the name the trial modules give self.log, without the '/trial_{id}' suffix."
             if per_trial
             else " Pass one of these, or log the metric in validation_step (or training_step without validation)."
         )
         return RuntimeError(
-            f"{type(self).__name__}(monitor={self.monitor!r}): the monitor is not logged {where} at the end of "
-            f"the first {'validation' if trainer.enable_validation else 'training epoch'}; logged: {shown}.{hint}"
+            f"{type(self).__name__}(monitor={self.monitor!r}): the monitor is not logged {where} "
+            f"{when_text}; logged: {shown}.{hint}"
         )
 
     def _outcome(self, trial_id: TrialId, decision: Decision) -> TrialOutcome:

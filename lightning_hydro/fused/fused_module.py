@@ -255,6 +255,11 @@ class FusedLightningModule(L.LightningModule):
             param.grad = None
         return module
 
+    @property
+    def logged_names(self) -> frozenset[str]:
+        """Every metric name the trials have logged so far (without ``/trial_{id}``), the sanity check included."""
+        return frozenset(self._metrics.names)
+
     def stop_trial(self, trial_id: int, reason: str = "", *, status: TrialStatus = "stopped") -> None:
         """Remove a running trial from its slot: the stacked state shrinks, the others keep everything.
 

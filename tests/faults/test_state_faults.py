@@ -304,3 +304,32 @@ def test_a_sweep_with_a_truncated_group_result_relaunches_the_group_without_retr
     assert read_results(sweep_dir)["trials"] == before
     assert (sweep_dir / "group_0000" / "group_result.json.corrupt").is_file()
     assert not (sweep_dir / "group_0000" / "fused_0" / "logs" / "version_1").exists()  # not trained again
+
+
+# -- a monitor that is never logged is reported before the first epoch ---------------------------------------------
+
+
+def test_a_monitor_a_fused_group_never_logs_is_reported_after_the_sanity_check_and_one_batch():
+    module = fused(LEARNING_RATES[:2])
+    with pytest.raises(
+        RuntimeError,
+        match=r"ASHA\(monitor='val_los'\): the monitor is not logged by any trial of the fused module after the "
+        r"sanity check and the first training batch; logged: 'train_loss', 'val_acc', 'val_loss'\.",
+    ):
+        fit(module, [ASHA("val_los", max_t=2)], max_epochs=2, num_sanity_val_steps=1)
+    # raised at the first batch's end, before the module credits its step (it used to come after 3 steps)
+    assert [r["steps"] for r in module.results.values()] == [0, 0]
+
+
+def test_a_monitor_a_fused_group_never_logs_without_validation_is_reported_after_one_batch():
+    module = fused(LEARNING_RATES[:2])
+    with pytest.raises(RuntimeError, match=r"ASHA\(monitor='val_loss'\): .* after the sanity check and the first"):
+        fit(module, [ASHA("val_loss", max_t=2)], max_epochs=2, limit_val_batches=0)
+    assert [r["steps"] for r in module.results.values()] == [0, 0]
+
+
+@pytest.mark.parametrize("monitor", ["val_acc", "train_loss"])
+def test_a_monitor_logged_in_validation_or_training_is_not_reported(monitor):
+    callback = ASHA(monitor, mode="max" if monitor == "val_acc" else "min", max_t=2)
+    fit(fused(LEARNING_RATES[:2]), [callback], max_epochs=2, num_sanity_val_steps=1)
+    assert len(callback.outcomes) == 2
