@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import pytest
+import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from omegaconf import OmegaConf
 
 from lightning_hydro.callbacks import ASHA
 from lightning_hydro.demos import DigitsDataModule, DigitsMLP
+from lightning_hydro.scaling import Surrogate
 from lightning_hydro.sweeper.fit_trials import FusedSettings, fit_trials
 from lightning_hydro.sweeper.group_spec import GROUP_ENV, EarlyStoppingSpec, read_group_spec, spec_path
 from lightning_hydro.sweeper.json_files import CorruptStateFile
@@ -29,6 +33,7 @@ from lightning_hydro.sweeper.sweep_state import SweepState
 from lightning_hydro.sweeper.trainer_factory import ConfigTrainerFactory
 from lightning_hydro.sweeper.trial_groups import Trial
 from tests.callbacks.trials import LEARNING_RATES, fit, fused, mlp, mlps
+from tests.helpers import make_trainer
 from tests.sweeper.conftest import TINY, read_results, run_sweep
 
 pytestmark = pytest.mark.filterwarnings(
@@ -333,3 +338,59 @@ def test_a_monitor_logged_in_validation_or_training_is_not_reported(monitor):
     callback = ASHA(monitor, mode="max" if monitor == "val_acc" else "min", max_t=2)
     fit(fused(LEARNING_RATES[:2]), [callback], max_epochs=2, num_sanity_val_steps=1)
     assert len(callback.outcomes) == 2
+
+
+# -- Surrogate.load_from_checkpoint loads weights-only -------------------------------------------------------------
+
+
+class MLPWithConfig(DigitsMLP):
+    """A module as Hydra instantiates it: a nested config argument arrives as an OmegaConf container."""
+
+    def __init__(self, hidden_dim: int = 32, lr: float = 0.1, schedule: Any = None, **digits: Any) -> None:
+        super().__init__(hidden_dim=hidden_dim, lr=lr, **digits)
+        self.save_hyperparameters()
+
+
+class CreatesDirectory:
+    """Unpickling it creates a directory: what a weights-only load must refuse to run."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.makedirs, (str(self.path),))
+
+
+def surrogate_checkpoint(tmp_path: Path) -> tuple[Surrogate, Path, L.LightningModule]:
+    surrogate = Surrogate(MLPWithConfig, width="hidden_dim", ratio=4)
+    model = surrogate.build(hidden_dim=64, schedule=OmegaConf.create({"milestones": [2, 4], "gamma": 0.5}))
+    trainer = make_trainer(max_steps=2, limit_train_batches=2)
+    trainer.fit(model, datamodule=DigitsDataModule(batch_size=32))
+    path = tmp_path / "surrogate.ckpt"
+    trainer.save_checkpoint(path)
+    return surrogate, path, model
+
+
+def test_a_surrogate_checkpoint_with_hydra_configs_in_its_hparams_loads_weights_only(tmp_path):
+    surrogate, path, model = surrogate_checkpoint(tmp_path)
+    restored = surrogate.load_from_checkpoint(path)
+    assert restored.hparams["schedule"] == {"milestones": [2, 4], "gamma": 0.5}
+    x = torch.rand(3, 64)
+    torch.testing.assert_close(restored(x), model(x))
+
+
+def test_a_surrogate_checkpoint_holding_other_objects_is_refused_without_running_them(tmp_path):
+    surrogate, path, _ = surrogate_checkpoint(tmp_path)
+    marker = tmp_path / "ran"
+    checkpoint = torch.load(path, weights_only=False)
+    torch.save({**checkpoint, "extra": CreatesDirectory(marker)}, path)
+    with pytest.raises(
+        ValueError,
+        match=rf"{re.escape(str(path))} holds objects that a weights-only load refuses "
+        r"\(.*os\.makedirs.*\)\. If you trust the file, load it yourself",
+    ):
+        surrogate.load_from_checkpoint(path)
+    assert not marker.exists()
+    trusted = surrogate.load_from_checkpoint(torch.load(path, weights_only=False))  # the documented way round
+    assert marker.exists()
+    assert isinstance(trusted, MLPWithConfig)
