@@ -47,7 +47,6 @@ from lightning_hydro.backends.auto import choose_backend
 from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.fused.arguments import check_fused_arguments
 from lightning_hydro.fused.results import TRIAL_STATUSES, TrialStatus, format_results_table
-from lightning_hydro.fused.stacked_state import StackedState
 from lightning_hydro.fused.stateful_metrics import updated_metrics
 from lightning_hydro.fused.trial_book import TrialBook
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
@@ -61,6 +60,7 @@ from lightning_hydro.optim.group_optimizer import (
     TrialScheduler,
 )
 from lightning_hydro.optim.trial_optimization import TrialOptimization, parse_optimizer_config
+from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = ["FusedLightningModule"]
 
