@@ -155,7 +155,7 @@ class HalvingCallback(Callback):
         # on_train_epoch_start.
         self._counted_epoch = -1
         self._monitor_seen = False
-        self._sanity_checked = False  # the validation step has run (a fused module then knows what it logs)
+        self._sanity_checked = False  # the sanity check logged names (a fused module then knows what it logs)
 
     # -- what subclasses provide -------------------------------------------------------------------------------
 
@@ -283,7 +283,8 @@ class HalvingCallback(Callback):
     @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking and isinstance(pl_module, FusedLightningModule):
-            self._sanity_checked = True
+            # a module that logs nothing in the sanity check may skip logging there on purpose: no verdict
+            self._sanity_checked = bool(pl_module.logged_names)
             self._monitor_seen = self._monitor_seen or self.monitor in pl_module.logged_names
         if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
             return

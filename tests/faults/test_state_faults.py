@@ -22,6 +22,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from omegaconf import OmegaConf
 
+from lightning_hydro import FusedLightningModule
 from lightning_hydro.callbacks import ASHA
 from lightning_hydro.demos import DigitsDataModule, DigitsMLP
 from lightning_hydro.scaling import Surrogate
@@ -394,3 +395,19 @@ def test_a_surrogate_checkpoint_holding_other_objects_is_refused_without_running
     trusted = surrogate.load_from_checkpoint(torch.load(path, weights_only=False))  # the documented way round
     assert marker.exists()
     assert isinstance(trusted, MLPWithConfig)
+
+
+class QuietInSanityCheck(DigitsMLP):
+    """Logs nothing while Lightning's sanity check runs (a pattern some projects use)."""
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        if not self.trainer.sanity_checking:
+            super().validation_step(batch, batch_idx)
+
+
+def test_a_module_that_logs_nothing_in_the_sanity_check_is_judged_at_the_first_validation():
+    torch.manual_seed(0)
+    module = FusedLightningModule([QuietInSanityCheck(hidden_dim=8, lr=lr) for lr in (0.1, 0.2)], backend="vmap")
+    callback = ASHA("val_loss", max_t=2)
+    fit(module, [callback], max_epochs=2, num_sanity_val_steps=1)
+    assert len(callback.outcomes) == 2
