@@ -24,7 +24,7 @@ from lightning_hydro.backends.hfta.registry import FUSED_OPERATORS
 from lightning_hydro.backends.vmap_backend import VmapBackend
 
 if TYPE_CHECKING:
-    from lightning_hydro.fused.stacked_state import StackedState
+    from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = ["HftaBackend"]
 

@@ -28,7 +28,7 @@ from lightning_hydro.backends.trial_attributes import unfusible_attributes, unfu
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
 
 if TYPE_CHECKING:
-    from lightning_hydro.fused.stacked_state import StackedState
+    from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = ["MethodCaller", "VmapBackend"]
 
