@@ -6,7 +6,14 @@ import importlib.util
 import os
 import traceback
 
-__all__ = ["FusionError", "FusionMismatchError", "explain_step_error", "explain_vmap_error", "user_frame"]
+__all__ = [
+    "FusionError",
+    "FusionMismatchError",
+    "explain_step_error",
+    "explain_vmap_error",
+    "package_dir",
+    "user_frame",
+]
 
 # Substrings of torch.func's messages for code that vmap cannot batch, and what the user can do instead.
 _VMAP_LIMITS = (
@@ -27,7 +34,7 @@ _VMAP_LIMITS = (
 )
 
 
-def _package_dir(name: str) -> str | None:
+def package_dir(name: str) -> str | None:
     """The directory of installed package ``name``, found without importing it (Lightning takes seconds)."""
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
@@ -40,8 +47,8 @@ _LIBRARY_DIRS = tuple(
     directory
     for directory in (
         os.path.dirname(os.path.dirname(__file__)) + os.sep,
-        _package_dir("torch"),
-        _package_dir("lightning"),
+        package_dir("torch"),
+        package_dir("lightning"),
     )
     if directory
 )

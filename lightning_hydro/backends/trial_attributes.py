@@ -30,7 +30,6 @@ Example::
 from __future__ import annotations
 
 import inspect
-import os
 import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -38,6 +37,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from lightning_hydro.backends.errors import package_dir
 
 __all__ = [
     "DifferingAttribute",
@@ -51,9 +52,8 @@ __all__ = [
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step", "forward")
 _IGNORED = {"training", "prepare_data_per_node", "allow_zero_length_dataloader_with_multiple_devices"}
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
-_FRAMEWORK_DIRS = tuple(
-    os.path.dirname(str(path)) + os.sep for path in (torch.__file__, __import__("lightning").__file__)
-)
+# code here is not the user's: a LightningModule's own methods (log, ...) read nothing of the user's values
+_FRAMEWORK_DIRS = tuple(directory for directory in (package_dir("torch"), package_dir("lightning")) if directory)
 _MISSING = "<missing>"
 
 
