@@ -41,6 +41,7 @@ from lightning_hydro.backends import (
     LoopBackend,
     StackedLog,
     StepOutputs,
+    VmapBackend,
     make_backend,
 )
 from lightning_hydro.backends.auto import choose_backend
@@ -51,7 +52,7 @@ from lightning_hydro.fused.stateful_metrics import updated_metrics
 from lightning_hydro.fused.trial_book import TrialBook
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
 from lightning_hydro.fused.trial_specs import module_spec, rebuild_trials
-from lightning_hydro.fused.verify import verify_fusion
+from lightning_hydro.fused.verify import FusionMismatchError, verify_fusion
 from lightning_hydro.optim.clipping import clip_grad_norm_per_trial, clip_grad_value_per_trial
 from lightning_hydro.optim.group_optimizer import (
     OptimizerPath,
@@ -306,6 +307,7 @@ class FusedLightningModule(L.LightningModule):
             raise ValueError(f"add_trial: trial id {tid} is already used; known ids: {sorted(self._book.records)}.")
         if not module.automatic_optimization:
             raise ValueError("add_trial: the trial uses manual optimization; fused trials need automatic optimization.")
+        self._check_newcomer_fuses(module, tid)
         module.to(device=self._group.device)
         self._set_mode_of_newcomer(module)
         self._metrics.reslot()
@@ -324,6 +326,22 @@ class FusedLightningModule(L.LightningModule):
         if self._verify_enabled and self._backend_name != "loop":
             self._verify_ids.add(tid)
         return tid
+
+    def _check_newcomer_fuses(self, module: L.LightningModule, tid: int) -> None:
+        """A newcomer that differs in a Python value the fused code reads: refused, or auto moves to the loop."""
+        backend = self._parked or self._backend
+        if not isinstance(backend, VmapBackend):
+            return
+        refusal = backend.refusal([*self._group.modules, module], [*self._group.trial_ids, tid])
+        if refusal is None:
+            return
+        if self._backend_name != "auto":
+            try:
+                raise refusal
+            finally:  # break the frame -> error -> traceback -> frame cycle
+                refusal = None
+        rank_zero_warn(f"FusedLightningModule: backend='auto' runs the group on 'loop' from now on: {refusal}")
+        self._backend, self._parked = make_backend("loop", self._group), None
 
     def _running(self) -> list[tuple[int, L.LightningModule]]:
         return list(zip(self._group.trial_ids, self._group.modules))  # type: ignore[arg-type]
@@ -560,12 +578,18 @@ class FusedLightningModule(L.LightningModule):
     def _verify(self, backend: Backend, batch: Any, batch_idx: int) -> None:
         ids = [tid for tid in self._group.trial_ids if tid in self._verify_ids]
         # the loop runs each trial's own code: nothing to check; otherwise a skipped batch checks the next one
-        if (
-            ids
-            and not isinstance(backend, LoopBackend)
-            and not verify_fusion(self._group, backend, ids, batch, batch_idx)
-        ):
-            return
+        try:
+            if (
+                ids
+                and not isinstance(backend, LoopBackend)
+                and not verify_fusion(self._group, backend, ids, batch, batch_idx)
+            ):
+                return
+        except FusionMismatchError as err:
+            if self._backend_name != "auto":
+                raise
+            rank_zero_warn(f"FusedLightningModule: backend='auto' runs the group on 'loop' from now on: {err}")
+            self._backend, self._parked = make_backend("loop", self._group), None
         self._verify_ids.difference_update(ids)
 
     def _metrics_block_fusion(self, method: str, *args: Any) -> list[str]:
@@ -598,6 +622,7 @@ class FusedLightningModule(L.LightningModule):
         backend = self._resolve_backend(batch, batch_idx)
         if self._verify_ids:
             self._verify(backend, batch, batch_idx)
+            backend = self._backend or backend  # a failed check under auto moved the group to the loop
         out = backend.run("training_step", batch, batch_idx)
         self._record_logs("train", "training_step", out.logs, batch)
         loss = out.loss()
