@@ -42,6 +42,7 @@ from lightning_hydro.backends import (
     LoopBackend,
     StackedLog,
     StepOutputs,
+    VmapBackend,
     make_backend,
 )
 from lightning_hydro.backends.auto import choose_backend
@@ -51,17 +52,17 @@ from lightning_hydro.fused.results import TRIAL_STATUSES, TrialStatus, format_re
 from lightning_hydro.fused.stateful_metrics import updated_metrics
 from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_book import TrialBook
-from lightning_hydro.fused.trial_callbacks import per_trial_callbacks
+from lightning_hydro.fused.trial_callbacks import per_trial_callbacks, refuse_module_callbacks
+from lightning_hydro.fused.trial_clipping import clip_trial_gradients
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
 from lightning_hydro.fused.trial_specs import module_spec, rebuild_trials
-from lightning_hydro.fused.verify import verify_fusion
+from lightning_hydro.fused.verify import FusionMismatchError, verify_fusion
 from lightning_hydro.optim.group_optimizer import (
     OptimizerPath,
     StepReport,
     TrialGroupOptimizer,
     TrialScheduler,
 )
-from lightning_hydro.optim.trial_clipping import clip_trial_gradients
 from lightning_hydro.optim.trial_optimization import TrialOptimization, parse_optimizer_config
 from lightning_hydro.stacking.stacked_state import StackedState
 
@@ -162,6 +163,8 @@ class FusedLightningModule(L.LightningModule):
         self._optimizer: TrialGroupOptimizer | None = None
         self._metrics = TrialMetrics()
         self._loss_problems: dict[int, str] = {}
+        self._diverged_on_resume: dict[int, str] = {}
+        self._open_batch: int | None = None
         self._verify_enabled = verify
         self._verify_ids: set[int] = set(ids) if verify else set()
         self._eval_fallback: dict[str, Backend] = {}
@@ -256,6 +259,11 @@ class FusedLightningModule(L.LightningModule):
             param.grad = None
         return module
 
+    @property
+    def logged_names(self) -> frozenset[str]:
+        """Every metric name the trials have logged so far (without ``/trial_{id}``), the sanity check included."""
+        return frozenset(self._metrics.names)
+
     def stop_trial(self, trial_id: int, reason: str = "", *, status: TrialStatus = "stopped") -> None:
         """Remove a running trial from its slot: the stacked state shrinks, the others keep everything.
 
@@ -302,6 +310,7 @@ class FusedLightningModule(L.LightningModule):
             raise ValueError(f"add_trial: trial id {tid} is already used; known ids: {sorted(self._book.records)}.")
         if not module.automatic_optimization:
             raise ValueError("add_trial: the trial uses manual optimization; fused trials need automatic optimization.")
+        self._check_newcomer_fuses(module, tid)
         module.to(device=self._group.device)
         self._set_mode_of_newcomer(module)
         self._metrics.reslot()
@@ -320,6 +329,22 @@ class FusedLightningModule(L.LightningModule):
         if self._verify_enabled and self._backend_name != "loop":
             self._verify_ids.add(tid)
         return tid
+
+    def _check_newcomer_fuses(self, module: L.LightningModule, tid: int) -> None:
+        """A newcomer that differs in a Python value the fused code reads: refused, or auto moves to the loop."""
+        backend = self._parked or self._backend
+        if not isinstance(backend, VmapBackend):
+            return
+        refusal = backend.refusal([*self._group.modules, module], [*self._group.trial_ids, tid])
+        if refusal is None:
+            return
+        if self._backend_name != "auto":
+            try:
+                raise refusal
+            finally:  # break the frame -> error -> traceback -> frame cycle
+                refusal = None
+        rank_zero_warn(f"FusedLightningModule: backend='auto' runs the group on 'loop' from now on: {refusal}")
+        self._backend, self._parked = make_backend("loop", self._group), None
 
     def _running(self) -> list[tuple[int, L.LightningModule]]:
         return list(zip(self._group.trial_ids, self._group.modules))  # type: ignore[arg-type]
@@ -419,6 +444,7 @@ class FusedLightningModule(L.LightningModule):
     @override
     def configure_callbacks(self) -> list[Callback]:
         """Lightning's callbacks configured for an unfused run act per trial: see :mod:`.trial_callbacks`."""
+        refuse_module_callbacks(self._first())
         callbacks: list[Callback] = self.trainer.callbacks  # type: ignore[attr-defined]
         callbacks[:] = per_trial_callbacks(callbacks)
         return []
@@ -519,7 +545,7 @@ class FusedLightningModule(L.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        if self._optimizer is not None:  # each trial as Lightning clips it alone: see optim/trial_clipping.py
+        if self._optimizer is not None:  # each trial as Lightning clips it alone: see fused/trial_clipping.py
             clip_trial_gradients(self._group, self._optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # -- steps --------------------------------------------------------------------------------------------------
@@ -558,12 +584,18 @@ class FusedLightningModule(L.LightningModule):
     def _verify(self, backend: Backend, batch: Any, batch_idx: int) -> None:
         ids = [tid for tid in self._group.trial_ids if tid in self._verify_ids]
         # the loop runs each trial's own code: nothing to check; otherwise a skipped batch checks the next one
-        if (
-            ids
-            and not isinstance(backend, LoopBackend)
-            and not verify_fusion(self._group, backend, ids, batch, batch_idx)
-        ):
-            return
+        try:
+            if (
+                ids
+                and not isinstance(backend, LoopBackend)
+                and not verify_fusion(self._group, backend, ids, batch, batch_idx)
+            ):
+                return
+        except FusionMismatchError as err:
+            if self._backend_name != "auto":
+                raise
+            rank_zero_warn(f"FusedLightningModule: backend='auto' runs the group on 'loop' from now on: {err}")
+            self._backend, self._parked = make_backend("loop", self._group), None
         self._verify_ids.difference_update(ids)
 
     def _metrics_block_fusion(self, method: str, *args: Any) -> list[str]:
@@ -596,6 +628,7 @@ class FusedLightningModule(L.LightningModule):
         backend = self._resolve_backend(batch, batch_idx)
         if self._verify_ids:
             self._verify(backend, batch, batch_idx)
+            backend = self._backend or backend  # a failed check under auto moved the group to the loop
         out = backend.run("training_step", batch, batch_idx)
         self._record_logs("train", "training_step", out.logs, batch)
         loss = out.loss()
@@ -679,7 +712,12 @@ class FusedLightningModule(L.LightningModule):
     # -- per-batch and per-epoch bookkeeping ----------------------------------------------------------------------
 
     @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._open_batch = batch_idx  # a checkpoint written before on_train_batch_end must settle the batch
+
+    @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._open_batch = None
         if batch_idx + 1 >= self.trainer.num_training_batches:
             # before validation, so that decisions taken after it see this epoch in each trial's budget
             self._book.count_epoch(self._group.trial_ids)
@@ -741,11 +779,16 @@ class FusedLightningModule(L.LightningModule):
 
     @override
     def on_train_start(self) -> None:
+        for tid, reason in self._diverged_on_resume.items():  # optimizer state is restored by now
+            if tid in self._group.trial_ids:
+                self.stop_trial(tid, reason, status="diverged")
+        self._diverged_on_resume, self._open_batch = {}, None
+        self._book.resume_epoch(self.current_epoch, self._group.trial_ids)
         self._forward_hook("on_train_start")
 
     @override
     def on_train_epoch_start(self) -> None:
-        self._book.start_epoch(self._group.trial_ids)
+        self._book.start_epoch(self._group.trial_ids, self.current_epoch)
         self._forward_hook("on_train_epoch_start")
 
     @override
@@ -790,13 +833,28 @@ class FusedLightningModule(L.LightningModule):
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
 
+    def _unsettled_batch(self) -> tuple[StepReport, bool] | None:
+        """Between this module's train-batch start and end hooks: the batch's report, and if it ends the epoch."""
+        if self._open_batch is None:
+            return None
+        report = self._optimizer.last_report if self._optimizer is not None else StepReport()
+        return report, self._open_batch + 1 >= self.trainer.num_training_batches
+
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        book, diverged = self._book, {}
+        unsettled = self._unsettled_batch()
+        if unsettled is not None:  # Lightning will not rerun this batch's hooks on resume: save their effect
+            report, epoch_done = unsettled
+            book = book.settled(report.stepped, self._group.trial_ids, epoch_done=epoch_done)
+            diverged = dict(report.diverged)
         checkpoint[_CHECKPOINT_KEY] = {
             "trial_ids": list(self._group.trial_ids),
             "max_slots": self.max_slots,
             "backend": self.backend if self._parked is None else self._parked.name,
-            "records": self._book.results(),
+            "records": book.results(),
+            "epoch": book.epoch_state(),
+            "diverged": diverged,  # trials to mark diverged when the fit resumes
             "retired": {
                 tid: {k: v.detach().cpu() for k, v in m.state_dict().items()} for tid, m in self._retired.items()
             },
@@ -820,6 +878,9 @@ class FusedLightningModule(L.LightningModule):
         for tid, state in data["retired"].items():
             self._retired[tid].load_state_dict(state)
         self._book.load(data["records"])
+        if "epoch" in data:  # absent from checkpoints of earlier versions
+            self._book.load_epoch_state(data["epoch"])
+        self._diverged_on_resume = dict(data.get("diverged", {}))
         self.max_slots = data["max_slots"]
         self._verify_ids.clear()
         name = data.get("backend") or self._backend_name

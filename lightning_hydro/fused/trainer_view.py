@@ -90,6 +90,8 @@ class TrialTrainerView:
         return self._trial
 
     def __getattr__(self, name: str) -> Any:
+        if name in _OWN or (name.startswith("__") and name.endswith("__")):
+            raise AttributeError(name)  # e.g. copy/pickle probing a half-built view: not the Trainer's business
         if name in _METRIC_VIEWS:
             return trial_metrics_view(getattr(self._trainer, name), self._trial_id)
         return getattr(self._trainer, name)

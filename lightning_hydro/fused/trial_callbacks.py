@@ -40,6 +40,7 @@ from lightning.pytorch.callbacks import (
     ModelPruning,
     StochasticWeightAveraging,
 )
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from typing_extensions import override
 
 from lightning_hydro.fused.callback_view import CallbackTrainerView, LogBuffer
@@ -53,6 +54,7 @@ __all__ = [
     "TrialLearningRateMonitor",
     "TrialModelCheckpoint",
     "per_trial_callbacks",
+    "refuse_module_callbacks",
 ]
 
 _TRIAL_KEY = re.compile(r"/trial_\d+$")
@@ -90,6 +92,24 @@ class CallbackNotPerTrialError(ValueError):
 
 def _is_unfused_key(monitor: str | None) -> bool:
     return monitor is not None and not _TRIAL_KEY.search(monitor) and monitor not in _GROUP_KEYS
+
+
+def refuse_module_callbacks(trial: L.LightningModule) -> None:
+    """Refuse callbacks that a trial module returns from ``configure_callbacks``.
+
+    Each trial would return its own (their settings may follow its hyperparameters), and Lightning takes
+    them from the one LightningModule it fits: the fused wrapper. Rather than act on one trial's settings
+    for all, fusion asks for them on the Trainer, where they act per trial.
+
+    Raises:
+        CallbackNotPerTrialError: the trial's class overrides ``configure_callbacks``.
+    """
+    if is_overridden("configure_callbacks", trial, L.LightningModule):
+        raise CallbackNotPerTrialError(
+            f"{type(trial).__name__}.configure_callbacks() returns callbacks, which a FusedLightningModule does not "
+            "take from its trials (each trial would bring its own). Pass those callbacks to the Trainer instead: "
+            "Lightning's ModelCheckpoint, EarlyStopping and LearningRateMonitor then act per trial."
+        )
 
 
 def per_trial_callbacks(callbacks: Sequence[Callback]) -> list[Callback]:
@@ -196,6 +216,13 @@ class TrialModelCheckpoint(ModelCheckpoint):
         self._finished: set[int] = set()
 
     @property
+    @override
+    def state_key(self) -> str:
+        # the group's own settings (no monitor) are the same for every translated ModelCheckpoint: the user's
+        # callback names it, so that two of them keep two states in a checkpoint
+        return self._generate_state_key(per_trial=self.template.state_key)
+
+    @property
     def trial_callbacks(self) -> dict[int, ModelCheckpoint]:
         """Each trial's ``ModelCheckpoint``, by trial id."""
         return dict(self._trials.copies)  # type: ignore[arg-type]
@@ -209,7 +236,7 @@ class TrialModelCheckpoint(ModelCheckpoint):
         if isinstance(callback, ModelCheckpoint):  # self.dirpath: resolved by setup, which precedes every copy
             callback.dirpath = os.path.join(str(self.dirpath), f"trial_{trial_id}")
 
-    def _targets(self, trainer: L.Trainer, fused: FusedLightningModule) -> list[int]:
+    def _targets(self, trainer: L.Trainer, fused: Any) -> list[int]:
         """The running trials, and those that left their slot at this very step (their final checkpoint)."""
         step = trainer.global_step
         live = fused.trial_ids
@@ -240,6 +267,9 @@ class TrialModelCheckpoint(ModelCheckpoint):
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         super().on_train_batch_end(trainer, pl_module, *args)
+        if not self._every_n_train_steps and self._train_time_interval is None:
+            self._targets(trainer, pl_module)  # nothing to save per step; only note who is running
+            return
         self._each_trial(trainer, pl_module, "on_train_batch_end", *args)
 
     @override
@@ -362,7 +392,10 @@ class TrialLearningRateMonitor(LearningRateMonitor):
                 getattr(callback, hook)(view, view.lightning_module)
         for logger, step, metrics in buffer.values():
             logger.log_metrics(metrics, step=step)
-            trainer.callback_metrics.update({name: _as_tensor(value) for name, value in metrics.items()})
+            device = trainer.strategy.root_device  # where Lightning's own monitor puts them
+            trainer.callback_metrics.update(
+                {name: torch.as_tensor(value, device=device) for name, value in metrics.items()}
+            )
 
     @override
     def on_train_start(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
@@ -375,7 +408,3 @@ class TrialLearningRateMonitor(LearningRateMonitor):
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
         self._each_trial(trainer, trainer.lightning_module, "on_train_epoch_start")
-
-
-def _as_tensor(value: Any) -> torch.Tensor:
-    return value if isinstance(value, torch.Tensor) else torch.tensor(value)

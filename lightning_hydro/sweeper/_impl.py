@@ -357,6 +357,7 @@ class LightningHydroSweeperImpl(Sweeper):
         trial_result = (result or {}).get("trials", {}).get(str(trial_id))
         status = "failed" if group.group_id in self.failures else "pending"
         conf = self.state.trials[trial_id].configuration
+        error = {"error": trial_result["error"]} if trial_result and "error" in trial_result else {}
         return {
             "trial_id": trial_id,
             "group": group.group_id,
@@ -368,6 +369,7 @@ class LightningHydroSweeperImpl(Sweeper):
             "budget": trial_result["budget"] if trial_result else 0,
             "metrics": trial_result["metrics"] if trial_result else {},
             "history": trial_result.get("history", []) if trial_result else [],
+            **error,  # a trial whose module could not be built: why
         }
 
     def _retrain(self) -> list[dict[str, Any]]:

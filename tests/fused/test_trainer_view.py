@@ -101,3 +101,11 @@ def test_hooks_of_a_trial_see_their_own_module_and_their_own_metrics() -> None:
         assert set(module.seen[1]["metrics"]) == {"val_loss"}  # epoch 0's validation, under the unfused name
     first, second = (float(m.seen[1]["metrics"]["val_loss"]) for m in trials)
     assert first != second
+
+
+def test_a_view_can_be_copied_without_recursing_into_the_trainer() -> None:
+    import copy
+
+    trainer = make_trainer()
+    view = TrialTrainerView(trainer, L.LightningModule(), trial_id=0)
+    assert copy.copy(view).trial_id == 0

@@ -225,3 +225,41 @@ def test_per_trial_callback_states_survive_a_resume(tmp_path: Path) -> None:
         best_resumed = resumed.checkpoint_callback.trial_callbacks[tid].best_model_path
         assert os.path.basename(best_resumed) == os.path.basename(best_whole)
         assert len(resumed.checkpoint_callback.trial_callbacks[tid].best_k_models) == 1
+
+
+def test_a_stop_decided_before_min_epochs_waits_for_them_as_in_lightning() -> None:
+    trials = [_Plateaus(hidden_dim=8, lr=lr) for lr in (0.0, 0.0)]
+    fused = FusedLightningModule(trials, backend="vmap", summary=False)
+    stopping = EarlyStopping("val_loss", patience=1)
+    trainer = make_trainer(max_epochs=8, min_epochs=4, limit_train_batches=2, callbacks=[stopping])
+    fit_digits(trainer, fused)
+    assert [fused.results[t]["epochs"] for t in (0, 1)] == [4, 4]  # decided after 2 epochs, applied after 4
+    assert trainer.current_epoch == 4  # then no trial was left: the fit ended
+
+
+def test_callbacks_from_a_trials_configure_callbacks_are_refused_with_the_fix() -> None:
+    class BringsItsOwn(DigitsMLP):
+        def configure_callbacks(self) -> list[Any]:
+            return [EarlyStopping("val_loss", patience=self.hparams["depth"])]
+
+    fused = FusedLightningModule(
+        [BringsItsOwn(hidden_dim=8), BringsItsOwn(hidden_dim=8)], backend="loop", summary=False
+    )
+    with pytest.raises(CallbackNotPerTrialError, match=r"BringsItsOwn.configure_callbacks\(\).*Pass those callbacks"):
+        fit_digits(make_trainer(max_steps=1), fused)
+
+
+def test_two_checkpoints_and_two_early_stoppings_on_different_keys_coexist(tmp_path: Path) -> None:
+    trials = [DigitsMLP(hidden_dim=8, lr=lr) for lr in (0.01, 0.1)]
+    fused = FusedLightningModule(trials, backend="vmap", summary=False)
+    callbacks = [
+        ModelCheckpoint(dirpath=str(tmp_path / "acc"), monitor="val_acc", mode="max", filename="best"),
+        ModelCheckpoint(dirpath=str(tmp_path / "loss"), monitor="val_loss", filename="best"),
+        EarlyStopping("val_acc", mode="max", patience=5),
+        EarlyStopping("val_loss", patience=5),
+    ]
+    trainer = make_trainer(max_epochs=1, limit_train_batches=2, callbacks=callbacks, enable_checkpointing=True)
+    fit_digits(trainer, fused)  # Lightning refuses two stateful callbacks with one state key
+    assert (tmp_path / "acc" / "trial_1" / "best.ckpt").exists()
+    assert (tmp_path / "loss" / "trial_1" / "best.ckpt").exists()
+    assert len({c.state_key for c in trainer.callbacks}) == len(trainer.callbacks)

@@ -9,7 +9,8 @@ on the loop backend with the universal optimizer path a clipped step is bitwise 
 trial that overrides the hook (its own clipping rule) keeps it.
 
 On the fused optimizer path, when no trial overrides the hook, the rows are clipped in one pass over the
-stacked gradients instead (:mod:`.clipping`): the same formula, summed in another order (float rounding).
+stacked gradients instead (:mod:`lightning_hydro.optim.clipping`): the same formula, summed in another
+order (float rounding).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning_hydro.optim.clipping import clip_grad_norm_per_trial, clip_grad_value_per_trial
 
 if TYPE_CHECKING:
-    from lightning_hydro.fused.stacked_state import StackedState
     from lightning_hydro.optim.group_optimizer import TrialGroupOptimizer
+    from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = ["clip_trial_gradients"]
 
