@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.model_helpers import is_overridden
@@ -49,11 +50,13 @@ from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.fused.arguments import check_fused_arguments
 from lightning_hydro.fused.results import TRIAL_STATUSES, TrialStatus, format_results_table
 from lightning_hydro.fused.stateful_metrics import updated_metrics
+from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_book import TrialBook
+from lightning_hydro.fused.trial_callbacks import per_trial_callbacks, refuse_module_callbacks
+from lightning_hydro.fused.trial_clipping import clip_trial_gradients
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
 from lightning_hydro.fused.trial_specs import module_spec, rebuild_trials
 from lightning_hydro.fused.verify import FusionMismatchError, verify_fusion
-from lightning_hydro.optim.clipping import clip_grad_norm_per_trial, clip_grad_value_per_trial
 from lightning_hydro.optim.group_optimizer import (
     OptimizerPath,
     StepReport,
@@ -316,7 +319,7 @@ class FusedLightningModule(L.LightningModule):
         self._group.append(module, tid)
         self._book.add(tid)
         if self._trainer is not None:
-            module.trainer = self.trainer
+            attach_trainer(module, self.trainer, tid)
         if self._optimizer is not None:
             self._optimizer.trials[tid] = self._configure_trial_optimizer(tid, module)
             self._optimizer.rebuild()
@@ -439,6 +442,14 @@ class FusedLightningModule(L.LightningModule):
         self._restore_modes()
 
     @override
+    def configure_callbacks(self) -> list[Callback]:
+        """Lightning's callbacks configured for an unfused run act per trial: see :mod:`.trial_callbacks`."""
+        refuse_module_callbacks(self._first())
+        callbacks: list[Callback] = self.trainer.callbacks  # type: ignore[attr-defined]
+        callbacks[:] = per_trial_callbacks(callbacks)
+        return []
+
+    @override
     def prepare_data(self) -> None:
         self._first().prepare_data()
 
@@ -451,8 +462,8 @@ class FusedLightningModule(L.LightningModule):
                 "skip every trial's step whenever one trial overflows, coupling the trials. Use "
                 "precision='bf16-mixed' (no loss scaling needed), '32-true' or '16-true'."
             )
-        for _, module in self._running():
-            module.trainer = self.trainer
+        for tid, module in self._running():
+            attach_trainer(module, self.trainer, tid)
             if is_overridden("setup", module, L.LightningModule):
                 module.setup(stage)
 
@@ -534,13 +545,8 @@ class FusedLightningModule(L.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        if not gradient_clip_val:
-            return
-        params = list(self._group.params.values())
-        if gradient_clip_algorithm == "value":
-            clip_grad_value_per_trial(params, gradient_clip_val)
-        else:
-            clip_grad_norm_per_trial(params, gradient_clip_val)
+        if self._optimizer is not None:  # each trial as Lightning clips it alone: see fused/trial_clipping.py
+            clip_trial_gradients(self._group, self._optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # -- steps --------------------------------------------------------------------------------------------------
 
@@ -882,5 +888,5 @@ class FusedLightningModule(L.LightningModule):
         self._parked = None
         self._fit_backend_to_group()
         if self._trainer is not None:
-            for _, module in self._running():
-                module.trainer = self.trainer
+            for tid, module in self._running():
+                attach_trainer(module, self.trainer, tid)
