@@ -69,7 +69,8 @@ class LightningHydroSweeperConf:
         sampler: ``grid``, ``random`` (seeded) or ``tpe`` (Optuna's TPE, needs the ``optuna`` extra).
         n_trials: configurations to try; required by ``random`` and ``tpe``, optional bound for ``grid``.
         seed: seed of the sampler.
-        metric: name of the logged metric that ranks trials (e.g. ``val_acc``).
+        metric: name of the logged metric that ranks trials (e.g. ``val_acc``), as the module logs it; each
+            trial's own value is read, not what the task function returns.
         mode: ``min`` or ``max``: whether a lower or a higher ``metric`` is better.
         non_fusible: config keys whose value must be the same for all trials of a group (anything
             that changes shapes or the data pipeline, e.g. ``data.batch_size``, ``model.hidden_dim``).

@@ -1,8 +1,10 @@
 """The sweep: Hydra's ``-m`` as fused trial groups (the plugin shim lives in ``hydra_plugins``).
 
-The job side is :func:`fit_from_config` (what a task function calls) and :func:`fit_trials` (the one
-function that trains a group); everything else here runs in the sweeper: search spaces, samplers, trial
-groups, the persisted plan, results and plots.
+The job side is the user's own task function, whose ``model`` node the sweeper points at the group's
+fused trials (:mod:`~lightning_hydro.sweeper.group_task`, :mod:`~lightning_hydro.sweeper.group_model`), or
+the ready-made :func:`fit_from_config` with :func:`fit_trials` (the one function that trains a group);
+everything else here runs in the sweeper: search spaces, samplers, trial groups, the persisted plan,
+results and plots.
 """
 
 from lightning_hydro.sweeper.fit_from_config import apply_overrides, fit_from_config

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,9 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_hydro.sweeper.app_config import check_sweep_keys
+from lightning_hydro.sweeper.app_config import SEED_KEY, check_sweep_keys
+from lightning_hydro.sweeper.fusion_report import warn_if_nothing_fuses
+from lightning_hydro.sweeper.group_model import trial_seed
 from lightning_hydro.sweeper.group_spec import (
     RESULT_FILE,
     EarlyStoppingSpec,
@@ -36,6 +39,7 @@ from lightning_hydro.sweeper.group_spec import (
     group_launch_overrides,
     spec_path,
 )
+from lightning_hydro.sweeper.group_task import ERROR_FILE, GroupTask
 from lightning_hydro.sweeper.json_files import write_json_atomic
 from lightning_hydro.sweeper.plots import plot_sweep
 from lightning_hydro.sweeper.reports import format_best_table, metric_value, rank_trials, write_results
@@ -73,8 +77,10 @@ class LightningHydroSweeperImpl(Sweeper):
         """Keep the context and create the configured launcher."""
         self.config = config
         self.hydra_context = hydra_context
+        # The jobs run the user's task function through GroupTask: it points the job's model node at the
+        # group's fused trials and reports failures with their traceback (see group_task.py).
         self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config
+            hydra_context=hydra_context, task_function=GroupTask(task_function), config=config
         )
 
     def sweep(self, arguments: list[str]) -> list[dict[str, Any]]:
@@ -105,6 +111,7 @@ class LightningHydroSweeperImpl(Sweeper):
         self.state = SweepState.open(sweep_dir, self.settings.request(lines))
         self.failures: dict[str, BaseException] = {}
         self._told: set[int] = set()
+        self._launched_before = any(self.state.result(g) is not None for g in self.state.groups)
 
         self._search()
         retrained = self._retrain()
@@ -172,6 +179,7 @@ class LightningHydroSweeperImpl(Sweeper):
             first_index=len(self.state.groups_of_kind("search")),
         )
         self.state.add(trials, groups)
+        warn_if_nothing_fuses(groups, self.settings.non_fusible, self.space.keys)
         sizes = ", ".join(f"{g.group_id}: {len(g.trial_ids)} [{partition_label(g.partition)}]" for g in groups)
         log.info("lightning_hydro: %d new trials in %d groups (%s)", len(trials), len(groups), sizes)
         return groups
@@ -234,8 +242,14 @@ class LightningHydroSweeperImpl(Sweeper):
             group_id=group.group_id,
             kind=group.kind,
             slots=group.slots,
-            trials=tuple(TrialSpec(tid, tuple(overrides[tid])) for tid in group.trial_ids),
+            trials=tuple(TrialSpec(tid, tuple(overrides[tid]), self._seed(tid)) for tid in group.trial_ids),
+            fused=_plain_dict(self.config.get("fused") if self.config is not None else None),
         )
+
+    def _seed(self, trial_id: int) -> int:
+        """The trial's seed: the config's ``seed`` (default 0), or one of its own where ``seed: null``."""
+        config_seed = self.config.get(SEED_KEY, 0) if self.config is not None else 0
+        return trial_seed(config_seed if isinstance(config_seed, int) else None, self.settings.seed, trial_id)
 
     def _search_spec(self, group: TrialGroup) -> GroupSpec:
         sched = self.settings.scheduler
@@ -270,6 +284,21 @@ class LightningHydroSweeperImpl(Sweeper):
             raise RuntimeError("LightningHydroSweeperImpl: call setup() first.")
         for spec, _ in jobs:
             write_json_atomic(spec_path(self.state.sweep_dir, spec.group_id), spec.to_json())
+        if not self._launched_before and len(jobs) > 1:
+            # The first job of a sweep goes alone: a task function that cannot produce group results fails
+            # there, before the other jobs train.
+            self._launched_before = True
+            self._launch(jobs[:1])
+            first = self.failures.get(jobs[0][0].group_id)
+            if first is not None:
+                raise RuntimeError(
+                    f"lightning_hydro sweeper: the sweep's first job failed, so no other job was launched "
+                    f"({jobs[0][0].group_id}: {_one_line(first)}). Its traceback is in the log above and in "
+                    f"{self.state.sweep_dir / jobs[0][0].group_id / ERROR_FILE}. Fix the cause, then re-run the "
+                    "same command (same hydra.sweep.dir)."
+                ) from first
+            jobs = jobs[1:]
+        self._launched_before = True
         batch = [overrides for _, overrides in jobs]
         self.validate_batch_is_legal(batch)
         returns = self.launcher.launch(batch, initial_job_idx=self._job_idx)
@@ -278,15 +307,25 @@ class LightningHydroSweeperImpl(Sweeper):
             try:
                 _ = ret.return_value  # raises the job's exception if it failed
             except Exception as err:
-                log.error("lightning_hydro: job %s failed: %s", spec.group_id, _one_line(err))
+                self._log_failure(spec.group_id, err)
                 self.failures[spec.group_id] = err
                 continue
             if not (self.state.sweep_dir / spec.group_id / RESULT_FILE).is_file():
                 self.failures[spec.group_id] = RuntimeError(
                     f"job {spec.group_id} returned without writing {RESULT_FILE}: its task function must "
-                    "call lightning_hydro.sweeper.fit_from_config(cfg), and every trial must finish "
+                    "train the module that hydra.utils.instantiate(cfg.model) builds, or call "
+                    "lightning_hydro.sweeper.fit_from_config(cfg), and every trial must finish "
                     "(an interrupted one is resumed by a rerun)"
                 )
+
+    def _log_failure(self, group_id: str, err: BaseException) -> None:
+        """Log a failed job's traceback: the one the job wrote (any launcher), else the exception's own."""
+        error_file = self.state.sweep_dir / group_id / ERROR_FILE
+        if error_file.is_file():
+            text = error_file.read_text(encoding="utf-8")
+        else:
+            text = "".join(traceback.format_exception(err))
+        log.error("lightning_hydro: job %s failed: %s\n%s", group_id, _one_line(err), text)
 
     def _tell(self, group: TrialGroup) -> None:
         """Report the trials of a finished (or failed) group to the sampler, once each."""
@@ -325,6 +364,7 @@ class LightningHydroSweeperImpl(Sweeper):
             "job_dir": str(self.state.job_dir(group)),
             "params": dict(conf.values),
             "overrides": self.space.override_lines(conf.texts),
+            "seed": trial_result.get("seed", self._seed(trial_id)) if trial_result else self._seed(trial_id),
             "status": trial_result["status"] if trial_result else status,
             "budget": trial_result["budget"] if trial_result else 0,
             "metrics": trial_result["metrics"] if trial_result else {},
@@ -382,6 +422,13 @@ class LightningHydroSweeperImpl(Sweeper):
                 format_best_table(retrained, metric, mode, top=len(retrained)).replace("Best", "Retrained: best"),
             )
         log.info("lightning_hydro: results in %s, %s; plots %s", json_path, csv_path, [str(p) for p in plots])
+
+
+def _plain_dict(node: Any) -> dict[str, Any]:
+    if node is None:
+        return {}
+    container = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+    return {str(k): v for k, v in container.items()} if isinstance(container, dict) else {}
 
 
 def _one_line(err: BaseException) -> str:

@@ -2,7 +2,7 @@
 
 .. code-block:: yaml
 
-    seed: 0                  # seeds each trial's module (optional, default 0)
+    seed: 0                  # seeds each trial's module (optional, default 0; null: a seed per trial, recorded)
     model:                   # one trial's LightningModule; the only section trials of a group may vary
       _target_: lightning_hydro.demos.DigitsMLP
       lr: 0.05
@@ -10,9 +10,13 @@
       _target_: lightning_hydro.demos.DigitsDataModule
       batch_size: 64
     trainer:                 # keyword arguments of lightning.Trainer (optional)
+      _target_: lightning.pytorch.trainer.Trainer   # optional: a Trainer class (or subclass)
+      default_root_dir: ${paths.output_dir}         # optional: where the runs go (default: the job's dir)
       max_epochs: 10
     callbacks:               # name -> instantiable Lightning callback (optional)
       early_stop: {_target_: lightning.pytorch.callbacks.EarlyStopping, monitor: val_loss}
+    logger:                  # name -> instantiable Lightning logger (optional; a CSV logger is always added)
+      tensorboard: {_target_: lightning.pytorch.loggers.TensorBoardLogger, save_dir: ${paths.output_dir}}
     fused:                   # how sweep jobs fuse their trials (optional; FusedLightningModule's options)
       backend: auto
       optimizer_path: auto
@@ -33,6 +37,7 @@ __all__ = [
     "CALLBACKS_KEY",
     "DATA_KEY",
     "FUSED_KEY",
+    "LOGGER_KEY",
     "MODEL_KEY",
     "SCALING_KEY",
     "SEED_KEY",
@@ -46,6 +51,7 @@ MODEL_KEY = "model"
 DATA_KEY = "data"
 TRAINER_KEY = "trainer"
 CALLBACKS_KEY = "callbacks"
+LOGGER_KEY = "logger"
 FUSED_KEY = "fused"
 SCALING_KEY = "scaling"
 SEED_KEY = "seed"

@@ -18,15 +18,13 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import random
 import socket
-from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -34,6 +32,7 @@ from lightning_hydro.sweeper.app_config import (
     CALLBACKS_KEY,
     DATA_KEY,
     FUSED_KEY,
+    LOGGER_KEY,
     MODEL_KEY,
     SCALING_KEY,
     SEED_KEY,
@@ -41,7 +40,9 @@ from lightning_hydro.sweeper.app_config import (
 )
 from lightning_hydro.sweeper.fit_trials import FusedSettings, TrialResult, fit_trials
 from lightning_hydro.sweeper.fusion_limit import measure_fusion_limit
-from lightning_hydro.sweeper.group_spec import GroupSpec, TrialSpec, read_group_spec, write_group_result
+from lightning_hydro.sweeper.group_model import restore_model_node
+from lightning_hydro.sweeper.group_spec import GroupSpec, TrialSpec, job_dirs, read_group_spec, write_group_result
+from lightning_hydro.sweeper.overrides import apply_overrides
 from lightning_hydro.sweeper.scaling_settings import ScalingSettings
 from lightning_hydro.sweeper.trainer_factory import ConfigTrainerFactory
 
@@ -63,26 +64,33 @@ def fit_from_config(cfg: DictConfig) -> dict[int, TrialResult]:
     Raises:
         ValueError: if the ``model`` or ``data`` section is missing or has no ``_target_``.
     """
-    job_dir, sweep_dir = _job_dirs()
+    job_dir, sweep_dir = job_dirs()
     spec = read_group_spec(sweep_dir) if sweep_dir is not None else None
     in_group = spec is not None
     if spec is None:
         spec = GroupSpec(group_id="run", kind="search", slots=1, trials=(TrialSpec(0),))
+    cfg = copy.deepcopy(cfg)
+    restore_model_node(cfg)  # a sweep job's model node builds the fused group for task functions of their own
     _section(cfg, MODEL_KEY, "your LightningModule class, e.g. lightning_hydro.demos.DigitsMLP")
     trial_cfgs = {t.trial_id: apply_overrides(cfg, t.overrides) for t in spec.trials}
     datamodule = instantiate(
         _section(cfg, DATA_KEY, "your LightningDataModule, e.g. lightning_hydro.demos.DigitsDataModule")
     )
-    seed = int(cfg.get(SEED_KEY, 0))
+    seeds = {t.trial_id: _trial_seed(cfg, t) for t in spec.trials}
     # muP: search trials are width / ratio surrogates; the final retrain is the full-size target (ratio 1)
     scaling = ScalingSettings.from_config(cfg.get(SCALING_KEY), full_size=spec.kind == "retrain")
 
     def build_module(trial_id: int) -> L.LightningModule:
-        # Every trial starts from the same seed: its init depends on its config only, not on its group.
-        L.seed_everything(seed, verbose=False)
+        # Each trial starts from its own seed: its init depends on its config only, not on its group.
+        L.seed_everything(seeds[trial_id], verbose=False)
         return scaling.build(trial_cfgs[trial_id][MODEL_KEY])
 
-    trainer_factory = ConfigTrainerFactory(_plain(cfg.get(TRAINER_KEY)), _plain(cfg.get(CALLBACKS_KEY)))
+    trainer_kwargs = _plain(cfg.get(TRAINER_KEY))
+    root = trainer_kwargs.pop("default_root_dir", None)  # the template's ${paths.output_dir}: the runs go there
+    workdir = Path(root) if root else job_dir
+    trainer_factory = ConfigTrainerFactory(
+        trainer_kwargs, _plain(cfg.get(CALLBACKS_KEY)), loggers=_plain(cfg.get(LOGGER_KEY))
+    )
     trial_ids = [t.trial_id for t in spec.trials]
     if spec.kind == "probe":
         limit, probe = measure_fusion_limit(
@@ -96,14 +104,15 @@ def fit_from_config(cfg: DictConfig) -> dict[int, TrialResult]:
         slots=spec.slots,
         datamodule=datamodule,
         trainer_factory=trainer_factory,
-        workdir=job_dir,
+        workdir=workdir,
         early_stopping=spec.early_stopping,
         fused=FusedSettings(**_plain(cfg.get(FUSED_KEY))) if in_group else None,
     )
     for trial_id, result in results.items():
         log.info(
-            "trial %d: %s after %d epochs, %s",
+            "trial %d (seed %d): %s after %d epochs, %s",
             trial_id,
+            seeds[trial_id],
             result["status"],
             result["budget"],
             result["metrics"],
@@ -116,41 +125,23 @@ def fit_from_config(cfg: DictConfig) -> dict[int, TrialResult]:
                 "job_dir": str(job_dir),
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
-                "trials": {str(k): v for k, v in results.items()},
+                "trials": {str(k): {**v, "seed": seeds[k]} for k, v in results.items()},
             },
         )
     return results
 
 
-def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
-    """A copy of ``cfg`` with override lines (``key=value``, ``+key=value``) applied.
-
-    Example::
-
-        >>> cfg = OmegaConf.create({"model": {"lr": 0.1}})
-        >>> apply_overrides(cfg, ["model.lr=0.5", "+model.momentum=0.9"]).model
-        {'lr': 0.5, 'momentum': 0.9}
-
-    Raises:
-        ValueError: for a deletion or a sweep, which have no single value.
-    """
-    out = copy.deepcopy(cfg)
-    for override in OverridesParser.create().parse_overrides(list(overrides)):
-        if override.is_delete() or override.is_sweep_override():
-            raise ValueError(f"apply_overrides: a trial override needs a single value, got {override.input_line!r}.")
-        force_add = override.is_add() or override.is_force_add()
-        OmegaConf.update(out, override.key_or_group, override.value(), force_add=force_add)
-    return out
-
-
-def _job_dirs() -> tuple[Path, Path | None]:
-    """The job's output directory, and the sweep directory its group spec would be in (outside Hydra: cwd)."""
-    if not HydraConfig.initialized():
-        return Path.cwd(), None
-    hydra_cfg = HydraConfig.get()
-    # A relative sweep dir is relative to where the app was started, not to the job's directory
-    # (the job may have changed into it: hydra.job.chdir=true).
-    return Path(hydra_cfg.runtime.output_dir), Path(hydra_cfg.runtime.cwd) / hydra_cfg.sweep.dir
+def _trial_seed(cfg: DictConfig, trial: TrialSpec) -> int:
+    """The sweep's seed for the trial, else the config's ``seed`` (default 0), else (``seed: null``) a fresh one."""
+    if trial.seed is not None:
+        return trial.seed
+    seed = cfg.get(SEED_KEY, 0)
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**31 - 1)
+        log.info("seed: null, so trial %d is seeded with %d (rerun it with seed=%d)", trial.trial_id, seed, seed)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"fit_from_config: 'seed' must be an integer or null, got {seed!r}. Fix: e.g. seed=42.")
+    return seed
 
 
 def _section(cfg: DictConfig, key: str, what: str) -> DictConfig:

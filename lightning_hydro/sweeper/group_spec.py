@@ -30,6 +30,7 @@ __all__ = [
     "GroupSpec",
     "TrialSpec",
     "group_launch_overrides",
+    "job_dirs",
     "read_group_result",
     "read_group_spec",
     "spec_path",
@@ -47,6 +48,7 @@ class TrialSpec:
 
     trial_id: int
     overrides: tuple[str, ...] = ()
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,8 @@ class GroupSpec:
         trials: the group's trials, in start order.
         early_stopping: the early-stopping settings of the group.
         probe: ``{"safety_margin": ..., "max_limit": ...}`` for a probe group, else empty.
+        fused: ``FusedLightningModule`` options for a job whose own task function builds the group
+            (``backend``, ``optimizer_path``: the app config's ``fused`` section).
     """
 
     group_id: str
@@ -81,6 +85,7 @@ class GroupSpec:
     trials: tuple[TrialSpec, ...]
     early_stopping: EarlyStoppingSpec = field(default_factory=EarlyStoppingSpec)
     probe: dict[str, Any] = field(default_factory=dict)
+    fused: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -93,9 +98,10 @@ class GroupSpec:
             group_id=data["group_id"],
             kind=data["kind"],
             slots=int(data["slots"]),
-            trials=tuple(TrialSpec(int(t["trial_id"]), tuple(t["overrides"])) for t in data["trials"]),
+            trials=tuple(TrialSpec(int(t["trial_id"]), tuple(t["overrides"]), t.get("seed")) for t in data["trials"]),
             early_stopping=EarlyStoppingSpec(**data["early_stopping"]),
             probe=dict(data.get("probe", {})),
+            fused=dict(data.get("fused", {})),
         )
 
 
@@ -134,6 +140,18 @@ def read_group_spec(sweep_dir: Path) -> GroupSpec | None:
             f"sweeper and its jobs; outside a sweep, unset {GROUP_ENV}."
         )
     return GroupSpec.from_json(data)
+
+
+def job_dirs() -> tuple[Path, Path | None]:
+    """The job's output directory, and the sweep directory its group spec would be in (outside Hydra: cwd)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return Path.cwd(), None
+    hydra_cfg = HydraConfig.get()
+    # A relative sweep dir is relative to where the app was started, not to the job's directory
+    # (the job may have changed into it: hydra.job.chdir=true).
+    return Path(hydra_cfg.runtime.output_dir), Path(hydra_cfg.runtime.cwd) / hydra_cfg.sweep.dir
 
 
 def write_group_result(job_dir: Path, result: dict[str, Any]) -> None:

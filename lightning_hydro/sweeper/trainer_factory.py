@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, Logger
 
 __all__ = ["ConfigTrainerFactory"]
 
@@ -43,15 +43,28 @@ class ConfigTrainerFactory:
 
     Args:
         trainer_kwargs: keyword arguments of :class:`lightning.Trainer` (``logger`` may be ``true`` or
-            ``false``; ``enable_checkpointing: false`` turns off the resume checkpoint).
+            ``false``; ``enable_checkpointing: false`` turns off the resume checkpoint); ``_target_``, if
+            given, names the Trainer class (lightning-hydra-template's ``lightning.pytorch.trainer.Trainer``,
+            or a subclass).
         callbacks: name -> config with ``_target_`` (``null`` entries are skipped).
+        loggers: name -> Lightning logger config with ``_target_`` (``null`` entries are skipped); they log
+            next to the CSV logger.
 
     Raises:
         ValueError: if ``trainer_kwargs`` sets what the factory manages (``default_root_dir``,
-            ``callbacks``) or gives ``logger`` something other than a bool.
+            ``callbacks``), gives ``logger`` something other than a bool, or names a ``_target_`` that
+            is not a Trainer class.
     """
 
-    def __init__(self, trainer_kwargs: Mapping[str, Any], callbacks: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        trainer_kwargs: Mapping[str, Any],
+        callbacks: Mapping[str, Any] | None = None,
+        *,
+        loggers: Mapping[str, Any] | None = None,
+    ) -> None:
+        trainer_kwargs = dict(trainer_kwargs)
+        self.trainer_class = _trainer_class(trainer_kwargs.pop("_target_", None))
         for key in _MANAGED:
             if key in trainer_kwargs:
                 raise ValueError(
@@ -69,6 +82,7 @@ class ConfigTrainerFactory:
         self.use_logger = logger
         self.checkpointing = bool(trainer_kwargs.get("enable_checkpointing", True))
         self.callbacks_config = dict(callbacks or {})
+        self.loggers_config = dict(loggers or {})
 
     def __call__(self, *, root_dir: Path, callbacks: Sequence[Callback] = (), **overrides: Any) -> L.Trainer:
         """A Trainer rooted in ``root_dir``: the app's callbacks, then ``callbacks``, then the checkpoint.
@@ -80,9 +94,10 @@ class ConfigTrainerFactory:
         all_callbacks += list(callbacks)
         if self.checkpointing:
             all_callbacks.append(_last_checkpoint_callback(root_dir / _CHECKPOINT_DIR))
-        logger = CSVLogger(root_dir, name="logs") if self.use_logger else False
+        loggers: list[Logger] = [CSVLogger(root_dir, name="logs")] if self.use_logger else []
+        loggers += [instantiate(c) for c in self.loggers_config.values() if c is not None]
         kwargs = {**self.trainer_kwargs, **overrides}
-        return L.Trainer(**kwargs, default_root_dir=root_dir, logger=logger, callbacks=all_callbacks)
+        return self.trainer_class(**kwargs, default_root_dir=root_dir, logger=loggers or False, callbacks=all_callbacks)
 
     def last_checkpoint(self, root_dir: Path) -> Path | None:
         """``<root_dir>/checkpoints/last.ckpt`` if it exists and is whole.
@@ -110,6 +125,24 @@ def _checkpoint_problem(path: Path) -> str | None:
     except (zipfile.BadZipFile, OSError, EOFError) as err:
         return f"not a whole torch checkpoint: {err}"
     return None if broken is None else f"its member {broken} is damaged"
+
+
+def _trainer_class(target: Any) -> type[L.Trainer]:
+    if target is None:
+        return L.Trainer
+    try:
+        cls = get_class(str(target))
+    except Exception as err:
+        raise ValueError(
+            f"ConfigTrainerFactory: trainer._target_={target!r} cannot be imported ({err}). Expected a Trainer "
+            "class, e.g. lightning.pytorch.trainer.Trainer. Fix: correct trainer._target_ or remove it."
+        ) from err
+    if not (isinstance(cls, type) and issubclass(cls, L.Trainer)):
+        raise ValueError(
+            f"ConfigTrainerFactory: trainer._target_={target!r} is not a lightning.Trainer (sub)class. Fix: "
+            "e.g. trainer._target_=lightning.pytorch.trainer.Trainer, or remove it."
+        )
+    return cls
 
 
 def _last_checkpoint_callback(dirpath: Path) -> ModelCheckpoint:

@@ -14,6 +14,9 @@ from hydra.test_utils.test_utils import SweepTaskFunction
 
 from lightning_hydro.sweeper import fit_from_config
 
+# The fixture project is a user's code, run by the tests in subprocesses; not a test module (nor doctests).
+collect_ignore = ["template_project"]
+
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "train.py"
 # Train for seconds: a narrow MLP, two batches per epoch.

@@ -15,7 +15,10 @@ MODULES = [
     "plots",
     "metric_history",
     "trainer_factory",
-    "fit_from_config",
+    "overrides",
+    "group_model",
+    "group_task",
+    "fusion_report",
 ]
 
 

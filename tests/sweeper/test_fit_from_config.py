@@ -67,3 +67,55 @@ def test_a_group_spec_that_is_missing(tmp_path, monkeypatch):
         r"The sweep directory must be shared",
     ):
         read_group_spec(tmp_path)
+
+
+def test_lightning_hydra_template_conventions_are_accepted(tmp_path, monkeypatch):
+    """trainer._target_, an interpolated default_root_dir, seed: null, and callbacks/logger dicts of nodes."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LIGHTNING_HYDRO_GROUP", raising=False)
+    cfg = OmegaConf.create(
+        {
+            **CFG,
+            "seed": None,
+            "paths": {"output_dir": str(tmp_path / "out")},
+            "tags": ["dev"],
+            "extras": {"print_config": False},
+            "trainer": {
+                **CFG["trainer"],
+                "_target_": "lightning.pytorch.trainer.Trainer",
+                "default_root_dir": "${paths.output_dir}",
+            },
+            "callbacks": {
+                "lr_monitor": {"_target_": "lightning.pytorch.callbacks.LearningRateMonitor"},
+                "unused": None,
+            },
+            "logger": {
+                "csv": {
+                    "_target_": "lightning.pytorch.loggers.csv_logs.CSVLogger",
+                    "save_dir": "${paths.output_dir}",
+                    "name": "csv/",
+                }
+            },
+        }
+    )
+    results = fit_from_config(cfg)
+    assert results[0]["status"] == "completed"
+    run_dir = tmp_path / "out" / "trial_0000"  # under the interpolated default_root_dir
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert list((tmp_path / "out" / "csv").glob("version_*/metrics.csv"))  # the user's own logger logged
+
+
+def test_a_trainer_target_that_is_not_a_trainer(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = OmegaConf.create({**CFG, "trainer": {**CFG["trainer"], "_target_": "torch.nn.Linear"}})
+    with pytest.raises(ValueError, match=r"trainer._target_='torch.nn.Linear' is not a lightning.Trainer"):
+        fit_from_config(cfg)
+
+
+def test_a_sweep_with_seed_null_gives_each_trial_a_seed_of_its_own_in_the_results(tmp_path):
+    from .conftest import TINY, read_results, run_sweep
+
+    run_sweep(tmp_path, [*TINY, "hydra.sweeper.n_trials=2", "hydra.sweeper.fusion_limit=2", "seed=null"])
+    seeds = [t["seed"] for t in read_results(tmp_path)["trials"]]
+    assert all(isinstance(s, int) for s in seeds)
+    assert len(set(seeds)) == 2

@@ -188,8 +188,9 @@ def test_a_task_that_skips_fit_from_config_is_reported(tmp_path):
     sweep.overrides, sweep.temp_dir = [*TINY, "hydra.sweeper.n_trials=1"], str(tmp_path)
     with pytest.raises(
         RuntimeError,
-        match=r"returned without writing group_result.json: its task function must call "
-        r"lightning_hydro.sweeper.fit_from_config",
+        match=r"group_0000: the task function returned without training the group's trials, so no "
+        r"group_result.json was written.*Fix: build your module with hydra.utils.instantiate\(cfg.model\) and "
+        r"pass it to trainer.fit.*or return lightning_hydro.sweeper.fit_from_config\(cfg\)",
     ):
         sweep.__enter__()
 

@@ -1,0 +1,71 @@
+"""The job's rewritten model node, the fused group it builds, and the launch-time fusion report (units)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from lightning_hydro.sweeper.fusion_report import nothing_fuses_message
+from lightning_hydro.sweeper.group_model import (
+    GROUP_MODEL_TARGET,
+    fused_group_model,
+    restore_model_node,
+    rewrite_model_node,
+    trial_seed,
+)
+from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec, GroupSpec, TrialSpec
+from lightning_hydro.sweeper.sweep_group_module import SweepGroupModule
+from lightning_hydro.sweeper.trial_groups import TrialGroup
+
+
+def test_the_rewritten_node_keeps_every_key_and_interpolation_and_restores():
+    cfg = OmegaConf.create({"width": 8, "model": {"_target_": "my.Module", "net": {"size": "${width}"}}})
+    rewrite_model_node(cfg)
+    rewrite_model_node(cfg)  # idempotent
+    assert cfg.model._target_ == GROUP_MODEL_TARGET
+    assert cfg.model._recursive_ is False
+    assert cfg.model.net.size == 8
+    restore_model_node(cfg)
+    assert OmegaConf.to_container(cfg.model) == {"_target_": "my.Module", "net": {"size": "${width}"}}
+
+
+@pytest.mark.parametrize("model", [None, {"lr": 0.1}])
+def test_a_config_without_an_instantiable_model_node(model):
+    cfg = OmegaConf.create({"model": model})
+    with pytest.raises(ValueError, match=r"the config's 'model' node must be an instantiable LightningModule config"):
+        rewrite_model_node(cfg)
+
+
+def test_the_group_target_is_not_for_users():
+    with pytest.raises(ValueError, match=r"fused_group_model: the model node has no _trial_target_"):
+        fused_group_model(lr=0.1)
+
+
+def test_outside_a_sweep_the_rewritten_node_builds_the_users_module(monkeypatch):
+    monkeypatch.delenv("LIGHTNING_HYDRO_GROUP", raising=False)
+    module = fused_group_model(_trial_target_="lightning_hydro.demos.DigitsMLP", hidden_dim=8)
+    assert type(module).__name__ == "DigitsMLP"
+
+
+def test_a_group_with_waiting_trials_needs_a_refilling_scheduler(tmp_path: Path):
+    spec = GroupSpec("group_0000", "search", 1, (TrialSpec(0), TrialSpec(1)), EarlyStoppingSpec("successive_halving"))
+    with pytest.raises(ValueError, match=r"group group_0000 has 2 trials for 1 slots.*refill=false"):
+        SweepGroupModule.for_group(spec, lambda tid: None, job_dir=tmp_path)  # type: ignore[arg-type,return-value]
+
+
+def test_trial_seeds():
+    assert trial_seed(5, 0, 1) == trial_seed(5, 3, 2) == 5
+    seeds = {trial_seed(None, 0, t) for t in range(100)}
+    assert len(seeds) == 100
+    assert trial_seed(None, 1, 0) != trial_seed(None, 0, 0)
+
+
+def test_the_fusion_report_is_silent_when_a_group_fuses():
+    groups = [
+        TrialGroup("g0", "search", (0, 1), 2, (("data.batch_size", "32"),)),
+        TrialGroup("g1", "search", (2,), 1, (("data.batch_size", "64"),)),
+    ]
+    assert nothing_fuses_message(groups, ["data.batch_size"], ["data.batch_size"]) is None
+    assert nothing_fuses_message(groups[1:], ["data.batch_size"], ["data.batch_size"]) is None  # one trial
