@@ -30,7 +30,7 @@ def _restore_hydra(hydra_restore_singletons):
 
 def test_a_plain_run_trains_once(tmp_path, monkeypatch):
     run_example(monkeypatch, *TINY, f"hydra.run.dir={tmp_path}")
-    assert "trial 0: completed after 1 epochs" in (tmp_path / "train.log").read_text()
+    assert "trial 0 (seed 0): completed after 1 epochs" in (tmp_path / "train.log").read_text()
     assert (tmp_path / "trial_0000" / "checkpoints" / "last.ckpt").is_file()
     assert not (tmp_path / "results.json").exists()
 
