@@ -48,10 +48,13 @@ class FusedSettings:
     Attributes:
         backend: ``auto``, ``vmap``, ``hfta`` or ``loop`` (see ``FusedLightningModule``).
         optimizer_path: ``auto``, ``universal`` or ``fused``.
+        deterministic: with ``auto``, choose the backend without timing (``FusedLightningModule``'s
+            ``deterministic``), so that a rerun computes the same numbers on a busier machine.
     """
 
     backend: str = "auto"
     optimizer_path: str = "auto"
+    deterministic: bool = False
 
 
 class TrialResult(TypedDict):
@@ -63,12 +66,15 @@ class TrialResult(TypedDict):
         budget: epochs trained.
         metrics: the latest value of each scalar metric the trial logged.
         history: one dict per epoch: ``epoch`` and each metric (the learning curve).
+        backend: the backend the trial's fused group ran on (``backend=`` pins it in a rerun); ``""``
+            for an unfused run.
     """
 
     status: TrialStatus
     budget: int
     metrics: dict[str, float]
     history: list[dict[str, float]]
+    backend: str
 
 
 class TrainerFactory(Protocol):
@@ -166,6 +172,7 @@ def _fit_fused(
         backend=settings.backend,  # type: ignore[arg-type]
         optimizer_path=settings.optimizer_path,  # type: ignore[arg-type]
         trial_factory=build_module,
+        deterministic=settings.deterministic,
     )
     callbacks: list[Callback] = []
     overrides: dict[str, Any] = {}
@@ -184,7 +191,9 @@ def _fit_fused(
         log.info("trials %s: resuming from %s", trial_ids, checkpoint)
     trainer.fit(fused, datamodule=datamodule, ckpt_path=checkpoint)
     results = {
-        tid: TrialResult(status=r["status"], budget=r["budget"], metrics=r["metrics"], history=r["history"])
+        tid: TrialResult(
+            status=r["status"], budget=r["budget"], metrics=r["metrics"], history=r["history"], backend=r["backend"]
+        )
         for tid, r in fused.results.items()
     }
     if all(r["status"] != "running" for r in results.values()):
@@ -216,6 +225,7 @@ def _fit_one(
         budget=int(trainer.current_epoch),
         metrics=metrics,
         history=history.of(trial_id),
+        backend="",
     )
     if result["status"] != "running":
         write_json_atomic(root / TRIAL_RESULT_FILE, result)
