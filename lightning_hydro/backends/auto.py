@@ -41,7 +41,7 @@ class AutoChoice:
     def describe(self) -> str:
         """One line saying what was chosen and the measured step times."""
         if not self.timed:
-            text = f"backend='auto' (deterministic) chose {self.backend.name!r}, the first candidate that runs this model"
+            text = f"backend='auto' (deterministic) chose {self.backend.name!r}, the first that runs the model"
             for name, why in self.skipped.items():
                 text += f"; {name} skipped: {why.splitlines()[0]}"
             return text
