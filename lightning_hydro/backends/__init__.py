@@ -14,7 +14,7 @@ from lightning_hydro.backends.loop_backend import LoopBackend
 from lightning_hydro.backends.vmap_backend import VmapBackend
 
 if TYPE_CHECKING:
-    from lightning_hydro.fused.stacked_state import StackedState
+    from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = [
     "BACKEND_NAMES",

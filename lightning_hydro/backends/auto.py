@@ -21,7 +21,7 @@ from lightning_hydro.backends.base import Backend
 from lightning_hydro.backends.errors import FusionError
 
 if TYPE_CHECKING:
-    from lightning_hydro.fused.stacked_state import StackedState
+    from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = ["AutoChoice", "choose_backend", "clear_backend_cache"]
 

@@ -1,6 +1,6 @@
 """What every fusion backend does: run one method of the user's module for all trials of a group at once.
 
-A backend receives the group's :class:`~lightning_hydro.fused.stacked_state.StackedState` and runs e.g.
+A backend receives the group's :class:`~lightning_hydro.stacking.stacked_state.StackedState` and runs e.g.
 ``training_step(batch, batch_idx)`` so that every trial computes with its own row of the stacked
 parameters and buffers, gradients flowing into the stacked tensors. It returns the step's outputs and
 everything the user's code logged, stacked along a leading trial dimension.
@@ -19,7 +19,7 @@ from torch import Tensor
 from lightning_hydro.backends.trial_logging import LogCall
 
 if TYPE_CHECKING:
-    from lightning_hydro.fused.stacked_state import StackedState
+    from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = ["Backend", "StackedLog", "StepOutputs", "stack_logs", "stack_outputs"]
 

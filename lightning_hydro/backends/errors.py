@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import traceback
 
@@ -25,13 +26,24 @@ _VMAP_LIMITS = (
     ("randomness", "draws random numbers in a way vmap's randomness mode forbids"),
 )
 
+
+def _package_dir(name: str) -> str | None:
+    """The directory of installed package ``name``, found without importing it (Lightning takes seconds)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.abspath(next(iter(spec.submodule_search_locations))) + os.sep
+
+
+# Frames under these directories are library code, not the user's.
 _LIBRARY_DIRS = tuple(
-    os.path.dirname(str(path)) + os.sep
-    for path in (
-        os.path.dirname(__file__),  # lightning_hydro/
-        __import__("torch").__file__,
-        __import__("lightning").__file__,
+    directory
+    for directory in (
+        os.path.dirname(os.path.dirname(__file__)) + os.sep,
+        _package_dir("torch"),
+        _package_dir("lightning"),
     )
+    if directory
 )
 
 

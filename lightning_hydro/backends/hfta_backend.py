@@ -23,7 +23,7 @@ from lightning_hydro.backends.hfta import ConversionError, convert_to_fused, pla
 from lightning_hydro.backends.vmap_backend import VmapBackend
 
 if TYPE_CHECKING:
-    from lightning_hydro.fused.stacked_state import StackedState
+    from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = ["HftaBackend"]
 

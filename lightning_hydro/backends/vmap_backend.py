@@ -27,7 +27,7 @@ from lightning_hydro.backends.errors import FusionError, explain_vmap_error
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
 
 if TYPE_CHECKING:
-    from lightning_hydro.fused.stacked_state import StackedState
+    from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = ["MethodCaller", "VmapBackend"]
 

@@ -150,8 +150,12 @@ class HalvingCallback(Callback):
         self._started = False
         self._pending = False  # fused module without validation: decide when its epoch values are published
         self._epochs = 0  # epochs trained in this fit (one trial per process: the trial's budget)
-        self._epoch_counted = False
+        # The index of the last epoch counted in _epochs. An index, not a flag reset at epoch start: a fit
+        # resumed from a checkpoint written after an epoch's last batch starts the next epoch without
+        # on_train_epoch_start.
+        self._counted_epoch = -1
         self._monitor_seen = False
+        self._sanity_checked = False  # the sanity check logged names (a fused module then knows what it logs)
 
     # -- what subclasses provide -------------------------------------------------------------------------------
 
@@ -252,7 +256,6 @@ class HalvingCallback(Callback):
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._epoch_counted = False
         if self._pending:
             self._pending = False
             self._decide(trainer, pl_module)
@@ -261,12 +264,14 @@ class HalvingCallback(Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if not self._monitor_seen and isinstance(pl_module, FusedLightningModule):
+            self._check_monitor_early(trainer, pl_module)
         if batch_idx + 1 >= trainer.num_training_batches:
-            self._count_epoch()  # before validation, as a fused module counts its trials' epochs
+            self._count_epoch(trainer)  # before validation, as a fused module counts its trials' epochs
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._count_epoch()
+        self._count_epoch(trainer)
         if not trainer.enable_validation:
             if self._fused:
                 # A fused module publishes its trials' epoch values in its own on_train_epoch_end, which runs
@@ -277,6 +282,10 @@ class HalvingCallback(Callback):
 
     @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking and isinstance(pl_module, FusedLightningModule):
+            # a module that logs nothing in the sanity check may skip logging there on purpose: no verdict
+            self._sanity_checked = bool(pl_module.logged_names)
+            self._monitor_seen = self._monitor_seen or self.monitor in pl_module.logged_names
         if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
             return
         self._decide(trainer, pl_module)
@@ -302,7 +311,7 @@ class HalvingCallback(Callback):
             "trial_key": self._trial_key,
             "prefix": self._prefix,
             "epochs": self._epochs,
-            "epoch_counted": self._epoch_counted,
+            "counted_epoch": self._counted_epoch,
             "status": self.status,
         }
 
@@ -368,17 +377,35 @@ class HalvingCallback(Callback):
         self._monitor_seen = self._monitor_seen or bool(reports)
         return reports
 
-    def _monitor_error(self, trainer: L.Trainer, logged: list[str], *, per_trial: bool) -> RuntimeError:
+    def _check_monitor_early(self, trainer: L.Trainer, pl_module: FusedLightningModule) -> None:
+        """Raise now if the trials cannot log ``monitor``, not at the first rung, after every trial trained.
+
+        A fused module knows every name its trials log once its training step and (in the sanity check) its
+        validation step have run; without a sanity check, the validation step's names come at the first rung.
+        """
+        logged = pl_module.logged_names
+        if self.monitor in logged:
+            self._monitor_seen = True
+        elif self._sanity_checked or not trainer.enable_validation:
+            raise self._monitor_error(
+                trainer, sorted(logged), per_trial=True, when="the sanity check and the first training batch"
+            )
+
+    def _monitor_error(
+        self, trainer: L.Trainer, logged: list[str], *, per_trial: bool, when: str | None = None
+    ) -> RuntimeError:
         where = "by any trial of the fused module" if per_trial else "in trainer.callback_metrics"
         shown = ", ".join(repr(name) for name in logged) if logged else "nothing"
+        first = "validation" if trainer.enable_validation else "training epoch"
+        when_text = f"after {when}" if when else f"at the end of the first {first}"
         hint = (
             " Pass the name the trial modules give self.log, without the '/trial_{id}' suffix."
             if per_trial
             else " Pass one of these, or log the metric in validation_step (or training_step without validation)."
         )
         return RuntimeError(
-            f"{type(self).__name__}(monitor={self.monitor!r}): the monitor is not logged {where} at the end of "
-            f"the first {'validation' if trainer.enable_validation else 'training epoch'}; logged: {shown}.{hint}"
+            f"{type(self).__name__}(monitor={self.monitor!r}): the monitor is not logged {where} "
+            f"{when_text}; logged: {shown}.{hint}"
         )
 
     def _outcome(self, trial_id: TrialId, decision: Decision) -> TrialOutcome:
@@ -496,10 +523,10 @@ class HalvingCallback(Callback):
             return TrialOutcome(trial_id, "completed", budget, f"reached max_t={max_t}")
         return TrialOutcome(trial_id, "stopped", budget, self._end_reason(budget))
 
-    def _count_epoch(self) -> None:
-        if not self._epoch_counted:
+    def _count_epoch(self, trainer: L.Trainer) -> None:
+        if self._counted_epoch != trainer.current_epoch:
             self._epochs += 1
-            self._epoch_counted = True
+            self._counted_epoch = trainer.current_epoch
 
     def _key(self, trial_id: TrialId) -> TrialId:
         return trial_id if self._prefix is None else f"{self._prefix}/{trial_id}"
@@ -565,5 +592,5 @@ class HalvingCallback(Callback):
         self._trial_key = state["trial_key"]
         self._prefix = state["prefix"]
         self._epochs = int(state["epochs"])
-        self._epoch_counted = bool(state["epoch_counted"])
+        self._counted_epoch = int(state["counted_epoch"])
         self.status = str(state["status"])

@@ -2,12 +2,16 @@
 
 from lightning_hydro.demos.char_lm import CharDataModule, CharTransformer
 from lightning_hydro.demos.digits import DigitsDataModule, DigitsMLP, EpochShuffleSampler, load_digits_tensors
+from lightning_hydro.demos.template_mnist import DigitsMNISTDataModule, MNISTLitModule, SimpleDenseNet
 
 __all__ = [
     "CharDataModule",
     "CharTransformer",
     "DigitsDataModule",
     "DigitsMLP",
+    "DigitsMNISTDataModule",
     "EpochShuffleSampler",
+    "MNISTLitModule",
+    "SimpleDenseNet",
     "load_digits_tensors",
 ]

@@ -47,7 +47,6 @@ from lightning_hydro.backends.auto import choose_backend
 from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments
 from lightning_hydro.fused.results import TRIAL_STATUSES, TrialStatus, format_results_table
-from lightning_hydro.fused.stacked_state import StackedState
 from lightning_hydro.fused.stateful_metrics import updated_metrics
 from lightning_hydro.fused.trial_book import TrialBook
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
@@ -61,6 +60,7 @@ from lightning_hydro.optim.group_optimizer import (
     TrialScheduler,
 )
 from lightning_hydro.optim.trial_optimization import TrialOptimization, parse_optimizer_config
+from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = ["FusedLightningModule"]
 
@@ -166,6 +166,8 @@ class FusedLightningModule(L.LightningModule):
         self._optimizer: TrialGroupOptimizer | None = None
         self._metrics = TrialMetrics()
         self._loss_problems: dict[int, str] = {}
+        self._diverged_on_resume: dict[int, str] = {}
+        self._open_batch: int | None = None
         self._verify_enabled = verify
         self._verify_ids: set[int] = set(ids) if verify else set()
         self._eval_fallback: dict[str, Backend] = {}
@@ -259,6 +261,11 @@ class FusedLightningModule(L.LightningModule):
         for param in module.parameters():
             param.grad = None
         return module
+
+    @property
+    def logged_names(self) -> frozenset[str]:
+        """Every metric name the trials have logged so far (without ``/trial_{id}``), the sanity check included."""
+        return frozenset(self._metrics.names)
 
     def stop_trial(self, trial_id: int, reason: str = "", *, status: TrialStatus = "stopped") -> None:
         """Remove a running trial from its slot: the stacked state shrinks, the others keep everything.
@@ -687,7 +694,12 @@ class FusedLightningModule(L.LightningModule):
     # -- per-batch and per-epoch bookkeeping ----------------------------------------------------------------------
 
     @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._open_batch = batch_idx  # a checkpoint written before on_train_batch_end must settle the batch
+
+    @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._open_batch = None
         if batch_idx + 1 >= self.trainer.num_training_batches:
             # before validation, so that decisions taken after it see this epoch in each trial's budget
             self._book.count_epoch(self._group.trial_ids)
@@ -749,11 +761,16 @@ class FusedLightningModule(L.LightningModule):
 
     @override
     def on_train_start(self) -> None:
+        for tid, reason in self._diverged_on_resume.items():  # optimizer state is restored by now
+            if tid in self._group.trial_ids:
+                self.stop_trial(tid, reason, status="diverged")
+        self._diverged_on_resume, self._open_batch = {}, None
+        self._book.resume_epoch(self.current_epoch, self._group.trial_ids)
         self._forward_hook("on_train_start")
 
     @override
     def on_train_epoch_start(self) -> None:
-        self._book.start_epoch(self._group.trial_ids)
+        self._book.start_epoch(self._group.trial_ids, self.current_epoch)
         self._forward_hook("on_train_epoch_start")
 
     @override
@@ -798,13 +815,28 @@ class FusedLightningModule(L.LightningModule):
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
 
+    def _unsettled_batch(self) -> tuple[StepReport, bool] | None:
+        """Between this module's train-batch start and end hooks: the batch's report, and if it ends the epoch."""
+        if self._open_batch is None:
+            return None
+        report = self._optimizer.last_report if self._optimizer is not None else StepReport()
+        return report, self._open_batch + 1 >= self.trainer.num_training_batches
+
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        book, diverged = self._book, {}
+        unsettled = self._unsettled_batch()
+        if unsettled is not None:  # Lightning will not rerun this batch's hooks on resume: save their effect
+            report, epoch_done = unsettled
+            book = book.settled(report.stepped, self._group.trial_ids, epoch_done=epoch_done)
+            diverged = dict(report.diverged)
         checkpoint[_CHECKPOINT_KEY] = {
             "trial_ids": list(self._group.trial_ids),
             "max_slots": self.max_slots,
             "backend": self.backend if self._parked is None else self._parked.name,
-            "records": self._book.results(),
+            "records": book.results(),
+            "epoch": book.epoch_state(),
+            "diverged": diverged,  # trials to mark diverged when the fit resumes
             "retired": {
                 tid: {k: v.detach().cpu() for k, v in m.state_dict().items()} for tid, m in self._retired.items()
             },
@@ -828,6 +860,9 @@ class FusedLightningModule(L.LightningModule):
         for tid, state in data["retired"].items():
             self._retired[tid].load_state_dict(state)
         self._book.load(data["records"])
+        if "epoch" in data:  # absent from checkpoints of earlier versions
+            self._book.load_epoch_state(data["epoch"])
+        self._diverged_on_resume = dict(data.get("diverged", {}))
         self.max_slots = data["max_slots"]
         self._verify_ids.clear()
         name = data.get("backend") or self._backend_name

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -38,6 +39,8 @@ class TrialBook:
         self._epoch_ids: set[int] = set()
         self._counted: set[int] = set()
         self._epoch_metrics: dict[int, dict[str, float]] = {}
+        self._epoch: int | None = None  # the open epoch's index (None before the first)
+        self._ended = False  # its history entries are written
 
     def __contains__(self, trial_id: int) -> bool:
         return trial_id in self.records
@@ -50,11 +53,26 @@ class TrialBook:
         """The smallest id above every known one."""
         return max(self.records, default=-1) + 1
 
-    def start_epoch(self, live: Iterable[int]) -> None:
+    def start_epoch(self, live: Iterable[int], epoch: int = 0) -> None:
         """A training epoch starts with these trials running."""
         self._epoch_ids = set(live)
         self._counted = set()
         self._epoch_metrics = {}
+        self._epoch, self._ended = epoch, False
+
+    def resume_epoch(self, epoch: int, live: Iterable[int]) -> None:
+        """Training (re)starts in ``epoch``, perhaps in its middle, where Lightning calls no ``on_train_epoch_start``.
+
+        The open epoch goes on if it is ``epoch`` (a checkpoint written mid-epoch). Otherwise it is closed, if
+        its end was never reached (Lightning resumes a checkpoint written after an epoch's last batch in the next
+        epoch, without that epoch's validation or end), and ``epoch`` is opened.
+        """
+        live = list(live)
+        if self._epoch == epoch:
+            return
+        if self._epoch is not None and not self._ended:
+            self.end_epoch(self._epoch, live)
+        self.start_epoch(live, epoch)
 
     def count_epoch(self, live: Iterable[int]) -> None:
         """The epoch's training batches are done: credit it to every trial that trained through all of it."""
@@ -83,6 +101,7 @@ class TrialBook:
         self.count_epoch(live)
         for tid in sorted(self._epoch_ids):
             self.records[tid].history.append({"epoch": float(epoch), **self._epoch_metrics.get(tid, {})})
+        self._ended = True
 
     def finish(self, trial_id: int, status: TrialStatus, reason: str = "") -> None:
         """A trial leaves its slot with this status."""
@@ -113,3 +132,34 @@ class TrialBook:
     def load(self, results: Mapping[int, Mapping[str, Any]]) -> None:
         """Replace the records with those of :meth:`results` (a checkpoint)."""
         self.records = {tid: TrialRecord.from_dict(tid, data) for tid, data in results.items()}
+
+    def epoch_state(self) -> dict[str, Any]:
+        """The current epoch's tally, for a checkpoint: a run resumed mid-epoch gets no ``start_epoch`` call."""
+        return {
+            "epoch": self._epoch,
+            "ended": self._ended,
+            "trial_ids": sorted(self._epoch_ids),
+            "counted": sorted(self._counted),
+            "metrics": {tid: dict(values) for tid, values in self._epoch_metrics.items()},
+        }
+
+    def load_epoch_state(self, state: Mapping[str, Any]) -> None:
+        """Inverse of :meth:`epoch_state`."""
+        self._epoch = None if state["epoch"] is None else int(state["epoch"])
+        self._ended = bool(state["ended"])
+        self._epoch_ids = {int(tid) for tid in state["trial_ids"]}
+        self._counted = {int(tid) for tid in state["counted"]}
+        self._epoch_metrics = {int(tid): dict(values) for tid, values in state["metrics"].items()}
+
+    def settled(self, stepped: Iterable[int], live: Iterable[int], *, epoch_done: bool) -> TrialBook:
+        """A copy with a batch's bookkeeping applied: its optimizer step and, after an epoch's last batch, the epoch.
+
+        A checkpoint written by a callback's ``on_train_batch_end`` runs before the module's own hook credits
+        the batch; Lightning does not run that batch's hooks again on resume, so the checkpoint must hold the
+        settled counts.
+        """
+        book = copy.deepcopy(self)
+        book.stepped(stepped)
+        if epoch_done:
+            book.count_epoch(live)
+        return book

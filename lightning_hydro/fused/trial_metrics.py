@@ -141,6 +141,7 @@ class TrialMetrics:
         self._step: dict[str, tuple[list[int], Tensor, MetricOptions]] = {}
         self._epoch_values: dict[str, dict[int, dict[str, float]]] = {}
         self._objects: dict[str, dict[str, tuple[MetricOptions, dict[int, Any]]]] = {}
+        self.names: set[str] = set()  # every name logged so far, in any phase (the sanity check included)
 
     def record(
         self,
@@ -153,6 +154,7 @@ class TrialMetrics:
         batch_size: int = 1,
     ) -> None:
         """Record one logged metric for the trials ``trial_ids`` (``values[i]`` belongs to ``trial_ids[i]``)."""
+        self.names.add(name)
         if options.on_step:
             self._step[name] = (list(trial_ids), values.detach(), options)
         if options.on_epoch:
@@ -166,12 +168,14 @@ class TrialMetrics:
 
         Their value is computed once at the end of the epoch, then they are reset, as Lightning does.
         """
+        self.names.add(name)
         per_name = self._objects.setdefault(phase, {})
         _, known = per_name.get(name, (options, {}))
         per_name[name] = (options, {**known, **objects})
 
     def record_epoch_value(self, phase: str, name: str, values: dict[int, float]) -> None:
         """Record values that are already per-trial epoch results (logged from an epoch-end hook)."""
+        self.names.add(name)
         per_trial = self._epoch_values.setdefault(phase, {})
         for tid, value in values.items():
             per_trial.setdefault(tid, {})[name] = value

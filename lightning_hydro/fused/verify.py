@@ -28,7 +28,7 @@ from lightning_hydro.backends.trial_logging import capture_logs
 
 if TYPE_CHECKING:
     from lightning_hydro.backends.base import Backend
-    from lightning_hydro.fused.stacked_state import StackedState
+    from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = ["FusionMismatchError", "differing_attributes", "verify_fusion"]
 

@@ -28,7 +28,7 @@ from lightning_hydro.optim.fused_update import FusedUpdate, select_fused_update
 from lightning_hydro.optim.trial_optimization import TrialOptimization
 
 if TYPE_CHECKING:
-    from lightning_hydro.fused.stacked_state import StackedState
+    from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = ["OptimizerPath", "StepReport", "TrialGroupOptimizer", "TrialScheduler"]
 

@@ -20,6 +20,8 @@ Example::
 
 from __future__ import annotations
 
+import collections
+import pickle
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, get_args
@@ -120,11 +122,16 @@ class Surrogate:
         The model is rebuilt from the checkpoint's ``hyper_parameters`` (updated with ``hparams``) at the
         saved ratio, and its ``state_dict`` loaded; its optimizers get the same multipliers as before.
 
+        A path is loaded weights-only (no arbitrary pickled objects), allowing the OmegaConf containers that
+        Hydra-instantiated modules keep in their ``hyper_parameters``. To load a checkpoint you trust that
+        holds other objects, pass ``torch.load(path, weights_only=False)`` instead of the path.
+
         Raises:
-            ValueError: a checkpoint without a width-scaling record (not saved from a surrogate).
+            ValueError: a checkpoint without a width-scaling record (not saved from a surrogate), or one whose
+                objects a weights-only load refuses.
         """
         if not isinstance(checkpoint, Mapping):
-            return self.load_from_checkpoint(torch.load(checkpoint, map_location="cpu", weights_only=False))
+            return self.load_from_checkpoint(_load_weights_only(Path(checkpoint)))
         if WidthScaling.CHECKPOINT_KEY not in checkpoint:
             raise ValueError(
                 "Surrogate.load_from_checkpoint: the checkpoint has no "
@@ -140,6 +147,36 @@ class Surrogate:
 
     def __repr__(self) -> str:
         return f"Surrogate(width={list(self.width)}, ratio={self.ratio}, readout={self.readout})"
+
+
+def _omegaconf_globals() -> list[Any]:
+    """What a pickled OmegaConf container refers to (Hydra passes nested configs to modules as these)."""
+    try:
+        from omegaconf import DictConfig, ListConfig, base, nodes
+    except ImportError:  # pragma: no cover - omegaconf comes with Hydra, a dependency
+        return []
+    node_types = [nodes.AnyNode, nodes.BooleanNode, nodes.BytesNode, nodes.FloatNode, nodes.IntegerNode]
+    node_types += [nodes.PathNode, nodes.StringNode]
+    return [DictConfig, ListConfig, base.ContainerMetadata, base.Metadata, *node_types, Any, dict, list, int]
+
+
+def _load_weights_only(path: Path) -> Any:
+    """``torch.load(path)`` weights-only, allowing the types a surrogate's Lightning checkpoint may need."""
+    allowed = [*_omegaconf_globals(), collections.defaultdict, float, str, bool, tuple]
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        refused = sorted(set(torch.serialization.get_unsafe_globals_in_checkpoint(path)) - {_name(t) for t in allowed})
+        raise ValueError(
+            f"Surrogate.load_from_checkpoint: {path} holds objects that a weights-only load refuses "
+            f"({', '.join(refused) or err}). If you trust the file, load it yourself and pass the result: "
+            "surrogate.load_from_checkpoint(torch.load(path, weights_only=False))."
+        ) from err
+
+
+def _name(obj: Any) -> str:
+    return f"{obj.__module__}.{obj.__qualname__}"
 
 
 def _check_ratio(ratio: Any) -> int:

@@ -8,11 +8,13 @@ groups, the persisted plan, results and plots.
 from lightning_hydro.sweeper.fit_from_config import apply_overrides, fit_from_config
 from lightning_hydro.sweeper.fit_trials import TrainerFactory, TrialResult, fit_trials
 from lightning_hydro.sweeper.fusion_limit import FusionProbe, fusion_limit_from_probe, measure_fusion_limit
+from lightning_hydro.sweeper.json_files import CorruptStateFile
 from lightning_hydro.sweeper.metric_history import MetricHistory
 from lightning_hydro.sweeper.trainer_factory import ConfigTrainerFactory
 
 __all__ = [
     "ConfigTrainerFactory",
+    "CorruptStateFile",
     "FusionProbe",
     "MetricHistory",
     "TrainerFactory",

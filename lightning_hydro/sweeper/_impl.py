@@ -318,6 +318,7 @@ class LightningHydroSweeperImpl(Sweeper):
         trial_result = (result or {}).get("trials", {}).get(str(trial_id))
         status = "failed" if group.group_id in self.failures else "pending"
         conf = self.state.trials[trial_id].configuration
+        error = {"error": trial_result["error"]} if trial_result and "error" in trial_result else {}
         return {
             "trial_id": trial_id,
             "group": group.group_id,
@@ -330,6 +331,7 @@ class LightningHydroSweeperImpl(Sweeper):
             "history": trial_result.get("history", []) if trial_result else [],
             # what the group ran on (a user's own task function may not say)
             "backend": trial_result.get("backend", "") if trial_result else "",
+            **error,  # a trial whose module could not be built: why
         }
 
     def _retrain(self) -> list[dict[str, Any]]:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypedDict
+from typing import Any, Literal, NotRequired, Protocol, TypedDict
 
 import lightning as L
 import torch
@@ -29,16 +29,17 @@ from typing_extensions import override
 
 from lightning_hydro.sweeper.early_stopping import REFILLING, build_stopping_callback
 from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec
-from lightning_hydro.sweeper.json_files import read_json, write_json_atomic
+from lightning_hydro.sweeper.json_files import read_json_or_redo, write_json_atomic
 from lightning_hydro.sweeper.metric_history import MetricHistory, scalar_metrics
 
 __all__ = ["FusedSettings", "TrainerFactory", "TrialResult", "TrialStatus", "fit_trials", "trial_dir"]
 
 log = logging.getLogger(__name__)
 
-TrialStatus = Literal["completed", "stopped", "diverged", "running"]
+TrialStatus = Literal["completed", "stopped", "diverged", "running", "failed"]
 TRIAL_RESULT_FILE = "trial_result.json"
 ROUND_RESULT_FILE = "group_fit.json"
+_REDO = "its trials train again (from their last checkpoint, if it is readable)"
 
 
 @dataclass(frozen=True)
@@ -62,19 +63,21 @@ class TrialResult(TypedDict):
 
     Attributes:
         status: ``completed`` (trained to the end), ``stopped`` (early stopping), ``diverged``
-            (non-finite loss) or ``running`` (interrupted).
+            (non-finite loss), ``running`` (interrupted) or ``failed`` (its module could not be built).
         budget: epochs trained.
         metrics: the latest value of each scalar metric the trial logged.
         history: one dict per epoch: ``epoch`` and each metric (the learning curve).
         backend: the backend the trial's fused group ran on (``backend=`` pins it in a rerun); ``""``
-            for an unfused run.
+            for an unfused run; absent for a trial that failed before training.
+        error: why a ``failed`` trial failed (the exception's type and message).
     """
 
     status: TrialStatus
     budget: int
     metrics: dict[str, float]
     history: list[dict[str, float]]
-    backend: str
+    backend: NotRequired[str]
+    error: NotRequired[str]
 
 
 class TrainerFactory(Protocol):
@@ -160,13 +163,19 @@ def _fit_fused(
     """Train ``trial_ids`` as one fused group of ``slots`` slots; trials beyond them refill freed slots."""
     from lightning_hydro.fused import FusedLightningModule
 
-    done: dict[str, TrialResult] | None = read_json(root / ROUND_RESULT_FILE)
+    done: dict[str, TrialResult] | None = read_json_or_redo(root / ROUND_RESULT_FILE, _REDO)
     if done is not None:
         log.info("trials %s: finished before, not retrained (%s)", trial_ids, root / ROUND_RESULT_FILE)
         return {int(k): v for k, v in done.items()}
-    first, pending = trial_ids[:slots], trial_ids[slots:]
+    builder = _TrialBuilder(build_module)
+    pending = iter(builder.buildable(trial_ids))  # a trial whose module cannot be built fails alone
+    started = [drawn for _, drawn in zip(range(slots), pending)]
+    if not started:  # every trial failed to build
+        write_json_atomic(root / ROUND_RESULT_FILE, {str(k): v for k, v in builder.failed.items()})
+        return dict(builder.failed)
+    first = [tid for tid, _ in started]
     fused = FusedLightningModule(
-        [build_module(t) for t in first],
+        [module for _, module in started],
         trial_ids=first,
         max_slots=slots,
         backend=settings.backend,  # type: ignore[arg-type]
@@ -181,9 +190,10 @@ def _fit_fused(
             trainer_factory.trainer_kwargs.get("max_epochs") if hasattr(trainer_factory, "trainer_kwargs") else None
         )
         max_t = stopping.max_budget or int(configured or 10)
-        refill = ((t, build_module(t)) for t in pending) if pending else None
+        unstarted = len(trial_ids) - len(first) - len(builder.failed)
+        refill = pending if unstarted else None
         callbacks.append(build_stopping_callback(stopping, max_t=max_t, refill=refill))
-        if pending:  # the group ends when its last trial does, not at max_epochs
+        if refill is not None:  # the group ends when its last trial does, not at max_epochs
             overrides["max_epochs"] = max_t * len(trial_ids)
     trainer = trainer_factory(root_dir=root, callbacks=callbacks, **overrides)
     checkpoint = trainer_factory.last_checkpoint(root)
@@ -196,9 +206,33 @@ def _fit_fused(
         )
         for tid, r in fused.results.items()
     }
+    results.update(builder.failed)
     if all(r["status"] != "running" for r in results.values()):
         write_json_atomic(root / ROUND_RESULT_FILE, {str(k): v for k, v in results.items()})
     return results
+
+
+class _TrialBuilder:
+    """Builds trial modules, recording each trial whose module raised as ``failed``, with the error."""
+
+    def __init__(self, build_module: Callable[[int], L.LightningModule]) -> None:
+        self.build_module = build_module
+        self.failed: dict[int, TrialResult] = {}
+
+    def buildable(self, trial_ids: Sequence[int]) -> Iterator[tuple[int, L.LightningModule]]:
+        """``(trial_id, module)`` of each trial whose module builds, in order, built when drawn."""
+        for tid in trial_ids:
+            try:
+                module = self.build_module(tid)
+            except Exception as err:  # the user's module: any error fails this trial only
+                cause = err
+                while cause.__cause__ is not None and isinstance(cause.__cause__, Exception):
+                    cause = cause.__cause__  # e.g. the module's own error, under Hydra's InstantiationException
+                error = f"{type(cause).__name__}: " + " ".join(str(cause).split())
+                log.error("trial %d failed: building its module raised %s", tid, error, exc_info=err)
+                self.failed[tid] = TrialResult(status="failed", budget=0, metrics={}, history=[], error=error)
+                continue
+            yield tid, module
 
 
 def _fit_one(
@@ -209,7 +243,7 @@ def _fit_one(
     workdir: Path,
 ) -> TrialResult:
     root = trial_dir(workdir, trial_id)
-    done: TrialResult | None = read_json(root / TRIAL_RESULT_FILE)
+    done: TrialResult | None = read_json_or_redo(root / TRIAL_RESULT_FILE, _REDO)
     if done is not None:
         log.info("trial %d: finished before, not retrained (%s)", trial_id, root / TRIAL_RESULT_FILE)
         return done

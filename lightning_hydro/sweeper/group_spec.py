@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_hydro.sweeper.json_files import read_json, write_json_atomic
+from lightning_hydro.sweeper.json_files import CorruptStateFile, read_json, read_json_or_redo, write_json_atomic
 from lightning_hydro.sweeper.trial_groups import GroupKind
 
 __all__ = [
@@ -119,7 +119,15 @@ def read_group_spec(sweep_dir: Path) -> GroupSpec | None:
     if not group_id:
         return None
     path = spec_path(sweep_dir, group_id)
-    data = read_json(path)
+    try:
+        data = read_json(path)
+    except CorruptStateFile as err:
+        raise CorruptStateFile(
+            path,
+            err.detail,
+            "It is the spec of the group this job runs; it is safe to delete: re-run the sweep command (same "
+            "hydra.sweep.dir) and the sweeper writes it again when it launches the group.",
+        ) from err
     if data is None:
         raise FileNotFoundError(
             f"{GROUP_ENV}={group_id} but {path} does not exist. The sweep directory must be shared by the "
@@ -134,5 +142,12 @@ def write_group_result(job_dir: Path, result: dict[str, Any]) -> None:
 
 
 def read_group_result(job_dir: Path) -> dict[str, Any] | None:
-    """The result a finished group wrote, or ``None`` if the group has not finished."""
-    return read_json(job_dir / RESULT_FILE)
+    """The result a finished group wrote, or ``None`` if the group has not finished.
+
+    An unreadable result is set aside (``group_result.json.corrupt``) with a warning, and the group counts as
+    unfinished: relaunched, it reads its finished fused rounds back from their ``group_fit.json``.
+    """
+    result = read_json_or_redo(
+        job_dir / RESULT_FILE, "the group is relaunched (its finished fused rounds are read back, not retrained)"
+    )
+    return result if isinstance(result, dict) else None

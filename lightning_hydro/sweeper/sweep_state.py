@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_hydro.sweeper.group_spec import STATE_DIR, read_group_result
-from lightning_hydro.sweeper.json_files import read_json, write_json_atomic
+from lightning_hydro.sweeper.json_files import CorruptStateFile, read_json, write_json_atomic
 from lightning_hydro.sweeper.search_space import Configuration
 from lightning_hydro.sweeper.trial_groups import Partition, Trial, TrialGroup, partition_label
 
@@ -23,6 +23,11 @@ __all__ = ["PLAN_FILE", "SweepState"]
 
 PLAN_FILE = "plan.json"
 _VERSION = 1
+_PLAN_ADVICE = (
+    "It is the sweep's plan (its trials and groups): do NOT delete it alone, since the sweep would be planned "
+    "anew and the results of the groups already run attached to the wrong trials. Restore it from a backup, "
+    "or start the sweep over: delete the whole sweep directory, or use another hydra.sweep.dir."
+)
 
 
 @dataclass
@@ -50,10 +55,21 @@ class SweepState:
 
         Raises:
             ValueError: if ``sweep_dir`` holds a sweep with a different request.
+            CorruptStateFile: if its plan is unreadable.
         """
-        data = read_json(sweep_dir / STATE_DIR / PLAN_FILE)
-        if data is None:
-            return cls(sweep_dir=sweep_dir, request=request)
+        path = sweep_dir / STATE_DIR / PLAN_FILE
+        try:
+            data = read_json(path)
+            if data is None:
+                return cls(sweep_dir=sweep_dir, request=request)
+            return cls._from_json(sweep_dir, request, data)
+        except CorruptStateFile as err:
+            raise CorruptStateFile(path, err.detail, _PLAN_ADVICE) from err
+        except (KeyError, TypeError, AttributeError) as err:
+            raise CorruptStateFile(path, f"not a plan: {type(err).__name__}: {err}", _PLAN_ADVICE) from err
+
+    @classmethod
+    def _from_json(cls, sweep_dir: Path, request: dict[str, Any], data: dict[str, Any]) -> SweepState:
         stored = data["request"]
         if stored != request:
             changed = sorted(k for k in set(stored) | set(request) if stored.get(k) != request.get(k))

@@ -18,6 +18,9 @@ Example::
 
 from __future__ import annotations
 
+import logging
+import os
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,8 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 __all__ = ["ConfigTrainerFactory"]
+
+log = logging.getLogger(__name__)
 
 _MANAGED = ("default_root_dir", "callbacks")
 _CHECKPOINT_DIR = "checkpoints"
@@ -80,9 +85,31 @@ class ConfigTrainerFactory:
         return L.Trainer(**kwargs, default_root_dir=root_dir, logger=logger, callbacks=all_callbacks)
 
     def last_checkpoint(self, root_dir: Path) -> Path | None:
-        """``<root_dir>/checkpoints/last.ckpt`` if it exists."""
+        """``<root_dir>/checkpoints/last.ckpt`` if it exists and is whole.
+
+        A damaged one (e.g. truncated by a kill while it was written) is set aside as ``last.ckpt.corrupt``
+        with a warning, and None returned: the run starts from scratch.
+        """
         path = root_dir / _CHECKPOINT_DIR / "last.ckpt"
-        return path if self.checkpointing and path.is_file() else None
+        if not (self.checkpointing and path.is_file()):
+            return None
+        problem = _checkpoint_problem(path)
+        if problem is None:
+            return path
+        aside = path.with_name(path.name + ".corrupt")
+        os.replace(path, aside)
+        log.warning("%s is unreadable (%s); moved to %s, and the run starts from scratch.", path, problem, aside.name)
+        return None
+
+
+def _checkpoint_problem(path: Path) -> str | None:
+    """Why ``path`` is not a whole ``torch.save`` file (a zip archive), or None; reads no pickle."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            broken = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as err:
+        return f"not a whole torch checkpoint: {err}"
+    return None if broken is None else f"its member {broken} is damaged"
 
 
 def _last_checkpoint_callback(dirpath: Path) -> ModelCheckpoint:

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
@@ -27,7 +28,7 @@ def test_each_trainer_gets_fresh_callbacks_a_csv_logger_and_a_last_checkpoint(tm
     assert es_first is not es_second
     assert factory.last_checkpoint(tmp_path / "a") is None
     (tmp_path / "a" / "checkpoints").mkdir()
-    (tmp_path / "a" / "checkpoints" / "last.ckpt").write_bytes(b"")
+    torch.save({"epoch": 0}, tmp_path / "a" / "checkpoints" / "last.ckpt")  # a whole checkpoint (an empty file is not)
     assert factory.last_checkpoint(tmp_path / "a") == tmp_path / "a" / "checkpoints" / "last.ckpt"
 
 

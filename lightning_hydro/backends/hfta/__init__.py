@@ -22,7 +22,7 @@ from lightning_hydro.backends.hfta.conversion import (
 from lightning_hydro.backends.hfta.convolution import FusedConv1d, FusedConv2d, FusedConv3d
 from lightning_hydro.backends.hfta.dropout import FusedDropout, FusedDropout1d, FusedDropout2d, FusedDropout3d
 from lightning_hydro.backends.hfta.embedding import FusedEmbedding
-from lightning_hydro.backends.hfta.errors import ConversionError, FusedCallError, failing_user_call
+from lightning_hydro.backends.hfta.errors import ConversionError, FusedCallError
 from lightning_hydro.backends.hfta.fused_module import FusedModule, TrialAnchor, TrialFunction
 from lightning_hydro.backends.hfta.group_norm import FusedGroupNorm
 from lightning_hydro.backends.hfta.layer_norm import FusedLayerNorm
@@ -63,7 +63,6 @@ __all__ = [
     "TrialFunction",
     "TrialGroupedModule",
     "convert_to_fused",
-    "failing_user_call",
     "plan_conversion",
     "select_trials",
 ]

@@ -1,12 +1,5 @@
 """The two ways hfta fusion can fail: a model it cannot convert, and a fused operator called wrongly."""
 
-import os
-import traceback
-
-import torch
-
-import lightning_hydro
-
 
 class ConversionError(ValueError):
     """Trial modules cannot be converted to hfta fused operators.
@@ -34,30 +27,3 @@ class FusedCallError(RuntimeError):
         >>> isinstance(error, RuntimeError)
         True
     """
-
-
-def failing_user_call(error: BaseException) -> str | None:
-    """Where in the user's code ``error`` was raised: ``"file:line in function: source"``, or None.
-
-    vmap refuses some operations only when they run (``.item()``, data-dependent ``if``, in-place
-    writes into unbatched tensors). Its traceback already holds the exact call; this picks the innermost
-    frame outside torch and lightning_hydro, so an error report can name the user's line.
-
-    Example::
-
-        >>> import torch
-        >>> from torch.func import vmap
-        >>> def step(x):
-        ...     return x * 2 if x.sum().item() > 0 else x
-        >>> try:
-        ...     vmap(step)(torch.ones(2, 3))
-        ... except RuntimeError as error:
-        ...     print(failing_user_call(error).split(" in ")[1])
-        step: return x * 2 if x.sum().item() > 0 else x
-    """
-    packages = (torch, lightning_hydro)
-    libraries = tuple(os.path.dirname(package.__file__ or "") + os.sep for package in packages)
-    for frame in reversed(traceback.extract_tb(error.__traceback__)):
-        if not os.path.abspath(frame.filename).startswith(libraries):
-            return f"{frame.filename}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
-    return None

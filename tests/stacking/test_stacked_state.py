@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_hydro.fused.stacked_state import ArchitectureMismatchError, StackedState, check_same_architecture
+from lightning_hydro.stacking.stacked_state import ArchitectureMismatchError, StackedState, check_same_architecture
 
 
 def bn_net() -> nn.Module:
