@@ -11,7 +11,7 @@ from lightning_hydro.backends import auto
 from lightning_hydro.backends.auto import AutoChoice, choose_backend
 from lightning_hydro.backends.errors import FusionError
 from lightning_hydro.demos import DigitsMLP
-from lightning_hydro.fused.stacked_state import StackedState
+from lightning_hydro.stacking.stacked_state import StackedState
 from tests.helpers import fit_digits, make_trainer, seeded
 
 
