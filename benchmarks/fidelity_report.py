@@ -162,7 +162,7 @@ def plot(results: Mapping[str, Any], analysis: Mapping[str, Any], path: Path) ->
         row[0].set_xscale("log", base=2)
         row[0].set_xticks(ratios, [str(r) for r in ratios])
         row[0].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        row[0].set(ylim=(-0.2, 1.05), xlabel="width divisor S", ylabel="Spearman vs S = 1 (95% CI)", title=name)
+        row[0].set(ylim=(-1.05, 1.05), xlabel="width divisor S", ylabel="Spearman vs S = 1 (95% CI)", title=name)
         row[0].legend()
         configurations = task["configurations"]
         lr_key, other_key = configurations[0]
