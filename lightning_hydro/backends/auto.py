@@ -3,8 +3,9 @@
 The candidates run forward and backward on the real first batch (no optimizer step), after one warm-up
 call; buffers (e.g. BatchNorm running statistics), gradients and the random number generators are put
 back afterwards, so the choice does not change what the trials compute. A backend that cannot run the
-model (a :class:`~lightning_hydro.backends.errors.FusionError`) is skipped with its reason. Choices are
-cached per (model class, number of trials, parameter shapes, device) for the life of the process.
+model (a :class:`~lightning_hydro.backends.errors.FusionError`, or any other error of a fused backend) is
+skipped with its reason, which the fused module logs; only the ``loop`` backend's own errors propagate.
+Choices are cached per (model class, number of trials, parameter shapes, device) for the life of the process.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ def choose_backend(
 
     Raises:
         FusionError: if no candidate can run the model (the last reason is re-raised).
+        Exception: whatever the ``loop`` candidate raises (the trials' own code fails).
     """
     factories = dict(candidates)
     if len(factories) == 1:  # nothing to compare: no timing runs (they could update user state, e.g. metrics)
@@ -126,6 +128,11 @@ def choose_backend(
             except FusionError as err:
                 choice.skipped[name] = str(err)
                 last_error = err
+            except Exception as err:
+                if name == "loop":
+                    raise  # the trials' own code fails on its own: a bug of the step, not of fusion
+                # a fused backend that fails in any other way is skipped too: the loop runs what it cannot
+                choice.skipped[name] = f"{type(err).__name__}: {err}"
             finally:
                 with torch.no_grad():
                     for bname, value in saved_buffers.items():
@@ -135,6 +142,9 @@ def choose_backend(
     if not choice.seconds:
         assert last_error is not None
         raise last_error
+    # the error's traceback holds this frame (and its callers'), which holds the error: a cycle that would
+    # keep the tensors of the step being run (its autograd graph included) alive until the collector runs
+    del last_error
     fastest = min(choice.seconds, key=lambda n: choice.seconds[n])
     choice.backend = built[fastest]
     if timed:

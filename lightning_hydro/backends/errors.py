@@ -6,7 +6,14 @@ import importlib.util
 import os
 import traceback
 
-__all__ = ["FusionError", "explain_vmap_error", "user_frame"]
+__all__ = [
+    "FusionError",
+    "FusionMismatchError",
+    "explain_step_error",
+    "explain_vmap_error",
+    "package_dir",
+    "user_frame",
+]
 
 # Substrings of torch.func's messages for code that vmap cannot batch, and what the user can do instead.
 _VMAP_LIMITS = (
@@ -27,7 +34,7 @@ _VMAP_LIMITS = (
 )
 
 
-def _package_dir(name: str) -> str | None:
+def package_dir(name: str) -> str | None:
     """The directory of installed package ``name``, found without importing it (Lightning takes seconds)."""
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
@@ -40,8 +47,8 @@ _LIBRARY_DIRS = tuple(
     directory
     for directory in (
         os.path.dirname(os.path.dirname(__file__)) + os.sep,
-        _package_dir("torch"),
-        _package_dir("lightning"),
+        package_dir("torch"),
+        package_dir("lightning"),
     )
     if directory
 )
@@ -51,6 +58,10 @@ class FusionError(RuntimeError):
     """The trials cannot run fused with the chosen backend; the message says why and what to use instead."""
 
 
+class FusionMismatchError(FusionError):
+    """Fused trials would compute, or did compute, something other than their own modules do."""
+
+
 def user_frame(err: BaseException) -> str:
     """``file:line in function: code`` of the innermost traceback frame outside torch, Lightning and us."""
     for frame in reversed(traceback.extract_tb(err.__traceback__)):
@@ -58,6 +69,32 @@ def user_frame(err: BaseException) -> str:
             code = f": {frame.line.strip()}" if frame.line else ""
             return f"{frame.filename}:{frame.lineno} in {frame.name}{code}"
     return "unknown location"
+
+
+def explain_step_error(err: Exception, *, method: str, module_name: str, backend: str = "vmap") -> FusionError | None:
+    """A :class:`FusionError` for any error the user's code raised under ``backend``; None if it did not run.
+
+    vmap's own limitations get their specific explanation (:func:`explain_vmap_error`). Other errors raised in
+    the user's code (``user_frame`` finds it in the traceback) may be ordinary bugs, or code that only fails
+    when every tensor computed from the parameters carries a trial dimension, such as an in-place write of
+    a per-trial tensor into a tensor shared by all trials: the message names the line and both cases.
+    """
+    explained = explain_vmap_error(err, method=method, module_name=module_name, backend=backend)
+    if explained is not None:
+        return explained
+    where = user_frame(err)
+    if where == "unknown location":
+        return None  # raised by lightning_hydro or torch outside the user's code: not a fusion failure
+    first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return FusionError(
+        f"backend={backend!r} failed in {module_name}.{method} at {where}: {type(err).__name__}: {first_line}. "
+        f"Under {backend} the step runs once for all trials, and every tensor computed from the parameters "
+        "carries a leading trial dimension; code that writes such a tensor in place into one tensor shared by "
+        "all trials (a plain tensor attribute, not a registered buffer) fails like this. Use backend='loop', "
+        "which runs each trial's own code one after another (backend='auto' does so by itself), or register "
+        "that tensor as a buffer so that each trial has its own. If backend='loop' raises the same error, the "
+        "step itself is at fault."
+    )
 
 
 def explain_vmap_error(err: Exception, *, method: str, module_name: str, backend: str = "vmap") -> FusionError | None:

@@ -10,7 +10,7 @@ LeakyReLU slope, Embedding ``padding_idx``...) really are per trial. See docs/hf
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -20,6 +20,7 @@ from typing_extensions import override
 
 from lightning_hydro.backends.errors import FusionError
 from lightning_hydro.backends.hfta import ConversionError, convert_to_fused, plan_conversion
+from lightning_hydro.backends.hfta.registry import FUSED_OPERATORS
 from lightning_hydro.backends.vmap_backend import VmapBackend
 
 if TYPE_CHECKING:
@@ -37,20 +38,39 @@ def _conversion_errors_as_fusion_errors() -> Iterator[None]:
         raise FusionError(f"backend='hfta' cannot convert these trials: {err}") from err
 
 
+def _is_prefix(prefix: str, path: str) -> bool:
+    return not prefix or path == prefix or path.startswith(prefix + ".")
+
+
 class HftaBackend(VmapBackend):
     """vmap over a template converted into fused operators; reconverted whenever the trials change.
 
     Raises:
         FusionError: at construction, if a module cannot be converted (the message names each one).
+        FusionMismatchError: at construction, if the trials differ in Python values that code outside the
+            fused operators reads (the LightningModule's own attributes and hparams, containers).
     """
 
     name = "hfta"
 
     def __init__(self, group: StackedState, *, chunk_size: int | None = None) -> None:
-        super().__init__(group, chunk_size=chunk_size)
         self._converted: nn.Module | None = None
         with _conversion_errors_as_fusion_errors():
             plan_conversion(group.modules[0], group.modules).raise_if_rejected()
+        super().__init__(group, chunk_size=chunk_size)
+
+    @override
+    def per_trial_settings(self, modules: Sequence[nn.Module]) -> Callable[[str], bool]:
+        # a fused operator or a per-group module honours its own settings per trial (and its children's);
+        # containers and the LightningModule itself run their Python code with the template's values
+        template = modules[0]
+        honoured = [
+            decision.path
+            for decision in plan_conversion(template, modules).decisions
+            if decision.outcome == "grouped"
+            or (decision.outcome == "fused" and type(template.get_submodule(decision.path)) in FUSED_OPERATORS)
+        ]
+        return lambda path: any(_is_prefix(prefix, path) for prefix in honoured)
 
     @override
     def template(self) -> nn.Module:

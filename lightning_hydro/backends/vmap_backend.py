@@ -13,7 +13,7 @@ vmap runs ONE template module for all trials, so Python attributes of the trial 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -23,7 +23,8 @@ from torch.func import functional_call, vmap
 from typing_extensions import override
 
 from lightning_hydro.backends.base import Backend, StackedLog, StepOutputs, step_output_error
-from lightning_hydro.backends.errors import FusionError, explain_vmap_error
+from lightning_hydro.backends.errors import FusionError, FusionMismatchError, explain_step_error
+from lightning_hydro.backends.trial_attributes import unfusible_attributes, unfusible_error_text
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
 
 if TYPE_CHECKING:
@@ -74,6 +75,10 @@ class VmapBackend(Backend):
     Args:
         group: the stacked state.
         chunk_size: map this many rows at a time (lower peak memory; None: all at once).
+
+    Raises:
+        FusionMismatchError: at construction, if the trials differ in Python values that the code run for
+            all trials reads (see :mod:`~lightning_hydro.backends.trial_attributes`).
     """
 
     name = "vmap"
@@ -82,6 +87,23 @@ class VmapBackend(Backend):
         super().__init__(group)
         self.chunk_size = chunk_size
         self._caller: MethodCaller | None = None
+        refusal = self.refusal(group.modules, group.trial_ids)
+        if refusal is not None:
+            try:
+                raise refusal
+            finally:  # no frame -> error -> traceback -> frame cycle: it would keep the caller's tensors alive
+                refusal = None
+
+    def per_trial_settings(self, modules: Sequence[nn.Module]) -> Callable[[str], bool]:
+        """For a submodule path: whether its differing Python settings run per trial (never, under vmap)."""
+        return lambda path: False
+
+    def refusal(self, modules: Sequence[nn.Module], ids: Sequence[int]) -> FusionMismatchError | None:
+        """The error to raise if these trials differ in Python values that the fused code reads, else None."""
+        found = unfusible_attributes(modules, ids=ids, handled=self.per_trial_settings(modules))
+        if not found:
+            return None
+        return FusionMismatchError(unfusible_error_text(self.name, type(modules[0]).__name__, found))
 
     def template(self) -> nn.Module:
         """The module whose code runs for every row (subclasses convert it, e.g. into fused operators)."""
@@ -113,8 +135,11 @@ class VmapBackend(Backend):
                 encoded, logged = vmap(per_trial, in_dims=(0, 0), randomness="different", chunk_size=self.chunk_size)(
                     params, buffers
                 )
-        except (RuntimeError, ValueError) as err:
-            explained = explain_vmap_error(err, method=method, module_name=type(template).__name__, backend=self.name)
+        except FusionError:
+            raise
+        except (RuntimeError, ValueError, TypeError, IndexError) as err:
+            # any error the user's code raises under vmap is reported as a FusionError (auto then uses loop)
+            explained = explain_step_error(err, method=method, module_name=type(template).__name__, backend=self.name)
             if explained is not None:
                 raise explained from err
             raise

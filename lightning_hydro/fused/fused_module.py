@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.model_helpers import is_overridden
@@ -41,6 +42,7 @@ from lightning_hydro.backends import (
     LoopBackend,
     StackedLog,
     StepOutputs,
+    VmapBackend,
     make_backend,
 )
 from lightning_hydro.backends.auto import choose_backend
@@ -48,11 +50,13 @@ from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments
 from lightning_hydro.fused.results import TRIAL_STATUSES, TrialStatus, format_results_table
 from lightning_hydro.fused.stateful_metrics import updated_metrics
+from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_book import TrialBook
+from lightning_hydro.fused.trial_callbacks import per_trial_callbacks, refuse_module_callbacks
+from lightning_hydro.fused.trial_clipping import clip_trial_gradients
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
 from lightning_hydro.fused.trial_specs import module_spec, rebuild_trials
-from lightning_hydro.fused.verify import verify_fusion
-from lightning_hydro.optim.clipping import clip_grad_norm_per_trial, clip_grad_value_per_trial
+from lightning_hydro.fused.verify import FusionMismatchError, verify_fusion
 from lightning_hydro.optim.group_optimizer import (
     OptimizerPath,
     StepReport,
@@ -313,6 +317,7 @@ class FusedLightningModule(L.LightningModule):
             raise ValueError(f"add_trial: trial id {tid} is already used; known ids: {sorted(self._book.records)}.")
         if not module.automatic_optimization:
             raise ValueError("add_trial: the trial uses manual optimization; fused trials need automatic optimization.")
+        self._check_newcomer_fuses(module, tid)
         module.to(device=self._group.device)
         self._set_mode_of_newcomer(module)
         self._metrics.reslot()
@@ -321,7 +326,7 @@ class FusedLightningModule(L.LightningModule):
         self._group.append(module, tid)
         self._book.add(tid)
         if self._trainer is not None:
-            module.trainer = self.trainer
+            attach_trainer(module, self.trainer, tid)
         if self._optimizer is not None:
             self._optimizer.trials[tid] = self._configure_trial_optimizer(tid, module)
             self._optimizer.rebuild()
@@ -333,6 +338,22 @@ class FusedLightningModule(L.LightningModule):
         if self._verify_enabled and self._backend_name != "loop":
             self._verify_ids.add(tid)
         return tid
+
+    def _check_newcomer_fuses(self, module: L.LightningModule, tid: int) -> None:
+        """A newcomer that differs in a Python value the fused code reads: refused, or auto moves to the loop."""
+        backend = self._parked or self._backend
+        if not isinstance(backend, VmapBackend):
+            return
+        refusal = backend.refusal([*self._group.modules, module], [*self._group.trial_ids, tid])
+        if refusal is None:
+            return
+        if self._backend_name != "auto":
+            try:
+                raise refusal
+            finally:  # break the frame -> error -> traceback -> frame cycle
+                refusal = None
+        rank_zero_warn(f"FusedLightningModule: backend='auto' runs the group on 'loop' from now on: {refusal}")
+        self._backend, self._parked = make_backend("loop", self._group), None
 
     def _running(self) -> list[tuple[int, L.LightningModule]]:
         return list(zip(self._group.trial_ids, self._group.modules))  # type: ignore[arg-type]
@@ -430,6 +451,14 @@ class FusedLightningModule(L.LightningModule):
         self._restore_modes()
 
     @override
+    def configure_callbacks(self) -> list[Callback]:
+        """Lightning's callbacks configured for an unfused run act per trial: see :mod:`.trial_callbacks`."""
+        refuse_module_callbacks(self._first())
+        callbacks: list[Callback] = self.trainer.callbacks  # type: ignore[attr-defined]
+        callbacks[:] = per_trial_callbacks(callbacks)
+        return []
+
+    @override
     def prepare_data(self) -> None:
         self._first().prepare_data()
 
@@ -442,8 +471,8 @@ class FusedLightningModule(L.LightningModule):
                 "skip every trial's step whenever one trial overflows, coupling the trials. Use "
                 "precision='bf16-mixed' (no loss scaling needed), '32-true' or '16-true'."
             )
-        for _, module in self._running():
-            module.trainer = self.trainer
+        for tid, module in self._running():
+            attach_trainer(module, self.trainer, tid)
             if is_overridden("setup", module, L.LightningModule):
                 module.setup(stage)
 
@@ -525,13 +554,8 @@ class FusedLightningModule(L.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        if not gradient_clip_val:
-            return
-        params = list(self._group.params.values())
-        if gradient_clip_algorithm == "value":
-            clip_grad_value_per_trial(params, gradient_clip_val)
-        else:
-            clip_grad_norm_per_trial(params, gradient_clip_val)
+        if self._optimizer is not None:  # each trial as Lightning clips it alone: see fused/trial_clipping.py
+            clip_trial_gradients(self._group, self._optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # -- steps --------------------------------------------------------------------------------------------------
 
@@ -573,12 +597,18 @@ class FusedLightningModule(L.LightningModule):
     def _verify(self, backend: Backend, batch: Any, batch_idx: int) -> None:
         ids = [tid for tid in self._group.trial_ids if tid in self._verify_ids]
         # the loop runs each trial's own code: nothing to check; otherwise a skipped batch checks the next one
-        if (
-            ids
-            and not isinstance(backend, LoopBackend)
-            and not verify_fusion(self._group, backend, ids, batch, batch_idx)
-        ):
-            return
+        try:
+            if (
+                ids
+                and not isinstance(backend, LoopBackend)
+                and not verify_fusion(self._group, backend, ids, batch, batch_idx)
+            ):
+                return
+        except FusionMismatchError as err:
+            if self._backend_name != "auto":
+                raise
+            rank_zero_warn(f"FusedLightningModule: backend='auto' runs the group on 'loop' from now on: {err}")
+            self._backend, self._parked = make_backend("loop", self._group), None
         self._verify_ids.difference_update(ids)
 
     def _metrics_block_fusion(self, method: str, *args: Any) -> list[str]:
@@ -611,6 +641,7 @@ class FusedLightningModule(L.LightningModule):
         backend = self._resolve_backend(batch, batch_idx)
         if self._verify_ids:
             self._verify(backend, batch, batch_idx)
+            backend = self._backend or backend  # a failed check under auto moved the group to the loop
         out = backend.run("training_step", batch, batch_idx)
         self._record_logs("train", "training_step", out.logs, batch)
         loss = out.loss()
@@ -870,5 +901,5 @@ class FusedLightningModule(L.LightningModule):
         self._parked = None
         self._fit_backend_to_group()
         if self._trainer is not None:
-            for _, module in self._running():
-                module.trainer = self.trainer
+            for tid, module in self._running():
+                attach_trainer(module, self.trainer, tid)

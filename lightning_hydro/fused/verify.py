@@ -1,9 +1,12 @@
 """Fusion is verified, not assumed: compare each trial's fused output with its own module's output.
 
-vmap runs one template module's Python code for every trial, so a trial whose Python attributes differ
-(a loss's ``label_smoothing``, a dropout ``p`` stored as a float) would silently compute with the
-template's values. :func:`differing_attributes` lists such attributes; the fused module runs its check on
-the first batch and raises :class:`FusionMismatchError` naming them.
+vmap runs one template module's Python code for every trial. Differing plain values that this code reads
+are refused when the backend is built (:mod:`lightning_hydro.backends.trial_attributes`); this first-batch
+check catches the rest (state in objects the scan cannot compare) by comparing each trial's fused loss and
+gradients with its own module's. The tolerance follows the arithmetic: float rounding of two correct
+float32 computations (another reduction order, another thread count) is measured against a float64 run
+of the trial's own step, and a floor of ``eps * sqrt(n) * |value|`` (n: the reduction size) covers a lucky
+float32 run.
 
 Example::
 
@@ -16,15 +19,21 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
+from torch.func import functional_call
 
-from lightning_hydro.backends.errors import FusionError
+from lightning_hydro.backends.errors import FusionMismatchError
+from lightning_hydro.backends.trial_attributes import differing_attributes as scan_attributes
+from lightning_hydro.backends.trial_attributes import uncompared_reads
 from lightning_hydro.backends.trial_logging import capture_logs
+from lightning_hydro.backends.vmap_backend import MethodCaller
 
 if TYPE_CHECKING:
     from lightning_hydro.backends.base import Backend
@@ -32,47 +41,10 @@ if TYPE_CHECKING:
 
 __all__ = ["FusionMismatchError", "differing_attributes", "verify_fusion"]
 
-_SCALARS = (bool, int, float, str, type(None))
-_IGNORED = {"training", "prepare_data_per_node", "allow_zero_length_dataloader_with_multiple_devices"}
-
-
-class FusionMismatchError(FusionError):
-    """A trial's fused output differs from its own module's output."""
-
-
-def _plain(value: Any) -> bool:
-    if isinstance(value, _SCALARS):
-        return True
-    return isinstance(value, (tuple, list)) and all(isinstance(v, _SCALARS) for v in value)
-
-
-def _attributes(module: nn.Module) -> dict[str, Any]:
-    """Plain Python attributes of every submodule (and the root's hparams), by dotted name."""
-    found: dict[str, Any] = {}
-    for prefix, sub in module.named_modules():
-        for key, value in vars(sub).items():
-            if key.startswith("_") or key in _IGNORED or not _plain(value):
-                continue
-            found[f"{prefix}.{key}" if prefix else key] = value
-    hparams = getattr(module, "hparams", None)
-    if hparams:
-        for key, value in dict(hparams).items():
-            if _plain(value):
-                found[f"hparams.{key}"] = value
-    return found
-
 
 def differing_attributes(modules: Sequence[nn.Module], *, ids: Sequence[int]) -> list[str]:
-    """Plain Python attributes whose values differ between the modules, as ``"name (trial a: x, trial b: y)"``."""
-    reference = _attributes(modules[0])
-    found: list[str] = []
-    for tid, module in zip(ids[1:], modules[1:]):
-        other = _attributes(module)
-        for name in sorted(reference.keys() | other.keys()):
-            a, b = reference.get(name, "<missing>"), other.get(name, "<missing>")
-            if a != b and not any(entry.startswith(f"{name} ") for entry in found):
-                found.append(f"{name} (trial {ids[0]}: {a}, trial {tid}: {b})")
-    return found
+    """Plain Python values that differ between the modules, as ``"name (trial a: x, trial b: y)"``."""
+    return [str(attribute) for attribute in scan_attributes(modules, ids=ids)]
 
 
 @contextmanager
@@ -91,10 +63,137 @@ def _loss(output: Any) -> Tensor | None:
     return output.get("loss") if isinstance(output, dict) else output
 
 
-def _mismatch(a: Tensor, b: Tensor) -> bool:
-    """More than a 1e-3 relative difference (float rounding of vmap versus a plain call stays near 1e-7)."""
-    a, b = a.detach().double(), b.detach().double()
-    return bool((a - b).norm() > 1e-3 * b.norm() + 1e-7)
+# Two correct float32 computations of one value differ by float rounding; a fused value is called different
+# only beyond this many times the rounding measured (or the eps * sqrt(n) floor): real mismatches (a
+# differing smoothing, temperature, mask) are orders of magnitude larger.
+_SAFETY = 16.0
+
+
+@dataclass
+class Comparison:
+    """One compared value (the loss or a gradient) of one trial, with the numbers behind the verdict."""
+
+    what: str
+    difference: float  # |fused - own|
+    own_norm: float
+    rounding: float | None  # |own float32 - own float64|, or None without a float64 run
+    floor: float  # eps * sqrt(n) * |own|
+    fused_value: float | None = None  # for a scalar loss
+    own_value: float | None = None
+
+    @property
+    def tolerance(self) -> float:
+        """``_SAFETY`` times the larger of the measured rounding and the floor."""
+        return _SAFETY * max(self.rounding or 0.0, self.floor)
+
+    @property
+    def differs(self) -> bool:
+        """Whether the difference is beyond float rounding (non-finite differences always are)."""
+        return not math.isfinite(self.difference) or self.difference > self.tolerance
+
+    def describe(self) -> str:
+        """The numbers, e.g. ``gradient of head.weight: |fused - own| = 3e-02 > tolerance 4e-06 (...)``."""
+        rounding = "no float64 run" if self.rounding is None else f"float32 rounding {self.rounding:.2e}"
+        text = (
+            f"{self.what}: |fused - own| = {self.difference:.3e} > tolerance {self.tolerance:.3e} "
+            f"({_SAFETY:g} x max({rounding}, eps*sqrt(n)*|own| = {self.floor:.2e}); |own| = {self.own_norm:.4g})"
+        )
+        if self.fused_value is not None and self.own_value is not None:
+            text += f"; fused {self.fused_value!r} vs own {self.own_value!r}"
+        return text
+
+
+def compare(what: str, fused: Tensor, own: Tensor, reference: Tensor | None, *, reduction: int) -> Comparison:
+    """Compare a fused value with the trial's own, in float64, against float rounding.
+
+    Args:
+        what: a name for the message.
+        fused: the fused value of this trial.
+        own: the trial's own module's value (same dtype as ``fused``).
+        reference: the same value from a float64 run of the trial's own step, if there is one.
+        reduction: the number of terms summed into one element (the floor grows as its square root).
+
+    Example::
+
+        >>> own = torch.tensor([1.0, 2.0])
+        >>> compare("loss", own + 1e-6, own, own.double(), reduction=64).differs
+        False
+        >>> compare("loss", own * 1.01, own, own.double(), reduction=64).differs
+        True
+    """
+    f, o = fused.detach().double(), own.detach().double()
+    eps = torch.finfo(own.dtype).eps if own.is_floating_point() else 0.0
+    scalar = own.numel() == 1
+    finite = torch.isfinite(o)
+    # where the trial's own value is inf/NaN (a diverging trial), the fused one must be so too; isolation
+    # handles the divergence. Elsewhere the finite values are compared.
+    difference = math.inf if not torch.equal(torch.isfinite(f), finite) else float((f[finite] - o[finite]).norm())
+    rounding = None
+    if reference is not None:
+        r = reference.detach().double().to(o.device)
+        rounding = float((o[finite] - r[finite]).norm())
+        rounding = rounding if math.isfinite(rounding) else None
+    own_norm = float(o[finite].norm())
+    return Comparison(
+        what,
+        difference,
+        own_norm,
+        rounding,
+        eps * math.sqrt(max(reduction, 1)) * own_norm,
+        float(f.reshape(())) if scalar else None,
+        float(o.reshape(())) if scalar else None,
+    )
+
+
+def _to_double(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        return value.double() if value.is_floating_point() else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_double(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_double(v) for k, v in value.items()}
+    return value
+
+
+def _float64_run(
+    module: nn.Module, names: Sequence[str], batch: Any, batch_idx: int
+) -> tuple[Tensor | None, list[Tensor | None], str]:
+    """The trial's own loss and gradients in float64 (default dtype too), or Nones and the reason."""
+    caller = MethodCaller(module)
+    params = {f"module.{n}": module.get_parameter(n).detach().double().requires_grad_(True) for n in names}
+    buffers = {f"module.{n}": _to_double(b.detach()) for n, b in module.named_buffers()}
+    default = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.float64)
+        with capture_logs(module):
+            loss = _loss(functional_call(caller, (params, buffers), ("training_step", _to_double(batch), batch_idx)))
+        if loss is None:
+            return None, [None] * len(names), "the float64 run returned no loss"
+        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+        return loss, list(grads), ""
+    except Exception as err:  # code that insists on float32 somewhere: fall back to the floor alone
+        return None, [None] * len(names), f"no float64 run ({type(err).__name__}: {str(err)[:80]})"
+    finally:
+        torch.set_default_dtype(default)
+
+
+def _reduction_size(batch: Any, stacked: Sequence[Tensor]) -> int:
+    """Terms summed into one element, at most: batch size times the widest parameter dimension."""
+    first = next((t for t in _tensors(batch)), None)
+    batch_size = int(first.shape[0]) if first is not None and first.dim() else 1
+    widest = max((max(t.shape[1:], default=1) for t in stacked), default=1)
+    return batch_size * int(widest)
+
+
+def _tensors(value: Any) -> Iterator[Tensor]:
+    if isinstance(value, Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
 
 
 def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], batch: Any, batch_idx: int) -> bool:
@@ -103,18 +202,20 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
     Runs in eval mode (no dropout, no BatchNorm statistics updates), in full precision, on a forked random
     number generator, without touching any ``.grad``. Gradients are compared because a loss alone can hide a
     difference (label smoothing barely changes the loss of an untrained, near-uniform classifier, but changes
-    its gradient).
+    its gradient). A value differs when ``|fused - own|`` exceeds 16 times the float rounding measured
+    against a float64 run of the trial's own step (or ``eps * sqrt(n) * |own|``, if larger).
 
     Returns:
         False if the step returned no loss for this batch (check again on the next one).
 
     Raises:
-        FusionMismatchError: naming the trial and the Python attributes that differ between trials.
+        FusionMismatchError: naming the trial, the numbers, and the state the step reads that may differ.
     """
     modules = list(group.modules)
     names = list(group.params)
     stacked = [group.params[name] for name in names]
     device = stacked[0].device
+    reduction = _reduction_size(batch, stacked)
     # in full precision: under bf16 autocast two correct computations already differ at the 1e-2 level
     with (
         _eval_mode(modules),
@@ -133,22 +234,44 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
             assert own is not None
             own_params = [module.get_parameter(name) for name in names]
             own_grads = torch.autograd.grad(own, own_params, allow_unused=True)
-            differs = _mismatch(fused[row], own) or any(
-                (f is None) != (o is None) or (f is not None and o is not None and _mismatch(f[row], o))
-                for f, o in zip(fused_grads, own_grads)
-            )
-            if differs:
-                attrs = differing_attributes(modules, ids=group.trial_ids)
-                hint = (
-                    "these Python attributes differ between trials: " + "; ".join(attrs[:10])
-                    if attrs
-                    else "no plain Python attribute differs; look for state the step reads that is not a "
-                    "parameter or buffer"
-                )
-                raise FusionMismatchError(
-                    f"FusedLightningModule(backend={backend.name!r}): trial {tid}'s fused training_step loss "
-                    f"{float(fused[row]):.6g} (or its gradients) differs from its own module's {float(own):.6g}. "
-                    f"{backend.name} runs one template module's code for every trial, so attributes that differ "
-                    f"are ignored; {hint}. Use backend='loop', or make the differing value a parameter or buffer."
-                )
+            ref_loss, ref_grads, why = _float64_run(module, names, batch, batch_idx)
+            found = [compare("loss", fused[row], own, ref_loss, reduction=reduction)]
+            unused: list[str] = []
+            for name, f, o, r in zip(names, fused_grads, own_grads, ref_grads):
+                if (f is None) != (o is None):
+                    unused.append(name)
+                elif f is not None and o is not None:
+                    found.append(compare(f"gradient of {name}", f[row], o, r, reduction=reduction))
+            differing = [c for c in found if c.differs]
+            if differing or unused:
+                raise FusionMismatchError(_mismatch_text(backend.name, tid, differing, unused, why, group))
     return True
+
+
+def _mismatch_text(
+    backend: str, tid: int, differing: list[Comparison], unused: list[str], why: str, group: StackedState
+) -> str:
+    numbers = "; ".join(c.describe() for c in differing[:3])
+    if unused:
+        numbers += f"; gradients present in one run only: {', '.join(unused[:5])}"
+    if why:
+        numbers += f" ({why})"
+    modules = list(group.modules)
+    suspects = uncompared_reads(modules)
+    attrs = scan_attributes(modules, ids=group.trial_ids)
+    read = [str(a) for a in attrs if a.read]
+    unread = [a.qualified_name for a in attrs if not a.read]
+    if read or suspects:
+        hint = "suspects: " + "; ".join([*read, *(f"{s} (not comparable, read by the step)" for s in suspects)][:10])
+    else:
+        hint = (
+            "no Python value that the step reads differs between trials; look for state it reads that is not a "
+            "parameter or buffer (globals, closures, objects reached through other objects)"
+        )
+    if unread:
+        hint += f". Not suspects (they differ, but the fused code does not read them): {', '.join(unread[:10])}"
+    return (
+        f"FusedLightningModule(backend={backend!r}): trial {tid}'s fused training_step differs from its own "
+        f"module's beyond float rounding: {numbers}. {backend} runs one template module's code for every trial; "
+        f"{hint}. Use backend='loop', or make the differing value a parameter or buffer."
+    )

@@ -69,6 +69,18 @@ class TrialScheduler:
         """No-op: the scheduler's real state comes back with :meth:`TrialGroupOptimizer.load_state_dict`."""
 
 
+def _record_step(optimizer: Optimizer) -> None:
+    """Tell the trial's LR schedulers that the fused update stepped its optimizer in place of ``step()``.
+
+    torch's ``LRScheduler`` wraps ``optimizer.step`` with a function that sets ``optimizer._opt_called``,
+    and its first ``step()`` warns that the first value of the schedule is skipped when that flag is unset.
+    The fused path updates the trial's parameters without calling ``step()``, so it sets the flag as the
+    wrapper would: the warning keeps firing where it is true (a scheduler stepped before any update).
+    """
+    if hasattr(optimizer.step, "_wrapped_by_lr_sched"):
+        optimizer._opt_called = True  # type: ignore[attr-defined]
+
+
 class TrialGroupOptimizer(Optimizer):
     """Steps B trials' own optimizers (or one fused update) after one fused forward/backward.
 
@@ -189,6 +201,9 @@ class TrialGroupOptimizer(Optimizer):
         report.diverged = {ids[row]: reason for row, reason in bad.items()}
         if self.fused is not None:
             self.fused.step([self.trials[tid].optimizer.param_groups for tid in ids], skip_rows=sorted(bad))
+            for row, tid in enumerate(ids):
+                if row not in bad:
+                    _record_step(self.trials[tid].optimizer)
         else:
             healthy = [row for row in range(len(ids)) if row not in bad]
             self.group.distribute_grads(healthy)

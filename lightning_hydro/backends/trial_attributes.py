@@ -1,0 +1,298 @@
+"""Python state that differs between trials and that the fused code reads: what vmap would run wrongly.
+
+The ``vmap`` backend (and ``hfta``, outside the modules its fused operators take over) runs ONE template
+module's Python code for every trial; only parameters and buffers are per trial. A plain attribute that
+differs between trials (``self.nan_step = 20`` in one trial, ``None`` in the others) would run with the
+template's value in every trial: silently wrong results. Values that differ but that only code run per
+trial reads are fine: ``hparams.lr`` read by ``configure_optimizers`` is consumed by each trial's own
+optimizer, which is THE common case of a sweep.
+
+So the group is scanned when a fused backend is built: every plain attribute (numbers, strings, tuples,
+lists, dicts of those, tensors that are not parameters or buffers) of every submodule, and the root's
+``hparams``, are compared across trials, and each differing one is checked against the names that the code
+run under the backend reads. That code is the root's ``training_step``, ``validation_step``, ``test_step``,
+``predict_step`` and ``forward``, each submodule's ``forward``, and, followed from them, the methods of the
+same class and the functions outside torch and Lightning that they name (the names come from the code
+objects: ``co_names``, and string constants next to ``getattr`` or ``hparams``). A name read anywhere in
+that code counts, whichever object it is read from: the scan errs towards refusing.
+
+What it cannot see (state in non-module objects, values reached through containers it does not compare)
+is left to the fused module's first-batch comparison of fused and unfused outputs (:mod:`..fused.verify`).
+
+Example::
+
+    >>> from torch import nn
+    >>> trials = [nn.Sequential(nn.Linear(2, 2), nn.Dropout(p)) for p in (0.1, 0.5)]
+    >>> [str(a) for a in unfusible_attributes(trials, ids=[0, 1])]
+    ['1.p (trial 0: 0.1, trial 1: 0.5)']
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_hydro.backends.errors import package_dir
+
+__all__ = [
+    "DifferingAttribute",
+    "differing_attributes",
+    "uncompared_reads",
+    "unfusible_attributes",
+    "unfusible_error_text",
+]
+
+# the methods the fused backends run on the root module (the trial's LightningModule)
+STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step", "forward")
+_IGNORED = {"training", "prepare_data_per_node", "allow_zero_length_dataloader_with_multiple_devices"}
+_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+# code here is not the user's: a LightningModule's own methods (log, ...) read nothing of the user's values
+_FRAMEWORK_DIRS = tuple(directory for directory in (package_dir("torch"), package_dir("lightning")) if directory)
+_MISSING = "<missing>"
+
+
+@dataclass(frozen=True)
+class DifferingAttribute:
+    """A plain Python value that differs between the trials of a group.
+
+    Attributes:
+        path: the submodule's dotted path (``""`` for the root module).
+        name: the attribute name, or ``"hparams.<key>"`` for a hyperparameter of the root.
+        values: the value of each trial, in the order of ``ids``.
+        ids: the trial ids.
+        read: whether code run under a fused backend reads it.
+    """
+
+    path: str
+    name: str
+    values: tuple[Any, ...]
+    ids: tuple[int, ...]
+    read: bool
+
+    @property
+    def qualified_name(self) -> str:
+        """``path.name`` (or just ``name`` on the root)."""
+        return f"{self.path}.{self.name}" if self.path else self.name
+
+    def __str__(self) -> str:
+        shown = ", ".join(f"trial {tid}: {_short(value)}" for tid, value in zip(self.ids, self.values))
+        return f"{self.qualified_name} ({shown})"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, Tensor):
+        return f"tensor{list(value.shape)} sum {float(value.detach().double().sum()):.6g}"
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _comparable(value: Any) -> bool:
+    if isinstance(value, (*_SCALARS, Tensor)):
+        return True
+    if isinstance(value, (tuple, list)):
+        return all(_comparable(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, _SCALARS) and _comparable(v) for k, v in value.items())
+    return False
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        return (
+            isinstance(a, Tensor)
+            and isinstance(b, Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and bool(torch.equal(a.detach().cpu(), b.detach().cpu()))
+        )
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    try:
+        return bool(a == b)
+    except Exception:  # an exotic __eq__: treat as different (the scan then errs towards refusing)
+        return False
+
+
+def _plain_state(module: nn.Module) -> dict[tuple[str, str], Any]:
+    """``(path, name)`` -> value of every comparable public attribute of every submodule, and the hparams."""
+    found: dict[tuple[str, str], Any] = {}
+    for path, sub in module.named_modules():
+        for key, value in vars(sub).items():
+            if not key.startswith("_") and key not in _IGNORED and _comparable(value):
+                found[(path, key)] = value
+    hparams = getattr(module, "hparams", None)
+    if isinstance(hparams, dict):
+        for key, value in hparams.items():
+            if isinstance(key, str) and _comparable(value):
+                found[("", f"hparams.{key}")] = value
+    return found
+
+
+def differing_attributes(modules: Sequence[nn.Module], *, ids: Sequence[int]) -> list[DifferingAttribute]:
+    """Every plain attribute (and hparam) whose value is not the same in all ``modules``, read or not."""
+    states = [_plain_state(module) for module in modules]
+    keys: dict[tuple[str, str], None] = {}
+    for state in states:
+        keys.update(dict.fromkeys(state))
+    reads = _ReadNames(modules[0])
+    found = []
+    for path, name in keys:
+        values = tuple(state.get((path, name), _MISSING) for state in states)
+        if all(_equal(values[0], value) for value in values[1:]):
+            continue
+        found.append(DifferingAttribute(path, name, values, tuple(ids), reads.reads(path, name)))
+    return found
+
+
+def unfusible_attributes(
+    modules: Sequence[nn.Module], *, ids: Sequence[int], handled: Callable[[str], bool] = lambda path: False
+) -> list[DifferingAttribute]:
+    """The differing attributes that fused code reads, except those of submodules for which ``handled(path)``.
+
+    Args:
+        modules: the trial modules, in slot order.
+        ids: their trial ids (for the messages).
+        handled: True for a submodule path whose differing settings the backend honours per trial (hfta's
+            fused operators do for theirs).
+    """
+    return [a for a in differing_attributes(modules, ids=ids) if a.read and not handled(a.path)]
+
+
+def uncompared_reads(modules: Sequence[nn.Module]) -> list[str]:
+    """Attributes the fused code reads that are objects this scan cannot compare, and not one shared object.
+
+    They are the suspects when fused and own outputs disagree although no compared value differs.
+    """
+    reads = _ReadNames(modules[0])
+    found = []
+    for path, sub in modules[0].named_modules():
+        for key, value in vars(sub).items():
+            if key.startswith("_") or _comparable(value) or isinstance(value, nn.Module) or callable(value):
+                continue
+            others = [_attribute(m, path, key) for m in modules[1:]]
+            if all(other is value for other in others) or not reads.reads(path, key):
+                continue
+            found.append(f"{f'{path}.{key}' if path else key} ({type(value).__name__})")
+    return found
+
+
+def _attribute(module: nn.Module, path: str, key: str) -> Any:
+    try:
+        return vars(module.get_submodule(path)).get(key, _MISSING)
+    except AttributeError:
+        return _MISSING
+
+
+def unfusible_error_text(backend: str, module_name: str, attributes: Sequence[DifferingAttribute]) -> str:
+    """The message of the refusal: which values differ, why that is wrong under ``backend``, what to do."""
+    listed = "; ".join(str(a) for a in attributes[:10])
+    more = f" (and {len(attributes) - 10} more)" if len(attributes) > 10 else ""
+    return (
+        f"backend={backend!r} cannot fuse these {module_name} trials: the code it runs for all trials at once "
+        f"reads Python values that differ between trials: {listed}{more}. {backend} runs one template "
+        "module's code for every trial, so each trial would silently compute with the first trial's value. "
+        "Use backend='loop' (backend='auto' does so by itself), or make each such value a tensor registered "
+        "with register_buffer (buffers are per trial)."
+    )
+
+
+# -- what the fused code reads ---------------------------------------------------------------------------------
+
+
+def _function(obj: Any) -> types.FunctionType | None:
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    if isinstance(obj, property):
+        obj = obj.fget
+    try:
+        obj = inspect.unwrap(obj) if callable(obj) else obj
+    except ValueError:  # a cycle of __wrapped__
+        return None
+    return obj if isinstance(obj, types.FunctionType) else None
+
+
+def _framework(function: types.FunctionType) -> bool:
+    return function.__code__.co_filename.startswith(_FRAMEWORK_DIRS)
+
+
+def _nested(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _nested(const)
+
+
+_READS: dict[tuple[type, tuple[str, ...], bool], frozenset[str]] = {}
+
+
+def _names_read(cls: type, entries: tuple[str, ...], framework_methods: bool) -> frozenset[str]:
+    """Cached :func:`_scan_names` (code does not change while the process runs)."""
+    key = (cls, entries, framework_methods)
+    if key not in _READS:
+        _READS[key] = _scan_names(cls, entries, framework_methods)
+    return _READS[key]
+
+
+def _scan_names(cls: type, entries: tuple[str, ...], framework_methods: bool) -> frozenset[str]:
+    """Names read by ``entries`` of ``cls`` and what they call; ``"hparams."`` + key for hyperparameter reads.
+
+    Methods of ``cls`` named in the code are followed (those defined in torch or Lightning only if
+    ``framework_methods``: a LightningModule's own ``log`` reads nothing of the user's); global functions
+    are followed unless they belong to torch or Lightning.
+    """
+    names: set[str] = set()
+    seen: set[types.CodeType] = set()
+    todo = [f for e in entries if (f := _function(inspect.getattr_static(cls, e, None))) is not None]
+    while todo:
+        function = todo.pop()
+        if function.__code__ in seen:
+            continue
+        seen.add(function.__code__)
+        for code in _nested(function.__code__):
+            strings = {c for c in code.co_consts if isinstance(c, str)}
+            names.update(code.co_names)
+            if "getattr" in code.co_names:
+                names.update(strings)
+            if "hparams" in code.co_names:
+                names.update(f"hparams.{key}" for key in {*code.co_names, *strings})
+            for name in code.co_names:
+                method = _function(inspect.getattr_static(cls, name, None))
+                if method is not None and (framework_methods or not _framework(method)):
+                    todo.append(method)
+                called = _function(function.__globals__.get(name))
+                if called is not None and not _framework(called):
+                    todo.append(called)
+    return frozenset(names)
+
+
+class _ReadNames:
+    """Names read by the fused code of a template module, per submodule path (its own and its ancestors')."""
+
+    def __init__(self, template: nn.Module) -> None:
+        self.template = template
+        self.root = _names_read(type(template), STEP_METHODS, False)
+
+    def _of(self, path: str) -> frozenset[str]:
+        try:
+            module = self.template.get_submodule(path)
+        except AttributeError:
+            return frozenset()
+        return _names_read(type(module), ("forward",), True)
+
+    def reads(self, path: str, name: str) -> bool:
+        if name.startswith("hparams."):
+            return name in self.root
+        if name in self.root:
+            return True
+        parts = path.split(".") if path else []
+        return any(name in self._of(".".join(parts[:depth])) for depth in range(1, len(parts) + 1))
