@@ -37,9 +37,15 @@ class AutoChoice:
     seconds: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     cached: bool = False
+    timed: bool = True
 
     def describe(self) -> str:
         """One line saying what was chosen and the measured step times."""
+        if not self.timed:
+            text = f"backend='auto' (deterministic) chose {self.backend.name!r}, the first that runs the model"
+            for name, why in self.skipped.items():
+                text += f"; {name} skipped: {why.splitlines()[0]}"
+            return text
         if self.cached:
             return f"backend='auto' reused its earlier choice {self.backend.name!r} for this model"
         if not self.seconds:
@@ -73,14 +79,19 @@ def choose_backend(
     run_step: Callable[[Backend], None],
     *,
     repeats: int = 3,
+    timed: bool = True,
 ) -> AutoChoice:
     """Time ``run_step(backend)`` for each candidate and return the fastest.
+
+    With ``timed=False`` the choice does not depend on timings (so not on machine load): the first
+    candidate, in the order given, that runs one step; the process-wide cache is neither read nor written.
 
     Args:
         group: the stacked state (its buffers are restored after each candidate).
         candidates: ``(name, factory)`` pairs, in order of preference on ties.
         run_step: one forward+backward with the given backend (gradients accumulate in the stacked state).
         repeats: timed calls per candidate after one warm-up call; the median counts.
+        timed: pick the fastest (True) or the first that runs (False).
 
     Raises:
         FusionError: if no candidate can run the model (the last reason is re-raised).
@@ -91,11 +102,11 @@ def choose_backend(
         ((name, factory),) = factories.items()
         return AutoChoice(factory(), skipped={}, seconds={})
     key = _cache_key(group)
-    if key in _CACHE and _CACHE[key] in factories:
+    if timed and key in _CACHE and _CACHE[key] in factories:
         return AutoChoice(factories[_CACHE[key]](), cached=True)
     device = group.device
     saved_buffers = {name: b.clone() for name, b in group.buffers.items()}
-    choice = AutoChoice(backend=None)  # type: ignore[arg-type]
+    choice = AutoChoice(backend=None, timed=timed)  # type: ignore[arg-type]
     last_error: FusionError | None = None
     built: dict[str, Backend] = {}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -103,15 +114,17 @@ def choose_backend(
             try:
                 backend = factory()
                 times: list[float] = []
-                for i in range(repeats + 1):
+                for i in range(repeats + 1 if timed else 1):  # untimed: one step shows that it runs
                     _synchronize(device)
-                    start = time.perf_counter()
+                    start = time.perf_counter() if timed else 0.0
                     run_step(backend)
                     _synchronize(device)
                     if i:  # the first call warms up
                         times.append(time.perf_counter() - start)
-                choice.seconds[name] = statistics.median(times)
+                choice.seconds[name] = statistics.median(times) if times else 0.0
                 built[name] = backend
+                if not timed:
+                    break
             except FusionError as err:
                 choice.skipped[name] = str(err)
                 last_error = err
@@ -134,5 +147,6 @@ def choose_backend(
     del last_error
     fastest = min(choice.seconds, key=lambda n: choice.seconds[n])
     choice.backend = built[fastest]
-    _CACHE[key] = fastest
+    if timed:
+        _CACHE[key] = fastest
     return choice

@@ -9,7 +9,7 @@ import lightning as L
 
 from lightning_hydro.backends import BACKEND_NAMES
 
-__all__ = ["check_fused_arguments"]
+__all__ = ["check_deterministic", "check_fused_arguments"]
 
 
 def check_fused_arguments(
@@ -46,3 +46,13 @@ def check_fused_arguments(
         )
     if mode not in ("min", "max"):
         raise ValueError(f"FusedLightningModule: mode must be 'min' or 'max', got {mode!r}.")
+
+
+def check_deterministic(deterministic: Any) -> bool:
+    """``deterministic`` must be a bool (a string such as ``"false"`` from a config would read as true)."""
+    if not isinstance(deterministic, bool):
+        raise TypeError(
+            f"FusedLightningModule: deterministic must be True or False, got {deterministic!r}; "
+            "e.g. deterministic=True to choose backend='auto' without timing."
+        )
+    return deterministic

@@ -11,9 +11,9 @@ Example::
     ...                     enable_checkpointing=False, enable_model_summary=False)
     >>> trainer.fit(fused, datamodule=DigitsDataModule())
     >>> fused.trial_ids, sorted(fused.results[0])
-    ([0, 1, 2], ['budget', 'epochs', 'history', 'metrics', 'reason', 'status', 'steps'])
-    >>> fused.results[2]["status"], fused.results[2]["budget"]
-    ('completed', 1)
+    ([0, 1, 2], ['backend', 'budget', 'epochs', 'history', 'metrics', 'reason', 'status', 'steps'])
+    >>> fused.results[2]["status"], fused.results[2]["budget"], fused.results[2]["backend"]
+    ('completed', 1, 'vmap')
     >>> best = fused.unfuse(1)  # a standalone DigitsMLP with trial 1's trained weights
 """
 
@@ -47,7 +47,7 @@ from lightning_hydro.backends import (
 )
 from lightning_hydro.backends.auto import choose_backend
 from lightning_hydro.backends.trial_logging import capture_logs
-from lightning_hydro.fused.arguments import check_fused_arguments
+from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments
 from lightning_hydro.fused.results import TRIAL_STATUSES, TrialStatus, format_results_table
 from lightning_hydro.fused.stateful_metrics import updated_metrics
 from lightning_hydro.fused.trainer_view import attach_trainer
@@ -113,7 +113,10 @@ class FusedLightningModule(L.LightningModule):
         trials: the trial modules (one architecture: same parameter/buffer names, shapes, dtypes).
         backend: ``"vmap"`` (torch.func), ``"hfta"`` (fused operators), ``"loop"`` (one trial after another,
             always correct) or ``"auto"`` (time each on the first batch, keep the fastest; a group that early
-            stopping leaves with one trial runs it on the loop until another trial joins).
+            stopping leaves with one trial runs it on the loop until another trial joins). The backend in
+            use is recorded in ``results[id]["backend"]`` and in checkpoints (a resumed run reuses it).
+        deterministic: with ``backend="auto"``, choose without timing (timings, and so the choice and the
+            arithmetic, change with machine load): the first of hfta, vmap, loop that runs the model.
         trial_ids: one integer id per trial (default ``0..B-1``).
         max_slots: how many trials the group may hold at once (default: ``len(trials)``); ``add_trial``
             fills free slots up to this.
@@ -147,6 +150,7 @@ class FusedLightningModule(L.LightningModule):
         monitor: str | None = None,
         mode: Literal["min", "max"] = "min",
         trial_factory: Callable[[int], L.LightningModule | None] | None = None,
+        deterministic: bool = False,
     ) -> None:
         super().__init__()
         trials = list(trials)
@@ -158,6 +162,9 @@ class FusedLightningModule(L.LightningModule):
         self._retired: dict[int, L.LightningModule] = {}
         self._backend_name = backend
         self._backend: Backend | None = None if backend == "auto" else make_backend(backend, self._group)
+        self.deterministic = check_deterministic(deterministic)
+        if self._backend is not None:
+            self._book.set_backend(ids, self._backend.name)
         self._parked: Backend | None = None  # auto's choice, set aside while a lone trial runs on the loop
         self._optimizer_path: OptimizerPath = optimizer_path
         self._optimizer: TrialGroupOptimizer | None = None
@@ -326,6 +333,8 @@ class FusedLightningModule(L.LightningModule):
             self.trainer.strategy.lr_scheduler_configs.extend(self._scheduler_configs(tid))
         self._rebind_backends()
         self._fit_backend_to_group()
+        if self._backend is not None:
+            self._book.set_backend([tid], (self._backend if self._parked is None else self._parked).name)
         if self._verify_enabled and self._backend_name != "loop":
             self._verify_ids.add(tid)
         return tid
@@ -574,9 +583,13 @@ class FusedLightningModule(L.LightningModule):
                 (name, partial(make_backend, name, self._group)) for name in names
             ]
             choice = choose_backend(
-                self._group, candidates, lambda b: self._training_forward_backward(b, batch, batch_idx)
+                self._group,
+                candidates,
+                lambda b: self._training_forward_backward(b, batch, batch_idx),
+                timed=not self.deterministic,
             )
             self._backend = choice.backend
+            self._book.set_backend(self._group.trial_ids, choice.backend.name)
             self.backend_report = f"FusedLightningModule: {choice.describe()}."
             rank_zero_info(self.backend_report)
         return self._backend

@@ -36,6 +36,8 @@ class TrialRecord:
         metrics: the last value of everything it logged (epoch values where there are any).
         reason: why it stopped, if it did.
         history: one dict of epoch metrics per completed epoch (``{"epoch": e, name: value, ...}``).
+        backend: the backend its group trains on (``"vmap"``, ``"hfta"`` or ``"loop"``; what ``backend="auto"``
+            chose, which ``backend=`` pins in a rerun); ``""`` until the choice is made.
     """
 
     trial_id: int
@@ -45,6 +47,7 @@ class TrialRecord:
     metrics: dict[str, float] = field(default_factory=dict)
     reason: str = ""
     history: list[dict[str, float]] = field(default_factory=list)
+    backend: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         """The public form used by ``FusedLightningModule.results`` (``budget`` is the epochs trained)."""
@@ -64,6 +67,7 @@ class TrialRecord:
             metrics=dict(data["metrics"]),
             reason=str(data.get("reason", "")),
             history=[dict(h) for h in data.get("history", [])],
+            backend=str(data.get("backend", "")),
         )
 
 

@@ -113,6 +113,11 @@ class TrialBook:
         for tid in trial_ids:
             self.records[tid].status = status
 
+    def set_backend(self, trial_ids: Iterable[int], backend: str) -> None:
+        """These trials train on ``backend`` (recorded in their results)."""
+        for tid in trial_ids:
+            self.records[tid].backend = backend
+
     def counts(self) -> dict[str, int]:
         """How many trials have each status."""
         counts: dict[str, int] = dict.fromkeys(TRIAL_STATUSES, 0)

@@ -18,6 +18,7 @@ from lightning_hydro.scaling.coord_check import (
     plot_coord_checks,
 )
 from lightning_hydro.scaling.multipliers import DEFAULT_RULES, Multipliers, OptimizerRule
+from lightning_hydro.scaling.rank_fidelity import Interval, rank_fidelity, rank_fidelity_difference
 from lightning_hydro.scaling.readout import ReadoutScale
 from lightning_hydro.scaling.surrogate import Surrogate
 from lightning_hydro.scaling.width_scaling import (
@@ -31,6 +32,7 @@ __all__ = [
     "DEFAULT_RULES",
     "ActivationSize",
     "CoordCheck",
+    "Interval",
     "Multipliers",
     "OptimizerRule",
     "ReadoutScale",
@@ -42,5 +44,7 @@ __all__ = [
     "fold_multipliers",
     "per_model_update",
     "plot_coord_checks",
+    "rank_fidelity",
+    "rank_fidelity_difference",
     "width_scaling_of",
 ]

@@ -369,6 +369,8 @@ class LightningHydroSweeperImpl(Sweeper):
             "budget": trial_result["budget"] if trial_result else 0,
             "metrics": trial_result["metrics"] if trial_result else {},
             "history": trial_result.get("history", []) if trial_result else [],
+            # what the group ran on (a user's own task function may not say)
+            "backend": trial_result.get("backend", "") if trial_result else "",
             **error,  # a trial whose module could not be built: why
         }
 

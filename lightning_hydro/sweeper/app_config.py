@@ -20,6 +20,7 @@
     fused:                   # how sweep jobs fuse their trials (optional; FusedLightningModule's options)
       backend: auto
       optimizer_path: auto
+      deterministic: false   # true: backend auto chooses without timing (reproducible numbers)
     scaling:                 # muP surrogates (optional): search at width / ratio, retrain at full size
       width: [hidden_dim]    # the model's width hyperparameters
       ratio: 4

@@ -49,10 +49,13 @@ class FusedSettings:
     Attributes:
         backend: ``auto``, ``vmap``, ``hfta`` or ``loop`` (see ``FusedLightningModule``).
         optimizer_path: ``auto``, ``universal`` or ``fused``.
+        deterministic: with ``auto``, choose the backend without timing (``FusedLightningModule``'s
+            ``deterministic``), so that a rerun computes the same numbers on a busier machine.
     """
 
     backend: str = "auto"
     optimizer_path: str = "auto"
+    deterministic: bool = False
 
 
 class TrialResult(TypedDict):
@@ -64,6 +67,8 @@ class TrialResult(TypedDict):
         budget: epochs trained.
         metrics: the latest value of each scalar metric the trial logged.
         history: one dict per epoch: ``epoch`` and each metric (the learning curve).
+        backend: the backend the trial's fused group ran on (``backend=`` pins it in a rerun); ``""``
+            for an unfused run; absent for a trial that failed before training.
         error: why a ``failed`` trial failed (the exception's type and message).
     """
 
@@ -71,6 +76,7 @@ class TrialResult(TypedDict):
     budget: int
     metrics: dict[str, float]
     history: list[dict[str, float]]
+    backend: NotRequired[str]
     error: NotRequired[str]
 
 
@@ -175,6 +181,7 @@ def _fit_fused(
         backend=settings.backend,  # type: ignore[arg-type]
         optimizer_path=settings.optimizer_path,  # type: ignore[arg-type]
         trial_factory=build_module,
+        deterministic=settings.deterministic,
     )
     callbacks: list[Callback] = []
     overrides: dict[str, Any] = {}
@@ -194,7 +201,9 @@ def _fit_fused(
         log.info("trials %s: resuming from %s", trial_ids, checkpoint)
     trainer.fit(fused, datamodule=datamodule, ckpt_path=checkpoint)
     results = {
-        tid: TrialResult(status=r["status"], budget=r["budget"], metrics=r["metrics"], history=r["history"])
+        tid: TrialResult(
+            status=r["status"], budget=r["budget"], metrics=r["metrics"], history=r["history"], backend=r["backend"]
+        )
         for tid, r in fused.results.items()
     }
     results.update(builder.failed)
@@ -250,6 +259,7 @@ def _fit_one(
         budget=int(trainer.current_epoch),
         metrics=metrics,
         history=history.of(trial_id),
+        backend="",
     )
     if result["status"] != "running":
         write_json_atomic(root / TRIAL_RESULT_FILE, result)

@@ -1,7 +1,7 @@
 """The results of a sweep: one record per trial, ``results.json``, ``results.csv`` and a table of the best.
 
-A record holds everything about a trial: its id, group and job directory, its parameters and override
-lines, its status, budget (epochs trained), final metrics and per-epoch history.
+A record holds everything about a trial: its id, group and job directory, the backend its group ran on,
+its parameters and override lines, its status, budget (epochs trained), final metrics and per-epoch history.
 
 Example::
 
@@ -67,13 +67,13 @@ def write_results(
     )
     params = _union_keys(r.get("params", {}) for r in records)
     metrics = _union_keys(r.get("metrics", {}) for r in records)
-    columns = ["trial_id", "group", "status", "budget", *params, *metrics, "job_dir", "overrides"]
+    columns = ["trial_id", "group", "backend", "status", "budget", *params, *metrics, "job_dir", "overrides"]
     with csv_path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(columns)
         for r in records:
             writer.writerow(
-                [r.get("trial_id"), r.get("group"), r.get("status"), r.get("budget")]
+                [r.get("trial_id"), r.get("group"), r.get("backend", ""), r.get("status"), r.get("budget")]
                 + [r.get("params", {}).get(k) for k in params]
                 + [r.get("metrics", {}).get(k) for k in metrics]
                 + [r.get("job_dir"), " ".join(r.get("overrides", []))]

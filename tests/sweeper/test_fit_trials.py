@@ -1,5 +1,6 @@
 import json
 import logging
+from types import SimpleNamespace
 
 import pytest
 from lightning.pytorch.callbacks import EarlyStopping
@@ -53,6 +54,7 @@ def test_trials_train_one_after_another_in_their_own_directories(tmp_path):
         assert (root / "checkpoints" / "last.ckpt").is_file()
         assert (root / "logs" / "version_0" / "metrics.csv").is_file()
         assert json.loads((root / "trial_result.json").read_text()) == result
+        assert result["backend"] == ""  # an unfused run
 
 
 def test_a_rerun_skips_finished_trials_and_resumes_an_interrupted_one(tmp_path, caplog):
@@ -122,6 +124,7 @@ def test_a_fused_group_with_asha_refills_freed_slots_from_its_pending_trials(tmp
     assert "stopped" in statuses.values()  # ASHA stopped some trials, whose slots the pending ones took
     assert sum(r["budget"] for r in results.values()) < 3 * len(lrs)  # less than every trial to max_t
     assert all(r["budget"] >= 1 for r in results.values())  # every pending trial got a slot
+    assert {r["backend"] for r in results.values()} == {"vmap"}  # refilled trials too
 
 
 def test_successive_halving_trains_the_group_in_rounds_of_slots(tmp_path):
@@ -140,3 +143,16 @@ def test_successive_halving_trains_the_group_in_rounds_of_slots(tmp_path):
     assert (tmp_path / "fused_0").is_dir()
     assert (tmp_path / "fused_1").is_dir()
     assert sorted(r["status"] for r in results.values()) == ["completed", "completed", "stopped", "stopped"]
+
+
+def test_a_deterministic_auto_group_records_the_backend_it_chose_without_timing(tmp_path, monkeypatch):
+    from lightning_hydro.backends import auto
+
+    def timed(*args, **kwargs):
+        raise AssertionError("the fused group timed its backends")
+
+    monkeypatch.setattr(auto, "time", SimpleNamespace(perf_counter=timed))
+    lrs = {0: 0.1, 1: 0.2}
+    results = fit(tmp_path, lrs, fused=FusedSettings(backend="auto", deterministic=True))
+    assert {r["backend"] for r in results.values()} == {"hfta"}  # the first of hfta, vmap, loop that runs
+    assert json.loads((tmp_path / "fused_0" / "group_fit.json").read_text())["0"]["backend"] == "hfta"

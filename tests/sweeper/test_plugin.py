@@ -71,6 +71,7 @@ def test_a_small_sweep_writes_complete_results_and_resumes_without_retraining(tm
         assert group["partition"] == [["data.batch_size", str(trial["params"]["data.batch_size"])]]
         fused_dir = tmp_path / trial["group"] / "fused_0"  # the group's trials trained as one fused model
         assert trial["job_dir"] == str(tmp_path / trial["group"])
+        assert trial["backend"] in ("vmap", "hfta", "loop")  # what the group's backend="auto" chose
         assert (fused_dir / "checkpoints" / "last.ckpt").is_file()
         metrics_csv = (fused_dir / "logs" / "version_0" / "metrics.csv").read_text()
         assert f"val_acc/trial_{trial['trial_id']}" in metrics_csv.splitlines()[0]
@@ -85,7 +86,7 @@ def test_a_small_sweep_writes_complete_results_and_resumes_without_retraining(tm
     assert retrained["budget"] == 2
     assert retrained["group"] == f"retrain_{retrained['trial_id']:04d}"
     header = (tmp_path / "results.csv").read_text().splitlines()[0]
-    assert header.startswith("trial_id,group,status,budget,model.lr,model.momentum,data.batch_size,")
+    assert header.startswith("trial_id,group,backend,status,budget,model.lr,model.momentum,data.batch_size,")
     assert (tmp_path / "plots" / "learning_curves.png").is_file()
     assert (tmp_path / "plots" / "metric_vs_params.png").is_file()
 

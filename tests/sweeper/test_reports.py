@@ -17,6 +17,7 @@ def record(tid, status, acc, lr, bs=32):
         "budget": 2,
         "metrics": {} if acc is None else {"val_acc": acc, "val_loss": 1 - acc},
         "history": history,
+        "backend": "vmap",
     }
 
 
@@ -44,6 +45,8 @@ def test_results_files(tmp_path):
     assert rows[1]["model.lr"] == "0.01"
     assert rows[1]["val_acc"] == "0.9"
     assert rows[0]["overrides"] == "model.lr=0.1 data.batch_size=32"
+    assert [r["backend"] for r in rows] == ["vmap"] * 4
+    assert data["trials"][0]["backend"] == "vmap"
 
 
 def test_best_table_and_missing_metric_hint():

@@ -1,0 +1,116 @@
+"""The backend a fused group trains on is recorded (results, checkpoints) and can be chosen without timing."""
+
+import types
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_hydro import FusedLightningModule
+from lightning_hydro.backends import auto
+from lightning_hydro.backends.auto import AutoChoice, choose_backend
+from lightning_hydro.backends.errors import FusionError
+from lightning_hydro.demos import DigitsMLP
+from lightning_hydro.stacking.stacked_state import StackedState
+from tests.helpers import fit_digits, make_trainer, seeded
+
+
+def mlps(n=3):
+    return seeded(lambda: DigitsMLP(hidden_dim=8, lr=0.1), range(n))
+
+
+def no_clock(monkeypatch):
+    """Make any timing inside auto's chooser fail the test."""
+
+    def perf_counter():
+        raise AssertionError("backend='auto' timed a candidate")
+
+    monkeypatch.setattr(auto, "time", types.SimpleNamespace(perf_counter=perf_counter))
+
+
+@pytest.mark.parametrize("backend", ["vmap", "hfta", "loop"])
+def test_a_pinned_backend_is_in_every_trials_results_from_the_start(backend):
+    fused = FusedLightningModule(mlps(), backend=backend, summary=False)
+    assert {r["backend"] for r in fused.results.values()} == {backend}
+    fit_digits(make_trainer(max_steps=2), fused)
+    assert {r["backend"] for r in fused.results.values()} == {backend}
+
+
+def test_autos_choice_is_recorded_for_every_trial_and_a_newcomer(monkeypatch):
+    monkeypatch.setattr(
+        "lightning_hydro.fused.fused_module.choose_backend",
+        lambda group, candidates, run_step, **kwargs: AutoChoice(dict(candidates)["vmap"]()),
+    )
+    fused = FusedLightningModule(mlps(), backend="auto", max_slots=4, summary=False)
+    assert {r["backend"] for r in fused.results.values()} == {""}  # not chosen before the first batch
+    fit_digits(make_trainer(max_steps=2), fused)
+    fused.add_trial(DigitsMLP(hidden_dim=8))
+    assert [r["backend"] for r in fused.results.values()] == ["vmap"] * 4
+
+
+def test_deterministic_auto_takes_the_first_backend_that_runs_without_timing(monkeypatch):
+    no_clock(monkeypatch)
+    fused = FusedLightningModule(mlps(), backend="auto", deterministic=True, summary=False)
+    fit_digits(make_trainer(max_steps=3), fused)
+    assert fused.backend == "hfta"
+    assert "(deterministic) chose 'hfta'" in fused.backend_report
+    assert {r["backend"] for r in fused.results.values()} == {"hfta"}
+
+
+def test_deterministic_auto_runs_are_bitwise_identical(monkeypatch):
+    no_clock(monkeypatch)
+    runs = []
+    for _ in range(2):
+        fused = FusedLightningModule(mlps(), backend="auto", deterministic=True, summary=False)
+        fit_digits(make_trainer(max_steps=5), fused)
+        runs.append([p.detach().clone() for p in fused.stacked.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_deterministic_must_be_a_bool():
+    with pytest.raises(TypeError, match="deterministic must be True or False, got 'false'"):
+        FusedLightningModule(mlps(), deterministic="false")  # type: ignore[arg-type]
+
+
+def test_a_resumed_run_reuses_the_recorded_backend_without_choosing_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(
+        "lightning_hydro.fused.fused_module.choose_backend",
+        lambda group, candidates, run_step, **kwargs: AutoChoice(dict(candidates)["vmap"]()),
+    )
+    fused = FusedLightningModule(mlps(), backend="auto", summary=False)
+    trainer = make_trainer(max_steps=2)
+    fit_digits(trainer, fused)
+    trainer.save_checkpoint(tmp_path / "mid.ckpt")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the resumed run chose its backend again")
+
+    monkeypatch.setattr("lightning_hydro.fused.fused_module.choose_backend", refuse)
+    resumed = FusedLightningModule(mlps(), backend="auto", summary=False)
+    fit_digits(make_trainer(max_steps=4), resumed, ckpt_path=tmp_path / "mid.ckpt")
+    assert resumed.backend == "vmap"
+    assert {r["backend"] for r in resumed.results.values()} == {"vmap"}
+
+
+class _Fake:
+    def __init__(self, name):
+        self.name = name
+
+
+def test_untimed_choice_skips_candidates_that_cannot_run_and_leaves_the_cache_alone(monkeypatch):
+    no_clock(monkeypatch)
+    group = StackedState(nn.Module(), mlps(2), [0, 1])
+    ran = []
+
+    def run_step(backend):
+        ran.append(backend.name)
+        if backend.name == "hfta":
+            raise FusionError("hfta cannot convert this module")
+
+    candidates = [(name, lambda name=name: _Fake(name)) for name in ("hfta", "vmap", "loop")]
+    choice = choose_backend(group, candidates, run_step, timed=False)
+    assert (choice.backend.name, ran) == ("vmap", ["hfta", "vmap"])  # loop is never run
+    assert choice.skipped == {"hfta": "hfta cannot convert this module"}
+    assert "(deterministic) chose 'vmap'" in choice.describe()
+    assert "hfta skipped: hfta cannot convert this module" in choice.describe()
+    assert auto._CACHE == {}
