@@ -85,6 +85,7 @@ class SweepGroupModule(FusedLightningModule):
             max_slots=spec.slots,
             backend=spec.fused.get("backend", "auto"),
             optimizer_path=spec.fused.get("optimizer_path", "auto"),
+            deterministic=bool(spec.fused.get("deterministic", False)),
             monitor=spec.early_stopping.metric,
             mode="max" if spec.early_stopping.mode == "max" else "min",
         )

@@ -69,3 +69,13 @@ def test_the_fusion_report_is_silent_when_a_group_fuses():
     ]
     assert nothing_fuses_message(groups, ["data.batch_size"], ["data.batch_size"]) is None
     assert nothing_fuses_message(groups[1:], ["data.batch_size"], ["data.batch_size"]) is None  # one trial
+
+
+def test_the_group_module_takes_the_configs_fused_settings(tmp_path: Path):
+    from lightning_hydro.demos import DigitsMLP
+
+    fused = {"backend": "vmap", "optimizer_path": "universal", "deterministic": True}
+    spec = GroupSpec("group_0000", "search", 2, (TrialSpec(0), TrialSpec(1)), fused=fused)
+    module = SweepGroupModule.for_group(spec, lambda tid: DigitsMLP(hidden_dim=8), job_dir=tmp_path)
+    assert module.backend == "vmap"
+    assert module.deterministic is True
