@@ -32,14 +32,19 @@ def _step(slots: TrialSlots) -> None:
 def test_stop_compacts_rows_and_survivors_keep_their_optimizer_state():
     slots = _slots()
     _step(slots)
-    assert slots.optimizer is not None and slots.optimizer.active_path == "fused"
+    assert slots.optimizer is not None
+    assert slots.optimizer.active_path == "fused"
     slots.optimizer.materialize()
-    before = {tid: [s["exp_avg"].clone() for s in slots.optimizer.trials[tid].optimizer.state.values()] for tid in (0, 2)}
+    before = {
+        tid: [s["exp_avg"].clone() for s in slots.optimizer.trials[tid].optimizer.state.values()] for tid in (0, 2)
+    }
     slots.optimizer.rebuild()
     retired = slots.stop(1, "stopped", "a decision")
-    assert slots.trial_ids == [0, 2] and slots.free == 1
+    assert slots.trial_ids == [0, 2]
+    assert slots.free == 1
     assert slots.group.params["head.weight"].shape[0] == 2
-    assert slots.module(1) is retired and slots.book.records[1].status == "stopped"
+    assert slots.module(1) is retired
+    assert slots.book.records[1].status == "stopped"
     assert sorted(slots.optimizer.trials) == [0, 2]
     slots.optimizer.materialize()
     for tid in (0, 2):
@@ -54,7 +59,8 @@ def test_add_fills_a_free_slot_with_fresh_optimizer_state():
     newcomer = DigitsMLP(hidden_dim=8, lr=0.5, optimizer="adam")
     optimization = parse_optimizer_config(newcomer.configure_optimizers(), trial_id=3, module=newcomer)
     assert slots.add(newcomer, None, optimization) == 3
-    assert slots.trial_ids == [1, 2, 3] and slots.free == 0
+    assert slots.trial_ids == [1, 2, 3]
+    assert slots.free == 0
     assert slots.optimizer is not None
     slots.optimizer.materialize()
     assert not slots.optimizer.trials[3].optimizer.state  # fresh
