@@ -23,6 +23,7 @@ from torch.func import functional_call, vmap
 from typing_extensions import override
 
 from lightning_hydro.backends.base import Backend, StackedLog, StepOutputs, step_output_error
+from lightning_hydro.backends.compiled_step import CompiledStep, CompileSetting, check_compile_setting
 from lightning_hydro.backends.errors import FusionError, FusionMismatchError, explain_step_error
 from lightning_hydro.backends.trial_attributes import unfusible_attributes, unfusible_error_text
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["MethodCaller", "VmapBackend"]
 
 _Kind = Literal["none", "tensor", "dict"]
+_TENSOR = "<tensor>"  # marks a log call whose value is a tensor (returned separately, stacked)
 
 
 @contextmanager
@@ -75,6 +77,7 @@ class VmapBackend(Backend):
     Args:
         group: the stacked state.
         chunk_size: map this many rows at a time (lower peak memory; None: all at once).
+        compile: run ``training_step`` under ``torch.compile`` (see :mod:`.compiled_step`).
 
     Raises:
         FusionMismatchError: at construction, if the trials differ in Python values that the code run for
@@ -83,9 +86,11 @@ class VmapBackend(Backend):
 
     name = "vmap"
 
-    def __init__(self, group: StackedState, *, chunk_size: int | None = None) -> None:
+    def __init__(self, group: StackedState, *, chunk_size: int | None = None, compile: CompileSetting = False) -> None:
         super().__init__(group)
         self.chunk_size = chunk_size
+        self.compile = check_compile_setting(compile)
+        self._compiled: CompiledStep | None = None
         self._caller: MethodCaller | None = None
         refusal = self.refusal(group.modules, group.trial_ids)
         if refusal is not None:
@@ -111,7 +116,7 @@ class VmapBackend(Backend):
 
     @override
     def rebind(self) -> None:
-        self._caller = None
+        self._caller = None  # the compiled step stays: a new group size recompiles it once (dynamic shapes)
 
     @override
     def run(self, method: str, *args: Any) -> StepOutputs:
@@ -121,20 +126,15 @@ class VmapBackend(Backend):
         caller = self._caller
         params: dict[str, Tensor] = {f"module.{name}": p for name, p in self.group.params.items()}
         buffers = {f"module.{name}": b for name, b in self.group.buffers.items()}
-        side: dict[str, Any] = {}
-
-        def per_trial(p: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[Any, tuple[Tensor, ...]]:
-            with capture_logs(template) as calls:
-                out = functional_call(caller, (p, b), (method, *args))
-            side["calls"] = calls
-            encoded, side["kind"] = _encode(out, method)
-            return encoded, tuple(c.value for c in calls if isinstance(c.value, Tensor))
-
+        call: Callable[..., Any] = self.vmapped
+        if self.compile and method == "training_step":
+            if self._compiled is None:
+                where = f"backend={self.name!r}, {type(template).__name__}.{method}"
+                self._compiled = CompiledStep(self.vmapped, self.compile, where)
+            call = self._compiled
         try:
             with _without_mha_fast_path():
-                encoded, logged = vmap(per_trial, in_dims=(0, 0), randomness="different", chunk_size=self.chunk_size)(
-                    params, buffers
-                )
+                encoded, logged, calls, kind = call(caller, method, params, buffers, args)
         except FusionError:
             raise
         except (RuntimeError, ValueError, TypeError, IndexError) as err:
@@ -143,15 +143,45 @@ class VmapBackend(Backend):
             if explained is not None:
                 raise explained from err
             raise
-        output = None if side["kind"] == "none" else encoded
-        return StepOutputs(output=output, logs=self._stack_logs(side["calls"], list(logged), method))
+        output = None if kind == "none" else encoded
+        return StepOutputs(output=output, logs=self._stack_logs(calls, list(logged), method))
+
+    @property
+    def compile_failure(self) -> str:
+        """Why ``compile`` fell back to eager (empty if it did not, or compile is off)."""
+        return "" if self._compiled is None else self._compiled.failure
+
+    def vmapped(
+        self, caller: MethodCaller, method: str, params: dict[str, Tensor], buffers: dict[str, Tensor], args: Any
+    ) -> tuple[Any, tuple[Tensor, ...], list[LogCall], _Kind]:
+        """``caller.module.method(*args)`` for every row: (stacked output, logged tensors, log calls, output kind).
+
+        A pure function of its inputs (what torch.compile compiles); logged tensors come back stacked, and the
+        log calls hold only names, options and non-tensor values (a tensor value is :data:`_TENSOR`).
+        """
+        side: dict[str, Any] = {}
+
+        def per_trial(p: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[Any, tuple[Tensor, ...]]:
+            with capture_logs(caller.module) as calls:
+                out = functional_call(caller, (p, b), (method, *args))
+            # vmap's batched tensors must not leave the mapped function: keep their place, return them below
+            side["calls"] = [
+                LogCall(c.name, _TENSOR if isinstance(c.value, Tensor) else c.value, c.options) for c in calls
+            ]
+            encoded, side["kind"] = _encode(out, method)
+            return encoded, tuple(c.value for c in calls if isinstance(c.value, Tensor))
+
+        encoded, logged = vmap(per_trial, in_dims=(0, 0), randomness="different", chunk_size=self.chunk_size)(
+            params, buffers
+        )
+        return encoded, logged, side["calls"], side["kind"]
 
     def _stack_logs(self, calls: list[LogCall], logged: list[Tensor], method: str) -> list[StackedLog]:
         rows = self.group.size
         logs: list[StackedLog] = []
         tensors = iter(logged)
         for call in calls:
-            if isinstance(call.value, Tensor):
+            if isinstance(call.value, str) and call.value == _TENSOR:
                 values = next(tensors).detach().reshape(rows, -1)
                 if values.shape[1] != 1:
                     raise ValueError(

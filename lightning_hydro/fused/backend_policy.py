@@ -25,7 +25,7 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
-from lightning_hydro.backends import Backend, FusionError, LoopBackend, VmapBackend, make_backend
+from lightning_hydro.backends import Backend, CompileSetting, FusionError, LoopBackend, VmapBackend, make_backend
 from lightning_hydro.backends.auto import AutoChoice
 from lightning_hydro.fused.trial_slots import TrialSlots
 from lightning_hydro.fused.verify import FusionMismatchError, verify_fusion
@@ -43,20 +43,37 @@ class BackendPolicy:
         slots: the group's slots (the stacked state the backends run on).
         verify: check each trial's first fused batch against its own module.
         deterministic: under ``"auto"``, choose without timing.
+        compile: run the vmap/hfta training step under torch.compile (see
+            :mod:`lightning_hydro.backends.compiled_step`); ``"auto"`` times the candidates eagerly.
     """
 
-    def __init__(self, requested: str, slots: TrialSlots, *, verify: bool, deterministic: bool) -> None:
+    def __init__(
+        self,
+        requested: str,
+        slots: TrialSlots,
+        *,
+        verify: bool,
+        deterministic: bool,
+        compile: CompileSetting = False,
+    ) -> None:
         self.requested = requested
         self.slots = slots
+        self.compile: CompileSetting = compile
         self.deterministic = deterministic
         self.verify_enabled = verify
         self.verify_ids: set[int] = set(slots.trial_ids) if verify else set()
-        self.backend: Backend | None = None if requested == "auto" else make_backend(requested, slots.group)
+        self.backend: Backend | None = None if requested == "auto" else self._make(requested)
         self.parked: Backend | None = None  # auto's choice, set aside while a lone trial runs on the loop
         self.eval_fallback: dict[str, Backend] = {}
         self.report = ""
         if self.backend is not None:
             slots.book.set_backend(slots.trial_ids, self.backend.name)
+
+    def _make(self, name: str) -> Backend:
+        """The training backend ``name``, compiled if asked (the loop runs eagerly: said once)."""
+        if name == "loop" and self.compile:
+            rank_zero_info("FusedLightningModule: compile applies to the vmap and hfta backends; 'loop' runs eagerly.")
+        return make_backend(name, self.slots.group, compile=self.compile)
 
     @property
     def name(self) -> str | None:
@@ -109,7 +126,7 @@ class BackendPolicy:
         group = self.slots.group
         candidates = [(name, partial(make_backend, name, group)) for name in names]
         choice = choose(group, candidates, run_step, timed=not self.deterministic)
-        self.backend = choice.backend
+        self.backend = choice.backend if not self.compile else self._make(choice.backend.name)
         self.slots.book.set_backend(self.slots.trial_ids, choice.backend.name)
         self.report = f"FusedLightningModule: {choice.describe()}."
         rank_zero_info(self.report)
@@ -212,7 +229,7 @@ class BackendPolicy:
         """After a checkpoint was loaded into new stacked state: use the recorded backend (no re-verification)."""
         self.verify_ids.clear()
         name = name or self.requested
-        self.backend = None if name == "auto" else make_backend(name, self.slots.group)
+        self.backend = None if name == "auto" else self._make(name)
         self.parked = None
         self.eval_fallback.clear()
         self.group_changed()

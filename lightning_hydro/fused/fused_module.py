@@ -42,6 +42,7 @@ from lightning_hydro.backends import (
     StepOutputs,
 )
 from lightning_hydro.backends.auto import choose_backend
+from lightning_hydro.backends.compiled_step import CompileSetting, check_compile_setting
 from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments
 from lightning_hydro.fused.backend_policy import BackendPolicy
 from lightning_hydro.fused.group_checkpoint import CHECKPOINT_KEY, group_state, restore_group
@@ -112,6 +113,9 @@ class FusedLightningModule(L.LightningModule):
             group's health is read back (one host sync): at optimizer steps 1, 2, 4, ... up to this, then every
             this many steps, at each epoch's end and before checkpoints. None: 1 on the CPU (where reading costs
             no wait), 32 on accelerators (see :mod:`.row_health`).
+        compile: ``True`` runs the vmap/hfta training step (forward and backward) under ``torch.compile``;
+            ``"reduce-overhead"`` adds CUDA graphs on a GPU. What cannot be compiled runs eagerly, said in one
+            log line. ``backend="auto"`` times the candidates eagerly, then compiles its choice.
 
     Raises:
         ValueError / TypeError: an empty list, non-LightningModules, a trial that uses manual optimization,
@@ -134,6 +138,7 @@ class FusedLightningModule(L.LightningModule):
         trial_factory: Callable[[int], L.LightningModule | None] | None = None,
         deterministic: bool = False,
         divergence_check_every: int | None = None,
+        compile: CompileSetting = False,
     ) -> None:
         super().__init__()
         trials = list(trials)
@@ -142,7 +147,13 @@ class FusedLightningModule(L.LightningModule):
         self.stacked = nn.Module()  # holds the stacked tensors, so that .to(), state_dict() and Lightning see them
         self._slots = TrialSlots(self.stacked, trials, ids, max_slots if max_slots is not None else len(trials))
         self.deterministic = check_deterministic(deterministic)
-        self._policy = BackendPolicy(backend, self._slots, verify=verify, deterministic=self.deterministic)
+        self._policy = BackendPolicy(
+            backend,
+            self._slots,
+            verify=verify,
+            deterministic=self.deterministic,
+            compile=check_compile_setting(compile),
+        )
         self._optimizer_path: OptimizerPath = optimizer_path
         self._health = RowHealth(check_every=divergence_check_every)
         self._metrics = TrialMetrics()
