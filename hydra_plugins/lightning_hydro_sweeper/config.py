@@ -83,6 +83,8 @@ class LightningHydroSweeperConf:
         scheduler: early stopping inside each group.
         probe: settings of ``fusion_limit: auto``.
         retrain: final retraining of the best configurations.
+        compile: ``false``, ``true`` or ``reduce-overhead``: each group's fused training step under
+            ``torch.compile`` (``FusedLightningModule(compile=...)``; an app config's ``fused.compile`` wins).
     """
 
     _target_: str = "hydra_plugins.lightning_hydro_sweeper.lightning_hydro_sweeper.LightningHydroSweeper"
@@ -98,6 +100,7 @@ class LightningHydroSweeperConf:
     scheduler: SchedulerConf = field(default_factory=SchedulerConf)
     probe: FusionProbeConf = field(default_factory=FusionProbeConf)
     retrain: RetrainConf = field(default_factory=RetrainConf)
+    compile: Any = False
 
 
 ConfigStore.instance().store(

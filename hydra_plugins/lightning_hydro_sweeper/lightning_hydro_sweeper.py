@@ -33,6 +33,7 @@ class LightningHydroSweeper(Sweeper):
         scheduler: DictConfig,
         probe: DictConfig,
         retrain: DictConfig,
+        compile: Any = False,
     ) -> None:
         from lightning_hydro.sweeper._impl import LightningHydroSweeperImpl
 
@@ -49,6 +50,7 @@ class LightningHydroSweeper(Sweeper):
             scheduler=scheduler,
             probe=probe,
             retrain=retrain,
+            compile=compile,
         )
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:

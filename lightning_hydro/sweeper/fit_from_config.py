@@ -106,7 +106,7 @@ def fit_from_config(cfg: DictConfig) -> dict[int, TrialResult]:
         trainer_factory=trainer_factory,
         workdir=workdir,
         early_stopping=spec.early_stopping,
-        fused=FusedSettings(**_plain(cfg.get(FUSED_KEY))) if in_group else None,
+        fused=FusedSettings(**{**spec.fused, **_plain(cfg.get(FUSED_KEY))}) if in_group else None,
     )
     for trial_id, result in results.items():
         log.info(

@@ -51,11 +51,13 @@ class FusedSettings:
         optimizer_path: ``auto``, ``universal`` or ``fused``.
         deterministic: with ``auto``, choose the backend without timing (``FusedLightningModule``'s
             ``deterministic``), so that a rerun computes the same numbers on a busier machine.
+        compile: ``False``, ``True`` or ``"reduce-overhead"`` (``FusedLightningModule``'s ``compile``).
     """
 
     backend: str = "auto"
     optimizer_path: str = "auto"
     deterministic: bool = False
+    compile: bool | str = False
 
 
 class TrialResult(TypedDict):
@@ -182,6 +184,7 @@ def _fit_fused(
         optimizer_path=settings.optimizer_path,  # type: ignore[arg-type]
         trial_factory=build_module,
         deterministic=settings.deterministic,
+        compile=settings.compile,  # type: ignore[arg-type]
     )
     callbacks: list[Callback] = []
     overrides: dict[str, Any] = {}

@@ -73,6 +73,7 @@ class SweepSettings:
     scheduler: SchedulerSettings
     probe: ProbeSettings
     retrain: RetrainSettings
+    compile: bool | Literal["reduce-overhead"] = False
 
     @classmethod
     def from_config(
@@ -90,6 +91,7 @@ class SweepSettings:
         scheduler: Mapping[str, Any] | None = None,
         probe: Mapping[str, Any] | None = None,
         retrain: Mapping[str, Any] | None = None,
+        compile: Any = False,
     ) -> SweepSettings:
         """Validate the fields of ``hydra.sweeper`` (plain values, dicts or DictConfigs).
 
@@ -110,6 +112,11 @@ class SweepSettings:
             )
         if mode not in ("min", "max"):
             raise ValueError(f"{_P}: hydra.sweeper.mode must be 'min' or 'max', got {mode!r}.")
+        if not (compile is False or compile is True or compile == "reduce-overhead"):
+            raise ValueError(
+                f"{_P}: hydra.sweeper.compile must be false, true or reduce-overhead, got {compile!r}. Fix: e.g. "
+                "hydra.sweeper.compile=true (each group's training step under torch.compile)."
+            )
         if round_size is not None and round_size < 1:
             raise ValueError(f"{_P}: hydra.sweeper.round_size must be >= 1 or null, got {round_size}.")
         return cls(
@@ -125,6 +132,7 @@ class SweepSettings:
             scheduler=_scheduler(_plain(scheduler)),
             probe=_probe(_plain(probe)),
             retrain=_retrain(_plain(retrain)),
+            compile=compile,
         )
 
     def request(self, search_space: Sequence[str]) -> dict[str, Any]:

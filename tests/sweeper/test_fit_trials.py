@@ -156,3 +156,8 @@ def test_a_deterministic_auto_group_records_the_backend_it_chose_without_timing(
     results = fit(tmp_path, lrs, fused=FusedSettings(backend="auto", deterministic=True))
     assert {r["backend"] for r in results.values()} == {"hfta"}  # the first of hfta, vmap, loop that runs
     assert json.loads((tmp_path / "fused_0" / "group_fit.json").read_text())["0"]["backend"] == "hfta"
+
+
+def test_fused_settings_carry_compile_to_the_group():
+    assert FusedSettings(compile="reduce-overhead").compile == "reduce-overhead"
+    assert FusedSettings().compile is False
