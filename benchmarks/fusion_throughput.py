@@ -24,6 +24,7 @@ Run::
     python benchmarks/fusion_throughput.py                       # the issue's table: MLP, widths 64/256
     python benchmarks/fusion_throughput.py --trials 1 4 16 --widths 64 --steps 40 --repeats 2   # quick
     python benchmarks/fusion_throughput.py --model resnet18      # backends on ResNet-18 (and transformer)
+    python benchmarks/fusion_throughput.py --model compile       # eager vs compile=True (see compile_step.py)
 """
 
 from __future__ import annotations
@@ -279,7 +280,7 @@ def time_lightning_vmap(count: int, width: int, steps: int, warmup: int, device:
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="mlp", choices=["mlp", "resnet18", "transformer"])
+    parser.add_argument("--model", default="mlp", choices=["mlp", "resnet18", "transformer", "compile"])
     parser.add_argument("--trials", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--widths", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--backends", nargs="+", default=["vmap", "loop"])
@@ -293,6 +294,22 @@ def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     output = args.output or Path(f"benchmarks/results/fusion_{args.model}.md")
+    if args.model == "compile":
+        from compile_step import compile_table  # benchmarks/ is on sys.path when this file runs
+
+        trials = args.trials if args.trials != [1, 4, 16, 64] else [4, 16, 64]
+        cases = [("digits", width, count) for width in args.widths for count in trials]
+        cases += [("template", 64, 16), ("transformer", 64, 4)]
+        lines = [
+            f"Device: {args.device}, torch threads: {args.threads}, torch {torch.__version__}, {args.steps} steps "
+            f"({args.warmup} warm-up), median of {args.repeats} repeats; backend vmap, eager vs compile=True.",
+            "",
+            *compile_table(cases, args.steps, args.warmup, args.repeats, args.device),
+        ]
+        text = "\n".join(lines) + "\n"
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+        return text
     if args.model != "mlp":
         if args.backends == ["vmap", "loop"]:
             args.backends = ["vmap", "hfta", "loop"]

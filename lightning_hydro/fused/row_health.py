@@ -102,6 +102,13 @@ class RowHealth:
             skip = earlier if skip is None else skip | earlier
         return skip
 
+    def reads_each_step(self, device: torch.device) -> bool:
+        """Whether every optimizer step is read back (``check_every`` 1, the CPU's default)."""
+        return self._every(device) == 1
+
+    def _every(self, device: torch.device) -> int:
+        return self.check_every if self.check_every is not None else 1 if device.type == "cpu" else 32
+
     def absorb(self, report: StepReport, step: int) -> bool:
         """Record an optimizer step (``step``: its number, e.g. the Trainer's global step after it).
 
@@ -123,7 +130,7 @@ class RowHealth:
         return report.on_host or self._due(skipped.device)
 
     def _due(self, device: torch.device) -> bool:
-        every = self.check_every if self.check_every is not None else 1 if device.type == "cpu" else 32
+        every = self._every(device)
         n = self._absorbed
         if n <= every:
             return n & (n - 1) == 0 or n == every  # 1, 2, 4, 8, ... then every

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_hydro.optim.fused_update import FusedUpdate, select_fused_update
+from lightning_hydro.optim.fused_update import FusedUpdate, SkipRows, select_fused_update
 from lightning_hydro.optim.trial_optimization import TrialOptimization
 
 if TYPE_CHECKING:
@@ -45,6 +45,9 @@ class RowsToSkip(Protocol):
 
     def rows_to_skip(self, trial_ids: list[int]) -> Tensor | None:
         """A ``[B]`` bool mask over the rows of ``trial_ids`` (True: do not step), or None: skip none."""
+
+    def reads_each_step(self, device: torch.device) -> bool:
+        """Whether the caller reads each step's report back at once (then the skipped rows are read here too)."""
 
 
 @dataclass(frozen=True)
@@ -244,9 +247,13 @@ class TrialGroupOptimizer(Optimizer):
         if by_loss is None:
             by_loss = torch.zeros(len(ids), dtype=torch.bool, device=self.group.device)
         by_grads = self._non_finite_gradients() & ~by_loss
-        report = StepReport(tuple(ids), by_loss, by_grads, on_host=self.fused is None)
+        host = self.fused is None or (skip is not None and skip.reads_each_step(self.group.device))
+        report = StepReport(tuple(ids), by_loss, by_grads, on_host=host)
         if self.fused is not None:
-            self.fused.step([self.trials[tid].optimizer.param_groups for tid in ids], skip_rows=report.skipped)
+            rows: SkipRows = report.skipped  # a device mask: every row saved and selected (no host sync)
+            if host:  # read anyway: save and restore only the skipped rows (cheaper than the masked path)
+                rows = report.skipped.nonzero().flatten().tolist()
+            self.fused.step([self.trials[tid].optimizer.param_groups for tid in ids], skip_rows=rows)
             for tid in ids:  # a skipped row leaves the group at the next read-back: its flag does not matter
                 _record_step(self.trials[tid].optimizer)
             return report
