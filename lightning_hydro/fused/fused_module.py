@@ -27,6 +27,7 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.types import LRSchedulerConfig
@@ -678,7 +679,8 @@ class FusedLightningModule(L.LightningModule):
 
     @override
     def on_validation_epoch_start(self) -> None:
-        if self._trainer is not None and self.trainer.training:
+        fitting = self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
+        if fitting and not self.trainer.sanity_checking:
             self.read_health()  # validation inside an epoch: its decisions must see every divergence so far
         self._forward_hook("on_validation_epoch_start")
 
