@@ -7,6 +7,7 @@ Lightning Trainer twice, eager and compiled, and reports:
 - the first step's time (with ``compile=True`` it includes tracing and inductor's compilation; inductor keeps
   an on-disk cache, so a later process that compiles the same graph pays less: the first repeat is cold only
   if the cache was);
+- dynamo is reset before each run (inductor's on-disk cache is not);
 - the recompilation cost of slot changes: two trials are stopped during the run (the group shrinks B -> B-1 ->
   B-2); the step after each change minus the steady step.
 
@@ -95,6 +96,7 @@ def time_case(
 ) -> dict[str, float]:
     """Seconds: ``step`` (steady median), ``first`` (first step), ``change1``/``change2`` (after slot changes)."""
     first_stop, second_stop = warmup + (steps - warmup) // 3, warmup + 2 * (steps - warmup) // 3
+    torch.compiler.reset()  # each case compiles from scratch (dynamo keeps at most 8 graphs per function)
     probe = Probe(steps, {first_stop: 1, second_stop: 2})
     fused = FusedLightningModule(_trials(case, count, width), backend="vmap", compile=compile, summary=False)
     trainer = L.Trainer(

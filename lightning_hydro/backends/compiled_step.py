@@ -8,8 +8,10 @@ other compile error, the backend says where and why in ONE log line and runs tha
 on. ``"reduce-overhead"`` asks inductor for CUDA graphs (on a GPU; elsewhere it is plain ``True``).
 
 A change of the group's size (a trial stopped or added) changes the leading dimension of every stacked
-tensor: torch.compile's automatic dynamic shapes recompile once, with that dimension symbolic, and later sizes
-reuse that graph (measured in benchmarks/fusion_throughput.py, docs/fused.md).
+tensor; parameters keep static shapes under torch.compile, so each new group size compiles once more (no
+recompiles in the steady state). torch.compile keeps at most ``torch._dynamo.config.recompile_limit`` (8)
+graphs per function; sizes beyond that run eagerly, with dynamo's own warning. Costs measured in
+benchmarks/compile_step.py (docs/fused.md).
 """
 
 from __future__ import annotations
