@@ -112,6 +112,8 @@ class LinearCost:
         largest = max(0, math.floor(quotient))
         while largest > 0 and self.predict(largest) > limit:  # guard against float rounding up
             largest -= 1
+        while self.predict(largest + 1) <= limit:  # ... and down (e.g. 2000.9999 for 2001)
+            largest += 1
         return largest if max_group_size is None else min(largest, max_group_size)
 
 
