@@ -208,8 +208,8 @@ def report(runs: dict[str, dict[int, dict[str, Any]]], imports: list[float], arg
         "",
         f"Common import (`import torch, lightning`, median of {len(imports)} fresh processes): {common:.1f} s",
         "",
-        "| method | wall s (median) | after import s | trial-epochs (mean) | best val_acc per seed | mean |",
-        "|---|---:|---:|---:|---|---:|",
+        "| method | seeds | wall s (median) | after import s | trial-epochs (mean) | best val_acc per seed | mean |",
+        "|---|---|---:|---:|---:|---|---:|",
     ]
     for method, by_seed in runs.items():
         walls = [r["seconds"] for r in by_seed.values()]
@@ -255,11 +255,17 @@ def main() -> None:
             else:
                 runs[method][seed] = run_child(method, seed, args, workdir)
             print(method, seed, runs[method][seed], flush=True)
+            write_report({m: r for m, r in runs.items() if r}, imports, args)  # after every run: partial results
+    print(write_report(runs, imports, args))
+
+
+def write_report(runs: dict[str, dict[int, dict[str, Any]]], imports: list[float], args: argparse.Namespace) -> str:
+    """Write the report of the runs done so far (markdown and JSON); return the markdown."""
     text = report(runs, imports, args)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text)
     args.output.with_suffix(".json").write_text(json.dumps({"imports": imports, "runs": runs}, indent=1))
-    print(text)
+    return text
 
 
 def _has(module: str) -> bool:

@@ -93,3 +93,21 @@ def test_joblib_workers_share_the_sweeps_rung_store_and_sampler(tmp_path):
     pids = {json.loads((tmp_path / g["group_id"] / "group_result.json").read_text())["pid"] for g in groups}
     assert len(pids | {os.getpid()}) == len(groups) + 1  # each group in a worker process of its own
     check_one_search(tmp_path, 12)
+
+
+@pytest.mark.slow
+def test_ray_launcher_jobs_share_the_sweeps_rung_store_and_sampler(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher")
+    # The launcher starts a local Ray cluster (ray.init without an address) and runs each group as a Ray task.
+    run(
+        [
+            "-m",
+            *SWEEP_WIDE,
+            f"hydra.sweep.dir={tmp_path}",
+            "hydra/launcher=ray",
+            "+hydra.launcher.ray.init.num_cpus=2",
+            "+hydra.launcher.ray.init.include_dashboard=false",
+        ],
+        900,
+    )
+    check_one_search(tmp_path, 12)
