@@ -158,6 +158,9 @@ class GroupResultWriter(Callback):
                 cache, signature = pl_module.backend_record
                 cache.record(signature, (str(r.get("backend", "")) for r in results.values()))
             seeds = {t.trial_id: t.seed for t in self.spec.trials}
+            search = pl_module.search if isinstance(pl_module, SweepGroupModule) else None
+            if search is not None:  # trials the job asked of the sweep's sampler: seeded as the sweeper seeds
+                seeds.update({tid: search.seed(tid) for tid in results if tid not in seeds})
             trials = {
                 str(tid): {**{k: r[k] for k in _RESULT_KEYS}, "seed": seeds.get(tid)} for tid, r in results.items()
             }
