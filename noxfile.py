@@ -33,6 +33,7 @@ BENCHMARKS = {
         ],
     ],
     "fidelity": [["python", "benchmarks/fidelity.py"]],
+    "first_batch_check": [["python", "benchmarks/first_batch_check.py"]],
 }
 
 
