@@ -47,13 +47,14 @@ from lightning_hydro.sweeper.reports import format_best_table, metric_value, ran
 from lightning_hydro.sweeper.samplers import GridSampler, Sampler, TPESampler, TrialOutcome, make_sampler
 from lightning_hydro.sweeper.search_space import Interval, override_key, parse_search_space
 from lightning_hydro.sweeper.settings import SweepSettings
-from lightning_hydro.sweeper.study_channel import ChannelSpec, StudyChannel
+from lightning_hydro.sweeper.study_channel import STUDY_NAME, ChannelSpec, StudyChannel
 from lightning_hydro.sweeper.sweep_search import (
     absorb_asked_trials,
     partition_quotas,
     rung_storage,
     sampler_storage,
     search_section,
+    sweep_name,
 )
 from lightning_hydro.sweeper.sweep_state import SweepState
 from lightning_hydro.sweeper.trial_groups import (
@@ -126,9 +127,11 @@ class LightningHydroSweeperImpl(Sweeper):
                 seed=self.settings.seed,
                 mode=self.settings.mode,
                 space=tuple(lines),
+                study=STUDY_NAME if self.settings.storage is None else sweep_name(sweep_dir, self.settings.storage),
             )
             self.channel = StudyChannel(spec)
         self.rung_storage = rung_storage(sweep_dir, self.settings.storage)
+        self.rung_namespace = sweep_name(sweep_dir, self.settings.storage)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         self.state = SweepState.open(sweep_dir, self.settings.request(lines))
         self.failures: dict[str, BaseException] = {}
@@ -306,6 +309,7 @@ class LightningHydroSweeperImpl(Sweeper):
             max_budget=sched.max_budget,
             options=dict(sched.options),
             storage=self.rung_storage,  # one rung store per sweep: every decision ranks the whole sweep
+            namespace=self.rung_namespace,
         )
         search: dict[str, Any] = {}
         if self.channel is not None and group.group_id in self.state.quotas:

@@ -248,14 +248,14 @@ class TrialTeller(Callback):
             self._tell_ended(pl_module)
 
 
-def sweep_rung_store(url: str, channel: StudyChannel | None) -> RungStore:
-    """The sweep's rung store at ``url`` (namespace ``sweep``), forwarding to ``channel`` if given."""
-    store = open_store(url, namespace=SWEEP_TRIAL_PREFIX)
+def sweep_rung_store(url: str, channel: StudyChannel | None, namespace: str = SWEEP_TRIAL_PREFIX) -> RungStore:
+    """The sweep's rung store at ``url`` (the sweep's ``namespace``), forwarding to ``channel`` if given."""
+    store = open_store(url, namespace=namespace)
     return store if channel is None else ForwardingRungStore(store, channel)
 
 
 def group_stopping(spec: EarlyStoppingSpec, search: GroupSearch | None) -> tuple[RungStore | None, list[Callback]]:
     """The sweep's rung store for a group's early-stopping callback, and the callbacks that go after it."""
     channel = None if search is None else search.channel
-    store = None if spec.storage is None else sweep_rung_store(spec.storage, channel)
+    store = None if spec.storage is None else sweep_rung_store(spec.storage, channel, spec.namespace)
     return store, ([] if channel is None else [TrialTeller(channel, spec.metric)])

@@ -57,6 +57,7 @@ class EarlyStoppingSpec:
 
     ``storage`` is the sweep's rung store (a SQLite path or a database URL) that every group shares, so that
     decisions rank a trial against every trial of the sweep; ``None``: the group's own, in memory.
+    ``namespace`` is the sweep's name in that store.
     """
 
     name: str = "none"
@@ -67,6 +68,7 @@ class EarlyStoppingSpec:
     max_budget: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
     storage: str | None = None
+    namespace: str = "sweep"
 
 
 @dataclass(frozen=True)

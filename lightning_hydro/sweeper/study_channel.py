@@ -68,6 +68,7 @@ class ChannelSpec:
         seed: the sweep's seed; each ask seeds the sampler from it and the number of trials so far.
         mode: ``min`` or ``max``.
         space: the search space's override lines.
+        study: the study's name in the storage (sweeps sharing a database need different names).
     """
 
     storage: str
@@ -75,6 +76,7 @@ class ChannelSpec:
     seed: int
     mode: str
     space: tuple[str, ...]
+    study: str = STUDY_NAME
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -84,13 +86,19 @@ class ChannelSpec:
             "seed": self.seed,
             "mode": self.mode,
             "space": list(self.space),
+            "study": self.study,
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ChannelSpec:
         """Inverse of :meth:`to_json`."""
         return cls(
-            str(data["storage"]), str(data["sampler"]), int(data["seed"]), str(data["mode"]), tuple(data["space"])
+            str(data["storage"]),
+            str(data["sampler"]),
+            int(data["seed"]),
+            str(data["mode"]),
+            tuple(data["space"]),
+            str(data.get("study", STUDY_NAME)),
         )
 
 
@@ -118,7 +126,7 @@ class StudyChannel:
         self._sampler_class = _sampler_class(optuna, spec.sampler)
         self._storage = self._open_storage(spec.storage)
         self._study = optuna.create_study(
-            study_name=STUDY_NAME,
+            study_name=spec.study,
             storage=self._storage,
             direction="maximize" if spec.mode == "max" else "minimize",
             load_if_exists=True,
@@ -165,7 +173,7 @@ class StudyChannel:
         """Record ``value`` at ``step`` (a rung's budget) as the trial's intermediate value."""
         if not math.isfinite(value):
             return
-        study_id = self._storage.get_study_id_from_name(STUDY_NAME)
+        study_id = self._storage.get_study_id_from_name(self.spec.study)
         optuna_id = self._storage.get_trial_id_from_study_id_trial_number(study_id, trial_id)
         frozen = self._storage.get_trial(optuna_id)
         if frozen.state.is_finished():

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +35,7 @@ __all__ = [
     "rung_storage",
     "sampler_storage",
     "search_section",
+    "sweep_name",
 ]
 
 RUNG_FILE = "rungs.db"
@@ -49,6 +51,16 @@ def rung_storage(sweep_dir: Path, url: str | None) -> str:
 def sampler_storage(sweep_dir: Path, url: str | None) -> str:
     """The sweep's sampler storage: ``url``, else the journal file ``<sweep_dir>/lightning_hydro/sampler.journal``."""
     return url if url is not None else str(sweep_dir / STATE_DIR / SAMPLER_FILE)
+
+
+def sweep_name(sweep_dir: Path, url: str | None) -> str:
+    """The sweep's name in its stores: ``sweep`` in files of its own, else one derived from its directory.
+
+    Sweeps that share a database (``hydra.sweeper.storage``) must not see each other's records or trials.
+    """
+    if url is None:
+        return "sweep"
+    return "sweep-" + hashlib.sha256(str(sweep_dir.absolute()).encode()).hexdigest()[:12]
 
 
 def partition_quotas(counts: Mapping[K, int], total: int) -> dict[K, int]:

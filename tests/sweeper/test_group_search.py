@@ -14,7 +14,7 @@ from lightning_hydro.sweeper.fit_trials import FusedSettings, fit_trials
 from lightning_hydro.sweeper.group_search import ASKED_FILE, ForwardingRungStore, GroupSearch, sweep_trial
 from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec
 from lightning_hydro.sweeper.study_channel import STUDY_NAME, ChannelSpec, StudyChannel
-from lightning_hydro.sweeper.sweep_search import partition_quotas
+from lightning_hydro.sweeper.sweep_search import partition_quotas, sweep_name
 from lightning_hydro.sweeper.trainer_factory import ConfigTrainerFactory
 
 TRAINER = {
@@ -189,3 +189,12 @@ def test_an_optuna_sampler_by_its_import_path(tmp_path):
         StudyChannel(channel_spec(tmp_path, sampler="optuna.samplers.Nope"))
     with pytest.raises(ValueError, match=r"'json\.JSONDecoder' is not an Optuna sampler class"):
         StudyChannel(channel_spec(tmp_path, sampler="json.JSONDecoder"))
+
+
+def test_sweeps_sharing_a_database_get_names_of_their_own(tmp_path):
+    url = "postgresql://user@host/sweeps"
+    assert sweep_name(tmp_path / "a", None) == "sweep"  # files of its own: no need
+    assert sweep_name(tmp_path / "a", url) != sweep_name(tmp_path / "b", url)
+    assert sweep_name(tmp_path / "a", url) == sweep_name(tmp_path / "a", url)  # the same on resume
+    spec = ChannelSpec(storage=str(tmp_path / "s.journal"), sampler="tpe", seed=0, mode="max", space=SPACE, study="x")
+    assert ChannelSpec.from_json(spec.to_json()) == spec
