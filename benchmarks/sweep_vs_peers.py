@@ -219,7 +219,10 @@ def report(runs: dict[str, dict[int, dict[str, Any]]], imports: list[float], arg
         mean = f"{statistics.mean(known):.4f}" if known else "-"
         epochs = statistics.mean(r["trial_epochs"] for r in by_seed.values())
         median = statistics.median(walls)
-        lines.append(f"| {method} | {median:.1f} | {median - common:.1f} | {epochs:.0f} | {best_text} | {mean} |")
+        seeds = ", ".join(str(seed) for seed in by_seed)
+        lines.append(
+            f"| {method} | {seeds} | {median:.1f} | {median - common:.1f} | {epochs:.0f} | {best_text} | {mean} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -232,6 +235,7 @@ def main() -> None:
     parser.add_argument("--import-repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="4 trials of 2 epochs, seed 0: checks the plumbing")
     parser.add_argument("--output", type=Path, default=REPO / "benchmarks" / "results" / "sweep_vs_peers.md")
+    parser.add_argument("--from-json", type=Path, help="rewrite the report of an earlier run's .json (no training)")
     parser.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -241,6 +245,11 @@ def main() -> None:
         else:
             result = child_optuna(args.child, args.seed, args.n_trials, args.epochs)
         args.output.write_text(json.dumps(result))
+        return
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        runs = {m: {int(seed): r for seed, r in by_seed.items()} for m, by_seed in saved["runs"].items() if by_seed}
+        print(write_report(runs, saved["imports"], args))
         return
     if args.quick:
         args.n_trials, args.epochs, args.seeds, args.import_repeats = 4, 2, [0], 1
