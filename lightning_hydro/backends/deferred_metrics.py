@@ -36,7 +36,7 @@ Example::
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -54,6 +54,7 @@ __all__ = [
     "metric_paths",
     "preserved_metric_states",
     "stack_values",
+    "update_suffices",
 ]
 
 _RECORDED = ("forward", "update")
@@ -216,18 +217,32 @@ class MetricRecorder:
                 else:
                     metric.__dict__[method] = previous
 
-    def replay(self, tensors: Sequence[Tensor], modules: Sequence[nn.Module]) -> list[list[Any]]:
+    def replay(
+        self, tensors: Sequence[Tensor], modules: Sequence[nn.Module], *, needed: Collection[int] = ()
+    ) -> list[list[Any]]:
         """Call each trial's own metrics as the step called the template's: ``results[call][row]``.
+
+        A ``forward`` whose value the step did not log (its index not in ``needed``) is replayed as ``update``
+        where that leaves the same state (see :func:`update_suffices`): a third of the cost.
 
         Args:
             tensors: the recorded tensors as the vmapped function returned them, ``[B, ...]`` each.
             modules: the trial modules, one per row.
+            needed: indices of the calls whose returned values are used (logged).
         """
         results: list[list[Any]] = [[] for _ in self.calls]
+        methods = [
+            "update"
+            if call.method == "forward"
+            and index not in needed
+            and update_suffices(self.template.get_submodule(call.path))
+            else call.method
+            for index, call in enumerate(self.calls)
+        ]
         for row, module in enumerate(modules):
             for index, call in enumerate(self.calls):
                 args, kwargs = _put_tensors(call.structure, tensors, row)
-                results[index].append(getattr(module.get_submodule(call.path), call.method)(*args, **kwargs))
+                results[index].append(getattr(module.get_submodule(call.path), methods[index])(*args, **kwargs))
         return results
 
     def per_row_value(self, value: Any, results: list[list[Any]], modules: Sequence[nn.Module]) -> Any:
@@ -241,6 +256,28 @@ class MetricRecorder:
         if isinstance(value, nn.Module) and id(value) in self.paths:
             return [module.get_submodule(self.paths[id(value)]) for module in modules]
         return None
+
+
+def update_suffices(metric: nn.Module) -> bool:
+    """Whether ``metric.update(x)`` leaves the state that ``metric(x)`` (forward) leaves, for any state before.
+
+    torchmetrics' forward (with ``full_state_update=False``) updates a reset copy and merges it into the
+    accumulated state with each state's reduction: for sum, max, min and cat that is what ``update`` does on
+    the accumulated state directly, for torchmetrics' own metrics (whose updates add, take the max, append).
+    A user's metric class is always replayed as the step called it.
+    """
+    from torchmetrics.utilities.data import dim_zero_cat, dim_zero_max, dim_zero_min, dim_zero_sum
+
+    merged_like_update = (dim_zero_sum, dim_zero_max, dim_zero_min, dim_zero_cat)
+    return (
+        isinstance(metric, _metric_classes()[:1])
+        and type(metric).__module__.startswith("torchmetrics.")
+        and getattr(metric, "full_state_update", None) is False
+        and not getattr(metric, "dist_sync_on_step", True)
+        and not getattr(metric, "compute_on_cpu", True)
+        # torchmetrics keeps each state's reduction in _reductions (no public accessor)
+        and all(fx in merged_like_update for fx in getattr(metric, "_reductions", {None: None}).values())
+    )
 
 
 def _bind(record: Any, path: str, metric: nn.Module, method: str) -> Any:

@@ -23,7 +23,7 @@ from torch.func import functional_call, vmap
 from typing_extensions import override
 
 from lightning_hydro.backends.base import Backend, StackedLog, StepOutputs, step_output_error
-from lightning_hydro.backends.deferred_metrics import MetricRecorder, metric_paths, stack_values
+from lightning_hydro.backends.deferred_metrics import DeferredValue, MetricRecorder, metric_paths, stack_values
 from lightning_hydro.backends.errors import FusionError, FusionMismatchError, explain_step_error
 from lightning_hydro.backends.trial_attributes import unfusible_attributes, unfusible_error_text
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
@@ -158,7 +158,8 @@ class VmapBackend(Backend):
             raise
         output = None if side["kind"] == "none" else encoded
         # each trial's own torchmetrics metrics, called with its row of what the step passed to the template's
-        replayed = recorder.replay(metric_args, self.group.modules)
+        logged_values = {c.value.call for c in side["calls"] if isinstance(c.value, DeferredValue)}
+        replayed = recorder.replay(metric_args, self.group.modules, needed=logged_values)
         self.deferred_metrics = recorder.metric_names
         logs = self._stack_logs(
             side["calls"],
