@@ -12,8 +12,13 @@ measures, per repeat and in the same order:
 - ``separate``: B ordinary Trainer runs one after another (``--separate-runs`` of them timed, then scaled).
 
 Numbers are the median over repeats of each run's median interval between training batches after warm-up
-(validation, two batches per epoch, falls outside those intervals). Then, for B = 4, per-trial ``val/acc`` after
-2 epochs: ``auto``-fused versus separate runs, in validation images (250 of them).
+(validation, two batches per epoch, falls outside those intervals). Then:
+
+- what the deferred torchmetrics cost under vmap at the largest B: the backend's forward+backward of
+  ``training_step`` for the template module versus the same module with its metric lines left out
+  (interleaved, median), i.e. recording the calls plus replaying them on each trial's metrics;
+- for B = 4, per-trial ``val/acc`` after 2 epochs: ``auto``-fused versus separate runs, in validation images
+  (250 of them).
 """
 
 from __future__ import annotations
@@ -22,14 +27,18 @@ import argparse
 import copy
 import functools
 import statistics
+import time
 from typing import Any
 
 import lightning as L
 import torch
+from torch import nn
 
 from lightning_hydro import FusedLightningModule
+from lightning_hydro.backends import make_backend
 from lightning_hydro.backends.auto import clear_backend_cache
 from lightning_hydro.demos.template_mnist import DigitsMNISTDataModule, MNISTLitModule, SimpleDenseNet
+from lightning_hydro.stacking.stacked_state import StackedState
 
 BATCH_SIZE = 128  # the template's configs/data/mnist.yaml
 VALIDATION_IMAGES = 250
@@ -84,6 +93,37 @@ def time_separate(count: int, args: argparse.Namespace, timer_class: Any) -> flo
         for trial in make_trials(min(count, args.separate_runs))
     ]
     return statistics.mean(per_step) * count
+
+
+class WithoutMetrics(MNISTLitModule):
+    """The template module with its torchmetrics lines left out of ``training_step`` (for the cost of deferral)."""
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss, _, _ = self.model_step(batch)
+        return loss
+
+
+def metrics_cost(count: int, rounds: int = 15) -> tuple[float, float]:
+    """(ms per vmap forward+backward of training_step with the template's metrics, ms without them)."""
+    with_metrics = make_trials(count)
+    without = [WithoutMetrics(net=m.net, optimizer=m.hparams["optimizer"], scheduler=None) for m in make_trials(count)]
+    runners = [
+        make_backend("vmap", StackedState(nn.Module(), trials, list(range(count))))
+        for trials in (with_metrics, without)
+    ]
+    data = DigitsMNISTDataModule(batch_size=BATCH_SIZE)
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    times: list[list[float]] = [[], []]
+    for round_index in range(rounds + 2):
+        for which, runner in enumerate(runners):
+            start = time.perf_counter()
+            loss = runner.run("training_step", batch, round_index).loss()
+            assert loss is not None
+            loss.sum().backward()
+            if round_index >= 2:  # two warm-up rounds
+                times[which].append(time.perf_counter() - start)
+    return 1000 * statistics.median(times[0]), 1000 * statistics.median(times[1])
 
 
 def val_acc_in_images(count: int, device: str) -> tuple[str, list[float]]:
@@ -143,6 +183,15 @@ def template_table(args: argparse.Namespace, timer_class: Any) -> list[str]:
         print(row, flush=True)
     lines += ["", "First batch's choice, as the fused module logs it (first repeat):", ""]
     lines += [f"- {report}" for report in reports]
+    count = max(args.trials)
+    with_metrics, without = metrics_cost(count)
+    lines += [
+        "",
+        f"Deferred torchmetrics under vmap, B = {count}: forward+backward of training_step {with_metrics:.1f} ms with "
+        f"the template's metrics, {without:.1f} ms without them (median of 15 interleaved rounds): "
+        f"{100 * (with_metrics / without - 1):+.0f}%.",
+    ]
+    print(lines[-1], flush=True)
     backend, images = val_acc_in_images(4, args.device)
     lines += [
         "",
