@@ -223,7 +223,7 @@ class MetricRecorder:
         """Call each trial's own metrics as the step called the template's: ``results[call][row]``.
 
         A ``forward`` whose value the step did not log (its index not in ``needed``) is replayed as ``update``
-        where that leaves the same state (see :func:`update_suffices`): a third of the cost.
+        where that leaves the same state (see :func:`update_suffices`), skipping forward's extra work.
 
         Args:
             tensors: the recorded tensors as the vmapped function returned them, ``[B, ...]`` each.
@@ -307,7 +307,8 @@ def preserved_metric_states(modules: Sequence[nn.Module]) -> Iterator[None]:
     for module in modules if classes else ():
         for m in module.modules():
             if isinstance(m, classes[0]):
-                state = {name: _clone(value) for name, value in m.metric_state.items()}  # type: ignore[operator]
+                states: dict[str, Any] = getattr(m, "metric_state")  # noqa: B009 - nn.Module's typing hides it
+                state = {name: _clone(value) for name, value in states.items()}
                 for name in ("_update_count", "_computed", "_forward_cache"):
                     state[name] = getattr(m, name)
                 saved.append((m, state))
