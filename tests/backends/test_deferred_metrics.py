@@ -18,6 +18,7 @@ from torchmetrics import Accuracy, F1Score, MaxMetric, MeanMetric, MetricCollect
 
 from lightning_hydro.backends import FusionError, make_backend
 from lightning_hydro.backends.deferred_metrics import DeferredValue, preserved_metric_states
+from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.stacking.stacked_state import StackedState
 
 CLASSES = 4
@@ -89,10 +90,9 @@ def test_each_trials_metrics_equal_its_unfused_metrics_exactly(backend: str) -> 
     for module in alone:
         per_batch = []
         for index, batch in enumerate(batches(4)):
-            values: dict[str, torch.Tensor] = {}
-            module.log = lambda name, value, **kw: values.__setitem__(name, value)  # type: ignore[method-assign]
-            module.validation_step(batch, index)
-            per_batch.append(values)
+            with capture_logs(module) as calls:
+                module.validation_step(batch, index)
+            per_batch.append({call.name: call.value for call in calls})
         alone_logged.append(per_batch)
     for row, (fused_module, module) in enumerate(zip(trials, alone)):
         fused_values, own_values = metric_values(fused_module), metric_values(module)
