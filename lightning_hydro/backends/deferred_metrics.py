@@ -44,6 +44,7 @@ from typing import Any, NoReturn
 import torch
 from torch import Tensor, nn
 
+from lightning_hydro.backends.batched_metrics import update_all
 from lightning_hydro.backends.errors import FusionError
 
 __all__ = [
@@ -139,9 +140,10 @@ def _take_tensors(value: Any, out: list[Tensor]) -> Any:
     return value
 
 
-def _put_tensors(structure: Any, tensors: Sequence[Tensor], row: int) -> Any:
+def _put_tensors(structure: Any, tensors: Sequence[Tensor], row: int | None) -> Any:
+    """The call's arguments with row ``row`` of each recorded tensor (None: the whole ``[B, ...]`` tensor)."""
     if isinstance(structure, _TensorSlot):
-        return tensors[structure.index][row]
+        return tensors[structure.index] if row is None else tensors[structure.index][row]
     if isinstance(structure, (list, tuple)):
         items = [_put_tensors(v, tensors, row) for v in structure]
         return items if isinstance(structure, list) else tuple(items)
@@ -166,6 +168,9 @@ class MetricRecorder:
     def __init__(self, template: nn.Module) -> None:
         self.template = template
         self.paths = metric_paths(template)
+        # walked once: named_modules() hashes each module, and a torchmetrics Metric hashes its whole state
+        self._metrics = [(path, template.get_submodule(path)) for path in self.paths.values()]
+        self._trial_metrics: dict[tuple[int, str], list[nn.Module]] = {}
         self.calls: list[MetricCall] = []
         self._tensors: list[Tensor] = []
 
@@ -200,9 +205,7 @@ class MetricRecorder:
         self.calls, self._tensors = [], []
         saved: list[tuple[nn.Module, str, Any]] = []
         try:
-            for path, metric in self.template.named_modules():
-                if id(metric) not in self.paths:
-                    continue
+            for path, metric in self._metrics:
                 for method in (*_RECORDED, *_REFUSED):
                     saved.append((metric, method, metric.__dict__.get(method, _MISSING)))
                 for method in _RECORDED:
@@ -239,10 +242,16 @@ class MetricRecorder:
             else call.method
             for index, call in enumerate(self.calls)
         ]
-        for row, module in enumerate(modules):
-            for index, call in enumerate(self.calls):
+        # call by call (each trial still sees its calls in the step's order), all trials at once where a batched
+        # rule covers the update (lightning_hydro/backends/batched_metrics.py), else trial by trial
+        for index, call in enumerate(self.calls):
+            metrics = self.trial_metrics(call.path, modules)
+            if methods[index] == "update" and update_all(metrics, *_put_tensors(call.structure, tensors, None)):
+                results[index] = [None] * len(metrics)
+                continue
+            for row, metric in enumerate(metrics):
                 args, kwargs = _put_tensors(call.structure, tensors, row)
-                results[index].append(getattr(module.get_submodule(call.path), methods[index])(*args, **kwargs))
+                results[index].append(getattr(metric, methods[index])(*args, **kwargs))
         return results
 
     def per_row_value(self, value: Any, results: list[list[Any]], modules: Sequence[nn.Module]) -> Any:
@@ -254,8 +263,15 @@ class MetricRecorder:
             per_row = results[value.call]
             return [row[value.key] if value.key is not None else row for row in per_row]
         if isinstance(value, nn.Module) and id(value) in self.paths:
-            return [module.get_submodule(self.paths[id(value)]) for module in modules]
+            return self.trial_metrics(self.paths[id(value)], modules)
         return None
+
+    def trial_metrics(self, path: str, modules: Sequence[nn.Module]) -> list[nn.Module]:
+        """Each trial module's metric at ``path`` (cached per group of modules)."""
+        key = (hash(tuple(id(m) for m in modules)), path)
+        if key not in self._trial_metrics:
+            self._trial_metrics[key] = [module.get_submodule(path) for module in modules]
+        return self._trial_metrics[key]
 
 
 def update_suffices(metric: nn.Module) -> bool:

@@ -1,5 +1,9 @@
 """torchmetrics under the fused backends: each trial's metrics equal its unfused metrics exactly.
 
+The module mixes updates that run batched (Accuracy and F1 with top_k=1, MeanMetric of a scalar:
+lightning_hydro/backends/batched_metrics.py) with updates replayed per trial (ignore_index, MeanMetric of a
+vector, MaxMetric, values that are logged, a MetricCollection).
+
 The trials' weights and inputs are small integers, so every logit is computed exactly in float32 whatever the
 backend's reduction order: fused and unfused metrics then see bit-identical inputs, and any difference in
 their values comes from the metric machinery alone.
@@ -8,6 +12,7 @@ their values comes from the metric machinery alone.
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any
 
 import lightning as L
@@ -39,6 +44,8 @@ class MetricsEverywhere(L.LightningModule):
         self.mean_logit = MeanMetric()
         self.max_logit = MaxMetric()
         self.batch_acc = Accuracy(task="multiclass", num_classes=CLASSES)
+        self.acc_ignoring = Accuracy(task="multiclass", num_classes=CLASSES, ignore_index=0)
+        self.mean_row = MeanMetric()
         self.collection = MetricCollection(
             [Precision(task="multiclass", num_classes=CLASSES), Recall(task="multiclass", num_classes=CLASSES)],
             prefix="val/",
@@ -52,6 +59,8 @@ class MetricsEverywhere(L.LightningModule):
         self.f1.update(logits, y)
         self.mean_logit(logits.mean())
         self.max_logit.update(logits.max())
+        self.acc_ignoring(preds, y)
+        self.mean_row(logits.mean(dim=1))
         self.log("acc", self.acc)
         self.log("f1", self.f1)
         self.log("batch_acc", self.batch_acc(preds, y))  # the value forward returns, logged
@@ -67,7 +76,7 @@ def batches(count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def metric_values(module: MetricsEverywhere) -> dict[str, Any]:
-    names = ("acc", "f1", "mean_logit", "max_logit", "batch_acc")
+    names = ("acc", "f1", "mean_logit", "max_logit", "batch_acc", "acc_ignoring", "mean_row")
     values = {name: getattr(module, name).compute() for name in names}
     values.update(module.collection.compute())
     values["updates"] = module.acc.update_count
@@ -102,7 +111,16 @@ def test_each_trials_metrics_equal_its_unfused_metrics_exactly(backend: str) -> 
         for step, own_step in enumerate(alone_logged[row]):  # values forward returned, per batch: bitwise
             for name in ("batch_acc", "val/MulticlassPrecision", "val/MulticlassRecall"):
                 assert logged[step][name][row].item() == float(own_step[name]), (row, step, name)
-    assert runner.deferred_metrics == ["acc", "f1", "mean_logit", "max_logit", "batch_acc", "collection"]
+    assert runner.deferred_metrics == [
+        "acc",
+        "f1",
+        "mean_logit",
+        "max_logit",
+        "acc_ignoring",
+        "mean_row",
+        "batch_acc",
+        "collection",
+    ]
 
 
 class UsesTheValue(MetricsEverywhere):
@@ -154,3 +172,53 @@ def test_preserved_metric_states_undo_updates() -> None:
     assert before["updates"] == after["updates"] == 1
     for name, value in before.items():  # bitwise (metrics that were never updated compute NaN before and after)
         torch.testing.assert_close(torch.as_tensor(after[name]), torch.as_tensor(value), rtol=0, atol=0, equal_nan=True)
+
+
+class OutOfRange(MetricsEverywhere):
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.acc(self.layer(x).argmax(dim=1), y + 2)  # some labels out of range: torchmetrics counts them wrong
+
+
+class ShapeMismatch(MetricsEverywhere):
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.acc(self.layer(x).argmax(dim=1), y[:-1])  # torchmetrics rejects preds and targets of two lengths
+
+
+def test_inputs_outside_the_batched_rules_behave_as_unfused() -> None:
+    """Inputs the batched rules do not take are left to each trial's own metric: the same state, the same error."""
+    trials = [OutOfRange(seed) for seed in range(2)]
+    alone = copy.deepcopy(trials)
+    make_backend("vmap", StackedState(nn.Module(), trials, [0, 1])).run("validation_step", batches(1)[0], 0)
+    for fused_module, module in zip(trials, alone):
+        module.validation_step(batches(1)[0], 0)
+        assert torch.equal(fused_module.acc.compute(), module.acc.compute())
+    group = StackedState(nn.Module(), [ShapeMismatch(seed) for seed in range(2)], [0, 1])
+    with pytest.raises(ValueError, match="The `preds` and `target` should have the same shape"):
+        make_backend("vmap", group).run("validation_step", batches(1)[0], 0)
+    with pytest.raises(ValueError, match="The `preds` and `target` should have the same shape"):
+        ShapeMismatch(0).validation_step(batches(1)[0], 0)
+
+
+class NanLoss(MetricsEverywhere):
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, _ = batch
+        logits = self.layer(x)
+        self.mean_logit(logits.mean() * float("nan"))  # removed with a warning, by each trial's own metric
+        self.mean_logit(logits.mean())
+
+
+def test_nan_values_are_removed_with_torchmetrics_warning_per_trial() -> None:
+    trials = [NanLoss(seed) for seed in range(3)]
+    alone = copy.deepcopy(trials)
+    group = StackedState(nn.Module(), trials, [0, 1, 2])
+    with pytest.warns(UserWarning, match="Encountered `nan` values"):
+        make_backend("vmap", group).run("validation_step", batches(1)[0], 0)
+    for fused_module, module in zip(trials, alone):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            module.validation_step(batches(1)[0], 0)
+            assert torch.equal(fused_module.mean_logit.mean_value, module.mean_logit.mean_value)
+            assert torch.equal(fused_module.mean_logit.weight, module.mean_logit.weight)
+            assert fused_module.mean_logit.weight.item() == 1.0
