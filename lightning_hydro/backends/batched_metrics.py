@@ -58,7 +58,7 @@ def update_all(metrics: Sequence[nn.Module], args: tuple[Any, ...], kwargs: dict
     return False
 
 
-def _count(metric: nn.Module) -> None:
+def _count(metric: Any) -> None:
     """What torchmetrics' update wrapper does besides the update: forget the cached result, count the call."""
     metric._computed = None
     metric._update_count += 1
@@ -113,6 +113,7 @@ def _mean(metrics: Sequence[nn.Module], value: Any) -> bool:
     increments = value * weight  # MeanMetric.update: (value * weight).sum(), one element per trial
     for row, metric in enumerate(metrics):
         _count(metric)
-        metric.mean_value += increments[row]
-        metric.weight += weight[row]
+        mean: Any = metric  # torchmetrics' states are plain attributes, unknown to nn.Module's typing
+        mean.mean_value += increments[row]
+        mean.weight += weight[row]
     return True
