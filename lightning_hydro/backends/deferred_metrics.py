@@ -361,5 +361,5 @@ def deferred_note(backend: object) -> str:
         return ""
     return (
         f"; torchmetrics {', '.join(names)} run per trial after each fused step "
-        "(the step's calls replayed on each trial's own metric)"
+        "(the step's calls applied to each trial's own metric: batched where a rule covers them, else replayed)"
     )
