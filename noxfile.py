@@ -23,6 +23,7 @@ BENCHMARKS = {
     "early_stopping": [["python", "benchmarks/early_stopping.py"]],
     "sweep": [["python", "benchmarks/sweep_vs_basic.py"]],
     "fidelity": [["python", "benchmarks/fidelity.py"]],
+    "first_batch_check": [["python", "benchmarks/first_batch_check.py"]],
 }
 
 
