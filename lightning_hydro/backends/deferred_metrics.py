@@ -114,7 +114,9 @@ class DeferredValue:
 
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = refuse
     __pow__ = __neg__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __float__ = __int__ = __index__ = refuse
-    __getitem__ = __len__ = __iter__ = refuse
+    __getitem__ = __len__ = __iter__ = __eq__ = __ne__ = __abs__ = __round__ = __floordiv__ = __mod__ = refuse
+    __rfloordiv__ = __rmod__ = __matmul__ = __rmatmul__ = __rpow__ = refuse
+    __hash__ = object.__hash__  # identity, as before __eq__ was refused
 
 
 @dataclass

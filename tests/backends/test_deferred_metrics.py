@@ -156,6 +156,8 @@ def test_a_deferred_value_refuses_torch_functions() -> None:
     with pytest.raises(FusionError, match=r"uses the value that MulticlassAccuracy.forward returns"):
         torch.add(torch.ones(1), value)  # type: ignore[arg-type]
     assert not hasattr(value, "__array__")  # protocol probes get the usual AttributeError
+    with pytest.raises(FusionError, match=r"\(acc\(...\)\)"):
+        _ = value == 0.5  # a comparison would silently be False
 
 
 @pytest.mark.filterwarnings("ignore:The ``compute`` method:UserWarning", "ignore:You are trying to `self.log()`")
