@@ -241,7 +241,8 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
                 if (f is None) != (o is None):
                     unused.append(name)
                 elif f is not None and o is not None:
-                    found.append(compare(f"gradient of {name}", f[row], o, r, reduction=reduction))
+                    fused_grad = group.trial_view(name, row, f[row])  # the trial's own width of a padded row
+                    found.append(compare(f"gradient of {name}", fused_grad, o, r, reduction=reduction))
             differing = [c for c in found if c.differs]
             if differing or unused:
                 raise FusionMismatchError(_mismatch_text(backend.name, tid, differing, unused, why, group))
