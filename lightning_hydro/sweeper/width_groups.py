@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -38,7 +39,7 @@ def chain_cost(widths: Widths) -> float:
         44.0
     """
     sizes = [1, *widths.values(), 1]
-    return float(sum(a * b for a, b in zip(sizes, sizes[1:])))
+    return float(sum(a * b for a, b in itertools.pairwise(sizes)))
 
 
 @dataclass(frozen=True)
