@@ -218,6 +218,8 @@ def plan_widths(modules: Sequence[nn.Module], *, ids: Sequence[int]) -> WidthPla
         The plan: every padded size, and a refusal per module that cannot be padded (empty if it holds).
     """
     plan = WidthPlan(tuple(int(t) for t in ids))
+    if not modules:  # a group whose every trial has stopped
+        return plan
     first = modules[0]
     for path, module in first.named_modules():
         shapes = _own_shapes(module)

@@ -74,3 +74,9 @@ def test_modules_whose_meaning_depends_on_the_padded_size_are_refused(make, reas
 
 def test_identical_shape_partitions_is_the_fallback_grouping() -> None:
     assert identical_shape_partitions([Net(8), Net(16), Net(8), Net(16), Net(4)]) == [[0, 2], [1, 3], [4]]
+
+
+def test_an_empty_group_has_an_empty_plan() -> None:
+    plan = plan_widths([], ids=[])
+    assert plan.padded == []
+    assert plan.refusals == []
