@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import math
 import random
 import statistics
@@ -39,9 +40,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import itertools
-
 from lightning_hydro import FusedLightningModule
+from lightning_hydro.backends import make_backend
 from lightning_hydro.callbacks import ASHA
 from lightning_hydro.demos.template_mnist import (
     IMAGE_SIDE,
@@ -49,6 +49,8 @@ from lightning_hydro.demos.template_mnist import (
     MNISTLitModule,
     SimpleDenseNet,
 )
+from lightning_hydro.stacking import StackedState
+from lightning_hydro.stacking.padding import zero_padding_
 from lightning_hydro.sweeper.width_groups import group_by_padded_cost
 
 SIZES = (32, 64, 128, 256)
@@ -168,6 +170,39 @@ def run_padded(
     }
 
 
+def mask_cost(configs: list[dict[str, Any]], group_size: int, repeats: int = 20) -> dict[str, float]:
+    """Median seconds of one padded vmap forward+backward of a group vs the 0/1 mask guard over its tensors.
+
+    The padded group does not need the guard (each trial's optimizer steps only its own width); this says what
+    it would cost an update over whole stacked tensors (params and gradients masked once per step).
+    """
+    modules = [TensorLoggingLitModule(**{**build(c).hparams, "net": build(c).net}) for c in configs[:group_size]]
+    group = StackedState(torch.nn.Module(), modules, list(range(len(modules))), pad_widths=True)
+    backend = make_backend("vmap", group)
+    batch = (torch.rand(128, 1, IMAGE_SIDE, IMAGE_SIDE), torch.randint(0, 10, (128,)))
+    shapes = {name: [group.true_shapes[r][name] for r in range(group.size)] for name in group.params}
+
+    def step() -> None:
+        loss = backend.run("training_step", batch, 0).loss()
+        assert loss is not None
+        loss.sum().backward()
+
+    def guard() -> None:
+        for name, param in group.params.items():
+            zero_padding_(param.data, shapes[name])
+            assert param.grad is not None
+            zero_padding_(param.grad, shapes[name])
+
+    times: dict[str, list[float]] = {"step": [], "mask": []}
+    step()
+    for _ in range(repeats):
+        for name, fn in (("step", step), ("mask", guard)):
+            begin = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - begin)
+    return {"size": float(group.size), **{name: statistics.median(values) for name, values in times.items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=32)
@@ -182,6 +217,12 @@ def main() -> None:
     MODEL_NAME = args.model
     torch.set_num_threads(1)
     configs = sample(args.trials, args.seed)
+    cost = mask_cost(configs, args.group_size)
+    print(
+        f"mask guard over a padded group of {cost['size']:.0f}: {cost['mask'] * 1e3:.2f} ms vs a vmap forward+backward "
+        f"{cost['step'] * 1e3:.2f} ms ({cost['mask'] / cost['step']:.1%}; medians of 20)",
+        flush=True,
+    )
     results: dict[str, list[dict[str, Any]]] = {"separate": [], "padded": []}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
