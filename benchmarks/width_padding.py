@@ -155,8 +155,8 @@ def run_padded(
         fit, _ = trainer(max_epochs, store)
         torch.manual_seed(1234)
         fit.fit(fused, datamodule=DigitsMNISTDataModule(batch_size=128))
-        backends.add(fused.backend)
         for record in fused.results.values():
+            backends.add(str(record["backend"]))
             epochs += int(record["epochs"])
             best = max(best, float(record["metrics"].get("val/acc_best", record["metrics"]["val/acc"])))
     return {
