@@ -26,6 +26,7 @@ BENCHMARKS = {
         ["python", "benchmarks/width_padding.py", "--repeats", "2"],
         ["python", "benchmarks/width_padding.py", "--repeats", "2", "--model", "tensors"],
     ],
+    "first_batch_check": [["python", "benchmarks/first_batch_check.py"]],
 }
 
 

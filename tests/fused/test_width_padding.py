@@ -433,3 +433,22 @@ def test_a_reshape_to_a_literal_size_fails_naming_the_line() -> None:
         r"the group's largest sizes",
     ):
         fit_digits(make_trainer(max_steps=1, limit_val_batches=0), fused)
+
+
+def test_the_first_batch_float64_recheck_runs_a_padded_twin_at_each_trial_s_width() -> None:
+    """The first-batch check reruns a failing float32 comparison in float64 on a copy of the group: padded too."""
+    from lightning_hydro.backends import make_backend
+    from lightning_hydro.fused.verify import _float64_fused_run, _float64_run, _persists_in_float64
+    from lightning_hydro.stacking import StackedState
+
+    trials = layer_norm_trials()
+    group = StackedState(nn.Module(), trials, [0, 1, 2], pad_widths=True)
+    backend = make_backend("vmap", group)
+    batch = (torch.randn(16, 64), torch.randint(0, 10, (16,)))
+    names = list(group.params)
+    fused64 = _float64_fused_run(group, backend, names, batch, 0)
+    assert not isinstance(fused64, str), fused64
+    for row, module in enumerate(trials):
+        ref_loss, ref_grads, why = _float64_run(module, names, batch, 0)
+        assert why == ""
+        assert _persists_in_float64(fused64, row, names, ref_loss, ref_grads, 64 * 24, group) == []
