@@ -202,6 +202,8 @@ class StackedState:
 
     def region(self, name: str, row: int) -> tuple[slice, ...] | None:
         """The index of row ``row``'s own tensor ``name`` inside its stacked row; None where it fills the row."""
+        if not self.pad_widths:
+            return None
         stacked = self.params[name] if name in self.params else self.buffers[name]
         true = self.true_shapes[row][name]
         return None if true == tuple(stacked.shape[1:]) else true_region(true)
