@@ -23,6 +23,10 @@ BENCHMARKS = {
     "early_stopping": [["python", "benchmarks/early_stopping.py"]],
     "sweep": [["python", "benchmarks/sweep_vs_basic.py"]],
     "fidelity": [["python", "benchmarks/fidelity.py"]],
+    "width_padding": [
+        ["python", "benchmarks/width_padding.py", "--repeats", "2"],
+        ["python", "benchmarks/width_padding.py", "--repeats", "2", "--model", "tensors"],
+    ],
     "first_batch_check": [["python", "benchmarks/first_batch_check.py"]],
 }
 
