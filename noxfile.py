@@ -22,6 +22,17 @@ BENCHMARKS = {
     "hfta_ops": [["python", "benchmarks/hfta_ops.py"]],
     "early_stopping": [["python", "benchmarks/early_stopping.py"]],
     "sweep": [["python", "benchmarks/sweep_vs_basic.py"]],
+    "sweep_vs_peers": [
+        ["python", "benchmarks/sweep_vs_peers.py"],
+        [
+            "python",
+            "benchmarks/sweep_vs_peers.py",
+            "--n-trials",
+            "128",
+            "--output",
+            "benchmarks/results/sweep_vs_peers_128.md",
+        ],
+    ],
     "fidelity": [["python", "benchmarks/fidelity.py"]],
     "width_padding": [
         ["python", "benchmarks/width_padding.py", "--repeats", "2"],

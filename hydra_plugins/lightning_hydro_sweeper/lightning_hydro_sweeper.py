@@ -33,6 +33,8 @@ class LightningHydroSweeper(Sweeper):
         scheduler: DictConfig,
         probe: DictConfig,
         retrain: DictConfig,
+        storage: str | None = None,
+        plots: bool = True,
     ) -> None:
         from lightning_hydro.sweeper._impl import LightningHydroSweeperImpl
 
@@ -49,6 +51,8 @@ class LightningHydroSweeper(Sweeper):
             scheduler=scheduler,
             probe=probe,
             retrain=retrain,
+            storage=storage,
+            plots=plots,
         )
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_hydro.sweeper.samplers import SAMPLERS
+from lightning_hydro.sweeper.study_channel import is_learning_sampler
 
 __all__ = ["SCHEDULERS", "ProbeSettings", "RetrainSettings", "SchedulerSettings", "SweepSettings"]
 
@@ -73,6 +74,13 @@ class SweepSettings:
     scheduler: SchedulerSettings
     probe: ProbeSettings
     retrain: RetrainSettings
+    storage: str | None = None
+    plots: bool = True
+
+    @property
+    def continuous(self) -> bool:
+        """Whether freed slots ask the sweep's (learning) sampler for new configurations as results arrive."""
+        return is_learning_sampler(self.sampler) and self.scheduler.name in ("asha", "hyperband", "hypersched")
 
     @classmethod
     def from_config(
@@ -90,16 +98,19 @@ class SweepSettings:
         scheduler: Mapping[str, Any] | None = None,
         probe: Mapping[str, Any] | None = None,
         retrain: Mapping[str, Any] | None = None,
+        storage: str | None = None,
+        plots: bool = True,
     ) -> SweepSettings:
         """Validate the fields of ``hydra.sweeper`` (plain values, dicts or DictConfigs).
 
         Raises:
             ValueError: naming the first invalid setting and how to fix it.
         """
-        if sampler not in SAMPLERS:
+        if sampler not in SAMPLERS and not is_learning_sampler(sampler):
             raise ValueError(
                 f"{_P}: unknown sampler {sampler!r}; expected one of {list(SAMPLERS)}. Fix: e.g. "
-                "hydra.sweeper.sampler=random."
+                "hydra.sweeper.sampler=random, or an Optuna sampler's import path (e.g. "
+                "optuna.samplers.CmaEsSampler)."
             )
         if n_trials is not None and n_trials < 1:
             raise ValueError(f"{_P}: hydra.sweeper.n_trials must be >= 1, got {n_trials}.")
@@ -110,6 +121,14 @@ class SweepSettings:
             )
         if mode not in ("min", "max"):
             raise ValueError(f"{_P}: hydra.sweeper.mode must be 'min' or 'max', got {mode!r}.")
+        if storage is not None and (not isinstance(storage, str) or "://" not in storage):
+            raise ValueError(
+                f"{_P}: hydra.sweeper.storage must be a database URL shared by every job of the sweep, got "
+                f"{storage!r}. Fix: e.g. hydra.sweeper.storage=postgresql://user:password@host/sweeps, or null "
+                "for files in the sweep directory (jobs on one machine or a shared file system)."
+            )
+        if not isinstance(plots, bool):
+            raise ValueError(f"{_P}: hydra.sweeper.plots must be true or false, got {plots!r}.")
         if round_size is not None and round_size < 1:
             raise ValueError(f"{_P}: hydra.sweeper.round_size must be >= 1 or null, got {round_size}.")
         return cls(
@@ -125,12 +144,14 @@ class SweepSettings:
             scheduler=_scheduler(_plain(scheduler)),
             probe=_probe(_plain(probe)),
             retrain=_retrain(_plain(retrain)),
+            storage=storage,
+            plots=plots,
         )
 
     def request(self, search_space: Sequence[str]) -> dict[str, Any]:
-        """What defines the sweep for a resume: everything but ``metric``, ``mode`` and ``retrain``.
+        """What defines the sweep for a resume: everything but ``metric``, ``mode``, ``retrain`` and ``plots``.
 
-        Those three only rank and retrain finished trials, so a resume may change them.
+        Those only rank, retrain and draw finished trials, so a resume may change them.
         """
         return {
             "sampler": self.sampler,
@@ -141,6 +162,7 @@ class SweepSettings:
             "round_size": self.round_size,
             "scheduler": asdict(self.scheduler),
             "search_space": list(search_space),
+            **({"storage": self.storage} if self.storage is not None else {}),
         }
 
 

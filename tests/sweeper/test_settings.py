@@ -128,3 +128,20 @@ def test_the_plugin_config_and_the_settings_have_the_same_defaults():
     # and what the plugin hands over is accepted as it is
     fields = {k: v for k, v in dataclasses.asdict(conf).items() if k != "_target_"}
     assert SweepSettings.from_config(**{**fields, "n_trials": 4}).n_trials == 4
+
+
+def test_storage_plots_and_continuous_search():
+    s = SweepSettings.from_config(sampler="tpe", n_trials=8, scheduler={"name": "asha"}, plots=False)
+    assert s.continuous
+    assert not s.plots
+    assert s.storage is None
+    assert not SweepSettings.from_config(sampler="tpe", n_trials=8).continuous  # no slot ever frees
+    assert not SweepSettings.from_config(sampler="random", n_trials=8, scheduler={"name": "asha"}).continuous
+    named = SweepSettings.from_config(sampler="optuna.samplers.CmaEsSampler", n_trials=8, scheduler={"name": "asha"})
+    assert named.continuous
+    url = "postgresql://user@host/sweeps"
+    assert SweepSettings.from_config(n_trials=4, storage=url).request([])["storage"] == url
+    with pytest.raises(ValueError, match=r"storage must be a database URL .* got 'sweep\.db'"):
+        SweepSettings.from_config(n_trials=4, storage="sweep.db")
+    with pytest.raises(ValueError, match=r"plots must be true or false, got 'no'"):
+        SweepSettings.from_config(n_trials=4, plots="no")
