@@ -18,11 +18,27 @@ BENCHMARKS = {
         ["python", "benchmarks/fusion_throughput.py", "--model", "resnet18", "--trials", "1", "4", "16"],
         ["python", "benchmarks/fusion_throughput.py", "--model", "transformer"],
         ["python", "benchmarks/fusion_throughput.py", "--model", "compile", "--steps", "40"],
+        ["python", "benchmarks/fusion_throughput.py", "--model", "template_mnist"],
     ],
     "hfta_ops": [["python", "benchmarks/hfta_ops.py"]],
     "early_stopping": [["python", "benchmarks/early_stopping.py"]],
     "sweep": [["python", "benchmarks/sweep_vs_basic.py"]],
+    "sweep_vs_peers": [
+        ["python", "benchmarks/sweep_vs_peers.py"],
+        [
+            "python",
+            "benchmarks/sweep_vs_peers.py",
+            "--n-trials",
+            "128",
+            "--output",
+            "benchmarks/results/sweep_vs_peers_128.md",
+        ],
+    ],
     "fidelity": [["python", "benchmarks/fidelity.py"]],
+    "width_padding": [
+        ["python", "benchmarks/width_padding.py", "--repeats", "2"],
+        ["python", "benchmarks/width_padding.py", "--repeats", "2", "--model", "tensors"],
+    ],
     "first_batch_check": [["python", "benchmarks/first_batch_check.py"]],
 }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -242,3 +243,15 @@ class TorchEncoderLM(L.LightningModule):
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(token_data(), batch_size=32)
+
+
+def wait_for_file(path: Path, timeout_s: float = 120.0) -> bool:
+    """Whether ``path`` exists within ``timeout_s`` (files that a background process writes, e.g. sweep plots)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not path.is_file():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True

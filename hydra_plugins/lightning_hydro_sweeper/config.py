@@ -66,7 +66,10 @@ class LightningHydroSweeperConf:
     """``hydra/sweeper=lightning_hydro``: a search run as fused trial groups, one Hydra job per group.
 
     Attributes:
-        sampler: ``grid``, ``random`` (seeded) or ``tpe`` (Optuna's TPE, needs the ``optuna`` extra).
+        sampler: ``grid``, ``random`` (seeded), ``tpe`` (Optuna's TPE, needs the ``optuna`` extra) or the import
+            path of any Optuna sampler class (e.g. ``optuna.samplers.CmaEsSampler``). ``tpe`` and Optuna
+            samplers learn continuously with a refilling scheduler (asha, hyperband, hypersched): every rung
+            value is reported to them as it is recorded, and a freed slot asks them for a new configuration.
         n_trials: configurations to try; required by ``random`` and ``tpe``, optional bound for ``grid``.
         seed: seed of the sampler.
         metric: name of the logged metric that ranks trials (e.g. ``val_acc``), as the module logs it; each
@@ -76,7 +79,8 @@ class LightningHydroSweeperConf:
             that changes shapes or the data pipeline, e.g. ``data.batch_size``, ``model.hidden_dim``).
         fusion_limit: most trials trained at once in one group: a number >= 1, or ``auto`` to probe.
         round_size: configurations asked of the sampler at a time; ``null``: all of them for ``grid``
-            and ``random``, the fusion limit for ``tpe`` (which learns from each finished round).
+            and ``random``, the fusion limit for ``tpe`` (which learns from each finished round; with a
+            refilling scheduler only the first round: the groups ask for the rest as their slots free).
         params: the search space, ``key: override value`` in Hydra's override grammar (nested keys
             give dotted ones, so ``hydra.sweeper.params.model.lr=...`` works on the command line; a
             ``null`` value drops a key).
@@ -85,6 +89,10 @@ class LightningHydroSweeperConf:
         retrain: final retraining of the best configurations.
         compile: ``false``, ``true`` or ``reduce-overhead``: each group's fused training step under
             ``torch.compile`` (``FusedLightningModule(compile=...)``; an app config's ``fused.compile`` wins).
+        storage: a database URL (e.g. ``postgresql://user:password@host/db``) holding the sweep's rung
+            records and sampler state, for group jobs on several machines; ``null``: files in the sweep
+            directory (``lightning_hydro/rungs.db``, ``lightning_hydro/sampler.journal``).
+        plots: draw ``plots/`` at the end of the sweep (in a background process, which does not delay it).
     """
 
     _target_: str = "hydra_plugins.lightning_hydro_sweeper.lightning_hydro_sweeper.LightningHydroSweeper"
@@ -101,6 +109,8 @@ class LightningHydroSweeperConf:
     probe: FusionProbeConf = field(default_factory=FusionProbeConf)
     retrain: RetrainConf = field(default_factory=RetrainConf)
     compile: Any = False
+    storage: str | None = None
+    plots: bool = True
 
 
 ConfigStore.instance().store(

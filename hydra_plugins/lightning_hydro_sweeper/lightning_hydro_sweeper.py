@@ -34,6 +34,8 @@ class LightningHydroSweeper(Sweeper):
         probe: DictConfig,
         retrain: DictConfig,
         compile: Any = False,
+        storage: str | None = None,
+        plots: bool = True,
     ) -> None:
         from lightning_hydro.sweeper._impl import LightningHydroSweeperImpl
 
@@ -51,6 +53,8 @@ class LightningHydroSweeper(Sweeper):
             probe=probe,
             retrain=retrain,
             compile=compile,
+            storage=storage,
+            plots=plots,
         )
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:

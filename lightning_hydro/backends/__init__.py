@@ -40,10 +40,19 @@ def make_backend(name: str, group: StackedState, *, compile: CompileSetting = Fa
     ``compile`` applies to vmap and hfta (their training step under torch.compile); the loop runs eagerly.
     """
     if name == "vmap":
+        if group.pad_widths:  # trials of different widths, zero-padded: the template carries the padded sizes
+            from lightning_hydro.backends.padded_vmap import PaddedVmapBackend
+
+            return PaddedVmapBackend(group)  # eager: compile does not cover padded groups yet
         return VmapBackend(group, compile=compile)
     if name == "loop":
         return LoopBackend(group)
     if name == "hfta":
+        if group.pad_widths:
+            raise FusionError(
+                "backend='hfta' does not fuse trials of different widths (pad_widths=True); use backend='vmap', "
+                "'loop' or 'auto'."
+            )
         from lightning_hydro.backends.hfta_backend import HftaBackend  # imports the operator library
 
         return HftaBackend(group, compile=compile)

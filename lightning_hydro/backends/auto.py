@@ -80,6 +80,7 @@ def choose_backend(
     *,
     repeats: int = 3,
     timed: bool = True,
+    margin: float = 0.1,
 ) -> AutoChoice:
     """Time ``run_step(backend)`` for each candidate and return the fastest.
 
@@ -92,6 +93,8 @@ def choose_backend(
         run_step: one forward+backward with the given backend (gradients accumulate in the stacked state).
         repeats: timed calls per candidate after one warm-up call; the median counts.
         timed: pick the fastest (True) or the first that runs (False).
+        margin: a later candidate must be this much faster than an earlier one to be chosen (0.1: 10%), so
+            that timing noise on a loaded machine does not flip the choice between near-equal backends.
 
     Raises:
         FusionError: if no candidate can run the model (the last reason is re-raised).
@@ -145,7 +148,8 @@ def choose_backend(
     # the error's traceback holds this frame (and its callers'), which holds the error: a cycle that would
     # keep the tensors of the step being run (its autograd graph included) alive until the collector runs
     del last_error
-    fastest = min(choice.seconds, key=lambda n: choice.seconds[n])
+    best = min(choice.seconds.values())
+    fastest = next(n for n in choice.seconds if choice.seconds[n] <= best * (1.0 + margin))  # in preference order
     choice.backend = built[fastest]
     if timed:
         _CACHE[key] = fastest

@@ -7,8 +7,8 @@ use, and applies the rules that change it:
   runs) and keeps the fastest;
 - fusion verification: each trial's fused loss and gradients are checked against its own module on its first
   batch; a mismatch is an error, or under ``"auto"`` a move to the loop;
-- evaluation fallbacks: a validation/test/predict method that cannot run fused (or updates torchmetrics state)
-  runs per trial on the loop, training unaffected;
+- evaluation fallbacks: a validation/test/predict method that cannot run fused runs per trial on the loop,
+  training unaffected (torchmetrics calls run fused: see :mod:`lightning_hydro.backends.deferred_metrics`);
 - group-size changes: under ``"auto"`` a group left with one trial runs it on the loop (nothing to batch) and a
   newcomer brings the timed choice back; a newcomer whose Python settings differ is refused (or moves the group
   to the loop under ``"auto"``).
@@ -18,15 +18,16 @@ It knows nothing of Lightning's hooks; the fused module calls it from them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
-from lightning_hydro.backends import Backend, CompileSetting, FusionError, LoopBackend, VmapBackend, make_backend
+from lightning_hydro.backends import Backend, CompileSetting, LoopBackend, VmapBackend, make_backend
 from lightning_hydro.backends.auto import AutoChoice
+from lightning_hydro.backends.deferred_metrics import deferred_note, preserved_metric_states
 from lightning_hydro.fused.trial_slots import TrialSlots
 from lightning_hydro.fused.verify import FusionMismatchError, verify_fusion
 
@@ -91,44 +92,23 @@ class BackendPolicy:
 
     # -- training ---------------------------------------------------------------------------------------------
 
-    def for_training(
-        self,
-        metrics: Sequence[str],
-        run_step: Callable[[Backend], None],
-        choose: Chooser,
-        model_name: str,
-    ) -> Backend:
+    def for_training(self, run_step: Callable[[Backend], None], choose: Chooser, model_name: str) -> Backend:
         """The backend for a training step; on the first batch under ``"auto"``, choose it.
 
         Args:
-            metrics: torchmetrics metrics the user's ``training_step`` updates (they need the loop).
             run_step: one forward and backward of the batch with a candidate backend (for timing).
             choose: the chooser (:func:`lightning_hydro.backends.auto.choose_backend`).
             model_name: the trial class's name, for messages.
-
-        Raises:
-            FusionError: a fused backend was requested for a step that updates torchmetrics metrics.
         """
-        if self.backend is not None and metrics and not isinstance(self.backend, LoopBackend):
-            raise FusionError(
-                f"backend={self.backend.name!r} cannot fuse {model_name}.training_step: it updates "
-                f"torchmetrics metrics ({', '.join(metrics)}), whose state vmap cannot keep per trial. Use "
-                "backend='loop', or update those metrics in validation_step only (validation then runs per trial)."
-            )
         if self.backend is not None:
             return self.backend
-        names = ("loop",) if metrics else ("hfta", "vmap", "loop")
-        if metrics:
-            rank_zero_info(
-                f"FusedLightningModule: training_step updates torchmetrics metrics ({', '.join(metrics)}), whose "
-                "state vmap cannot keep per trial; backend='auto' uses 'loop'."
-            )
         group = self.slots.group
-        candidates = [(name, partial(make_backend, name, group)) for name in names]
-        choice = choose(group, candidates, run_step, timed=not self.deterministic)
+        candidates = [(name, partial(make_backend, name, group)) for name in ("hfta", "vmap", "loop")]
+        with preserved_metric_states(group.modules):  # timing steps must not count in torchmetrics
+            choice = choose(group, candidates, run_step, timed=not self.deterministic)
         self.backend = choice.backend if not self.compile else self._make(choice.backend.name)
         self.slots.book.set_backend(self.slots.trial_ids, choice.backend.name)
-        self.report = f"FusedLightningModule: {choice.describe()}."
+        self.report = f"FusedLightningModule: {choice.describe()}{deferred_note(choice.backend)}."
         rank_zero_info(self.report)
         return choice.backend
 
@@ -138,12 +118,13 @@ class BackendPolicy:
         ids = [tid for tid in group.trial_ids if tid in self.verify_ids]
         # the loop runs each trial's own code: nothing to check; otherwise a skipped batch checks the next one
         try:
-            if (
-                ids
-                and not isinstance(backend, LoopBackend)
-                and not verify_fusion(group, backend, ids, batch, batch_idx)
-            ):
-                return backend
+            with preserved_metric_states(group.modules):  # the checked steps must not count in torchmetrics
+                if (
+                    ids
+                    and not isinstance(backend, LoopBackend)
+                    and not verify_fusion(group, backend, ids, batch, batch_idx)
+                ):
+                    return backend
         except FusionMismatchError as err:
             if self.requested != "auto":
                 raise

@@ -49,7 +49,6 @@ from lightning_hydro.fused.backend_policy import BackendPolicy
 from lightning_hydro.fused.group_checkpoint import CHECKPOINT_KEY, group_state, restore_group
 from lightning_hydro.fused.results import TrialStatus, format_results_table
 from lightning_hydro.fused.row_health import HealthReadback, RowHealth
-from lightning_hydro.fused.stateful_metrics import updated_metrics
 from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_callbacks import per_trial_callbacks, refuse_module_callbacks
 from lightning_hydro.fused.trial_clipping import clip_trial_gradients
@@ -58,6 +57,7 @@ from lightning_hydro.fused.trial_metrics import TrialMetrics
 from lightning_hydro.fused.trial_modes import TrialModes
 from lightning_hydro.fused.trial_schedulers import drop_scheduler_configs, scheduler_configs
 from lightning_hydro.fused.trial_slots import TrialSlots
+from lightning_hydro.fused.width_padding import width_optimizer_path
 from lightning_hydro.optim.group_optimizer import (
     OptimizerPath,
     StepReport,
@@ -95,6 +95,10 @@ class FusedLightningModule(L.LightningModule):
             always correct) or ``"auto"`` (time each on the first batch, keep the fastest; a group that early
             stopping leaves with one trial runs it on the loop until another trial joins). The backend in
             use is recorded in ``results[id]["backend"]`` and in checkpoints (a resumed run reuses it).
+        pad_widths: allow trials that differ in hidden sizes (Linear features, conv channels, a Transformer
+            layer's feed-forward width): they are zero-padded to the group's largest shapes, each trial keeping
+            its own width (its module, optimizer and ``unfuse`` copy). Checked by a width plan that names any
+            module it refuses; each trial's own optimizer steps it (see :mod:`.width_padding`).
         deterministic: with ``backend="auto"``, choose without timing (timings, and so the choice and the
             arithmetic, change with machine load): the first of hfta, vmap, loop that runs the model.
         trial_ids: one integer id per trial (default ``0..B-1``).
@@ -140,13 +144,16 @@ class FusedLightningModule(L.LightningModule):
         deterministic: bool = False,
         divergence_check_every: int | None = None,
         compile: CompileSetting = False,
+        pad_widths: bool = False,
     ) -> None:
         super().__init__()
         trials = list(trials)
         ids = list(range(len(trials))) if trial_ids is None else [int(t) for t in trial_ids]
         check_fused_arguments(trials, ids, backend, max_slots, optimizer_path, mode)
         self.stacked = nn.Module()  # holds the stacked tensors, so that .to(), state_dict() and Lightning see them
-        self._slots = TrialSlots(self.stacked, trials, ids, max_slots if max_slots is not None else len(trials))
+        optimizer_path = width_optimizer_path(trials, ids, pad_widths=pad_widths, optimizer_path=optimizer_path)
+        slots = max_slots if max_slots is not None else len(trials)
+        self._slots = TrialSlots(self.stacked, trials, ids, slots, pad_widths=pad_widths)
         self.deterministic = check_deterministic(deterministic)
         self._policy = BackendPolicy(
             backend,
@@ -162,7 +169,6 @@ class FusedLightningModule(L.LightningModule):
         self._open_batch: int | None = None
         self._stepped = False  # an optimizer step ran in this batch (not only gradient accumulation)
         self._read_due = False  # the health schedule asks for a read-back at this batch's end
-        self._metric_updates: dict[str, list[str]] = {}
         self._modes = TrialModes()
         self.summary = summary
         self.monitor = monitor
@@ -274,6 +280,7 @@ class FusedLightningModule(L.LightningModule):
     def unfuse(self, trial_id: int) -> L.LightningModule:
         """A standalone copy of the trial's module with its trained weights and buffers."""
         module = copy.deepcopy(self.trial_module(trial_id))
+        self._group.detach(module)  # its own compact tensors, not a copy of the whole stacked storage
         for param in module.parameters():
             param.grad = None
         return module
@@ -493,12 +500,6 @@ class FusedLightningModule(L.LightningModule):
         if loss is not None:
             torch.where(torch.isfinite(loss.detach()), loss, torch.zeros_like(loss)).sum().backward()
 
-    def _metrics_block_fusion(self, method: str, *args: Any) -> list[str]:
-        """The torchmetrics metrics that ``method`` updates (cached per method; see :mod:`.stateful_metrics`)."""
-        if method not in self._metric_updates:
-            self._metric_updates[method] = updated_metrics(self._first(), method, args, trainer=self._trainer)
-        return self._metric_updates[method]
-
     def _record_logs(self, phase: str, hook: str, logs: list[StackedLog], batch: Any) -> None:
         record_step_logs(self._metrics, phase, hook, logs, self._group.trial_ids, batch)
 
@@ -507,7 +508,6 @@ class FusedLightningModule(L.LightningModule):
         if not self._group.trial_ids:
             return None  # every trial has stopped; Lightning ends the fit at its next check
         backend = self._policy.for_training(
-            self._metrics_block_fusion("training_step", batch, batch_idx),
             lambda b: self._training_forward_backward(b, batch, batch_idx),
             choose_backend,  # looked up here, so that tests can replace the module's chooser
             type(self._first()).__name__,
@@ -531,12 +531,6 @@ class FusedLightningModule(L.LightningModule):
         if not self._group.trial_ids:
             return StepOutputs(output=None, per_row=[])
         backend = self._eval_backend(method)
-        if not isinstance(backend, LoopBackend) and (metrics := self._metrics_block_fusion(method, *args)):
-            message = (
-                f"{method} updates torchmetrics metrics ({', '.join(metrics)}), whose state vmap cannot keep per "
-                f"trial, so {method} runs per trial with backend='loop' (training is unaffected)."
-            )
-            backend = self._policy.eval_on_loop(method, message, warn=False)
         try:
             return backend.run(method, *args)
         except FusionError as err:

@@ -43,13 +43,20 @@ class TrialSlots:
         modules: the initial trial modules (one architecture).
         trial_ids: one id per module.
         max_slots: how many trials the group may hold at once.
+        pad_widths: trials may differ in hidden sizes (zero-padded; see :class:`StackedState`).
     """
 
     def __init__(
-        self, storage: nn.Module, modules: Sequence[nn.Module], trial_ids: Sequence[int], max_slots: int
+        self,
+        storage: nn.Module,
+        modules: Sequence[nn.Module],
+        trial_ids: Sequence[int],
+        max_slots: int,
+        *,
+        pad_widths: bool = False,
     ) -> None:
         self.storage = storage
-        self.group = StackedState(storage, modules, trial_ids)
+        self.group = StackedState(storage, modules, trial_ids, pad_widths=pad_widths)
         self.book = TrialBook(trial_ids)
         self.retired: dict[int, nn.Module] = {}
         self.max_slots = max_slots
@@ -144,5 +151,6 @@ class TrialSlots:
         """Hold ``live`` (ids of ``known`` modules) in new stacked state; the rest of ``known`` is retired."""
         for module in self.group.modules:
             self.group.detach(module)
-        self.group = StackedState(self.storage, [known[tid] for tid in live], live)
+        padded = self.group.pad_widths
+        self.group = StackedState(self.storage, [known[tid] for tid in live], live, pad_widths=padded)
         self.retired = {tid: m for tid, m in known.items() if tid not in live}

@@ -33,6 +33,7 @@ from lightning_hydro.sweeper.fusion_report import warn_if_nothing_fuses
 from lightning_hydro.sweeper.group_model import trial_seed
 from lightning_hydro.sweeper.group_spec import (
     RESULT_FILE,
+    STATE_DIR,
     EarlyStoppingSpec,
     GroupSpec,
     TrialSpec,
@@ -41,11 +42,20 @@ from lightning_hydro.sweeper.group_spec import (
 )
 from lightning_hydro.sweeper.group_task import ERROR_FILE, GroupTask
 from lightning_hydro.sweeper.json_files import write_json_atomic
-from lightning_hydro.sweeper.plots import plot_sweep
+from lightning_hydro.sweeper.plots import plot_in_background
 from lightning_hydro.sweeper.reports import format_best_table, metric_value, rank_trials, write_results
-from lightning_hydro.sweeper.samplers import GridSampler, TPESampler, TrialOutcome, make_sampler
+from lightning_hydro.sweeper.samplers import GridSampler, Sampler, TPESampler, TrialOutcome, make_sampler
 from lightning_hydro.sweeper.search_space import Interval, override_key, parse_search_space
 from lightning_hydro.sweeper.settings import SweepSettings
+from lightning_hydro.sweeper.study_channel import STUDY_NAME, ChannelSpec, StudyChannel
+from lightning_hydro.sweeper.sweep_search import (
+    absorb_asked_trials,
+    partition_quotas,
+    rung_storage,
+    sampler_storage,
+    search_section,
+    sweep_name,
+)
 from lightning_hydro.sweeper.sweep_state import SweepState
 from lightning_hydro.sweeper.trial_groups import (
     Partition,
@@ -97,16 +107,31 @@ class LightningHydroSweeperImpl(Sweeper):
         self.space = parse_search_space(lines)
         swept = {dim.key: dim.prefix for dim in self.space.dimensions}
         check_sweep_keys(self.config, swept, self.settings.non_fusible)
-        self.sampler = make_sampler(
-            self.settings.sampler,
-            self.space,
-            seed=self.settings.seed,
-            mode=self.settings.mode,
-            n_trials=self.settings.n_trials,
-        )
         self.fusible = [k for k in self.space.keys if k not in self.settings.non_fusible]
+        self.sampler: Sampler | None = None
+        if not self.settings.continuous:
+            self.sampler = make_sampler(
+                self.settings.sampler,
+                self.space,
+                seed=self.settings.seed,
+                mode=self.settings.mode,
+                n_trials=self.settings.n_trials,
+            )
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        (sweep_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
+        self.channel: StudyChannel | None = None
+        if self.settings.continuous:  # the sweep's one sampler, shared with every group job
+            spec = ChannelSpec(
+                storage=sampler_storage(sweep_dir, self.settings.storage),
+                sampler=self.settings.sampler,
+                seed=self.settings.seed,
+                mode=self.settings.mode,
+                space=tuple(lines),
+                study=STUDY_NAME if self.settings.storage is None else sweep_name(sweep_dir, self.settings.storage),
+            )
+            self.channel = StudyChannel(spec)
+        self.rung_storage = rung_storage(sweep_dir, self.settings.storage)
+        self.rung_namespace = sweep_name(sweep_dir, self.settings.storage)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         self.state = SweepState.open(sweep_dir, self.settings.request(lines))
         self.failures: dict[str, BaseException] = {}
@@ -130,9 +155,10 @@ class LightningHydroSweeperImpl(Sweeper):
 
     def _search(self) -> None:
         n_target = self._n_target()
-        self.sampler.skip(len(self.state.trials))
+        if self.sampler is not None:
+            self.sampler.skip(len(self.state.trials))
         for group in self.state.groups_of_kind("search"):
-            self._tell(group)
+            self._tell(self._absorb(group))
         while True:
             pending = [
                 g
@@ -145,9 +171,14 @@ class LightningHydroSweeperImpl(Sweeper):
                     return
                 pending = self._plan_round(n_new)
             self._launch([(self._search_spec(g), self._job_overrides(g)) for g in pending])
+            pending = [self._absorb(group) for group in pending]
             for group in pending:
                 self._tell(group)
             self._check_metric_logged(pending)
+
+    def _absorb(self, group: TrialGroup) -> TrialGroup:
+        """The group, with the trials its job asked of the sweep's sampler added to it and to the plan."""
+        return group if self.channel is None else absorb_asked_trials(self.state, group, self.channel)
 
     def _n_target(self) -> int:
         if isinstance(self.sampler, GridSampler):
@@ -159,15 +190,19 @@ class LightningHydroSweeperImpl(Sweeper):
     def _round_size(self, n_target: int) -> int:
         if self.settings.round_size is not None:
             return self.settings.round_size
-        if isinstance(self.sampler, TPESampler):
+        if isinstance(self.sampler, TPESampler) or self.channel is not None:
             limit = self.settings.fusion_limit
             return limit if isinstance(limit, int) else _DEFAULT_TPE_ROUND
         return n_target
 
     def _plan_round(self, n_new: int) -> list[TrialGroup]:
-        first_id = len(self.state.trials)
-        ids = list(range(first_id, first_id + n_new))
-        trials = [Trial(tid, conf) for tid, conf in zip(ids, self.sampler.ask(ids))]
+        if self.channel is not None:  # the sweep's sampler numbers its trials itself
+            trials = [Trial(tid, conf) for tid, conf in self.channel.ask(n_new)]
+        else:
+            assert self.sampler is not None
+            first_id = len(self.state.trials)
+            ids = list(range(first_id, first_id + n_new))
+            trials = [Trial(tid, conf) for tid, conf in zip(ids, self.sampler.ask(ids))]
         if self.settings.fusion_limit == "auto":
             self._probe_fusion_limits(trials)
         refill = self.settings.scheduler.name != "none" and self.settings.scheduler.refill
@@ -178,11 +213,20 @@ class LightningHydroSweeperImpl(Sweeper):
             refill=refill,
             first_index=len(self.state.groups_of_kind("search")),
         )
+        if self.channel is not None:  # each partition's group asks for its share of the rest as slots free
+            groups = self._with_quotas(groups, len(self.state.trials) + len(trials))
         self.state.add(trials, groups)
         warn_if_nothing_fuses(groups, self.settings.non_fusible, self.space.keys)
         sizes = ", ".join(f"{g.group_id}: {len(g.trial_ids)} [{partition_label(g.partition)}]" for g in groups)
         log.info("lightning_hydro: %d new trials in %d groups (%s)", len(trials), len(groups), sizes)
         return groups
+
+    def _with_quotas(self, groups: list[TrialGroup], asked: int) -> list[TrialGroup]:
+        """Give each group its partition's share of the trials not asked yet; slots: min(fusion limit, quota)."""
+        counts = {g.group_id: len(g.trial_ids) for g in groups}
+        quotas = partition_quotas(counts, sum(counts.values()) + max(0, self._n_target() - asked))
+        self.state.quotas.update(quotas)
+        return [dataclasses.replace(g, slots=min(self._fusion_limit(g.partition), quotas[g.group_id])) for g in groups]
 
     def _fusion_limit(self, partition: Partition) -> int:
         limit = self.settings.fusion_limit
@@ -255,8 +299,11 @@ class LightningHydroSweeperImpl(Sweeper):
 
     def _seed(self, trial_id: int) -> int:
         """The trial's seed: the config's ``seed`` (default 0), or one of its own where ``seed: null``."""
+        return trial_seed(self._config_seed(), self.settings.seed, trial_id)
+
+    def _config_seed(self) -> int | None:
         config_seed = self.config.get(SEED_KEY, 0) if self.config is not None else 0
-        return trial_seed(config_seed if isinstance(config_seed, int) else None, self.settings.seed, trial_id)
+        return config_seed if isinstance(config_seed, int) else None
 
     def _search_spec(self, group: TrialGroup) -> GroupSpec:
         sched = self.settings.scheduler
@@ -268,10 +315,21 @@ class LightningHydroSweeperImpl(Sweeper):
             min_budget=sched.min_budget,
             max_budget=sched.max_budget,
             options=dict(sched.options),
+            storage=self.rung_storage,  # one rung store per sweep: every decision ranks the whole sweep
+            namespace=self.rung_namespace,
         )
-        return dataclasses.replace(
-            self._spec(group, self._trial_overrides(self._trials_of(group))), early_stopping=early_stopping
-        )
+        search: dict[str, Any] = {}
+        if self.channel is not None and group.group_id in self.state.quotas:
+            search = search_section(
+                self.channel,
+                quota=self.state.quotas[group.group_id],
+                group=group,
+                fusible=self.fusible,
+                space=self.space,
+                seeds=(self._config_seed(), self.settings.seed),
+            )
+        spec = self._spec(group, self._trial_overrides(self._trials_of(group)))
+        return dataclasses.replace(spec, early_stopping=early_stopping, search=search)
 
     def _job_overrides(self, group: TrialGroup, extra: Sequence[str] = ()) -> list[str]:
         """A job's overrides: the fixed ones, its partition's values, ``extra`` (wins), Hydra's settings."""
@@ -344,7 +402,12 @@ class LightningHydroSweeperImpl(Sweeper):
                 continue
             self._told.add(tid)
             record = self._record(group, tid)
-            outcome = TrialOutcome(record["status"], metric_value(record, self.settings.metric), record["budget"])
+            value = metric_value(record, self.settings.metric)
+            if self.channel is not None:  # the job told it already, unless the job failed
+                self.channel.tell(tid, record["status"], value)
+                continue
+            assert self.sampler is not None
+            outcome = TrialOutcome(record["status"], value, record["budget"])
             self.sampler.tell(tid, self.state.trials[tid].configuration, outcome)
 
     def _check_metric_logged(self, groups: Sequence[TrialGroup]) -> None:
@@ -419,18 +482,17 @@ class LightningHydroSweeperImpl(Sweeper):
         metric, mode = self.settings.metric, self.settings.mode
         json_path, csv_path = write_results(self.state.sweep_dir, records, retrained, metric=metric, mode=mode)
         log_keys = {d.key for d in self.space.dimensions if isinstance(d, Interval) and d.log}
-        try:
-            plots = plot_sweep(records, metric, self.state.sweep_dir / "plots", log_scale_keys=log_keys)
-        except ImportError as err:  # pragma: no cover - depends on the environment
-            log.warning("lightning_hydro: no plots (%s); results.json and results.csv are complete", err)
-            plots = []
+        plots = "off (hydra.sweeper.plots=false)"
+        if self.settings.plots:  # drawn by a process of their own: the sweep does not wait for matplotlib
+            plot_in_background(json_path, self.state.sweep_dir / "plots", log_scale_keys=log_keys)
+            plots = f"drawn in the background into {self.state.sweep_dir / 'plots'}"
         log.info("%s", format_best_table(records, metric, mode))
         if retrained:
             log.info(
                 "%s",
                 format_best_table(retrained, metric, mode, top=len(retrained)).replace("Best", "Retrained: best"),
             )
-        log.info("lightning_hydro: results in %s, %s; plots %s", json_path, csv_path, [str(p) for p in plots])
+        log.info("lightning_hydro: results in %s, %s; plots %s", json_path, csv_path, plots)
 
 
 def _plain_dict(node: Any) -> dict[str, Any]:

@@ -16,18 +16,25 @@ from typing import Any
 import lightning as L
 
 from lightning_hydro.callbacks.refill_source import RefillSpec
+from lightning_hydro.schedulers import RungStore
 from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec
 
-__all__ = ["REFILLING", "build_stopping_callback"]
+__all__ = ["REFILLING", "SWEEP_TRIAL_PREFIX", "build_stopping_callback"]
+
+SWEEP_TRIAL_PREFIX = "sweep"
+"""Every group's callback names its trials ``"sweep/<trial_id>"`` in the shared store: sweep ids are unique."""
 
 # Schedulers whose callback takes new trials into freed slots (synchronous successive halving cannot).
 REFILLING = ("asha", "hyperband", "hypersched")
 
 
-def build_stopping_callback(spec: EarlyStoppingSpec, *, max_t: int, refill: RefillSpec | None = None) -> L.Callback:
+def build_stopping_callback(
+    spec: EarlyStoppingSpec, *, max_t: int, refill: RefillSpec | None = None, storage: RungStore | None = None
+) -> L.Callback:
     """The callback for ``spec.name`` (``asha``, ``successive_halving``, ``hyperband`` or ``hypersched``).
 
     ``spec.options`` go to the callback as keyword arguments (``hypersched`` needs ``deadline``, in seconds).
+    ``storage``: the sweep's shared rung store; its trials are then named ``"sweep/<trial_id>"`` there.
 
     Raises:
         ValueError: an unknown scheduler, a reduction factor that is not a whole number, ``hypersched``
@@ -66,4 +73,7 @@ def build_stopping_callback(spec: EarlyStoppingSpec, *, max_t: int, refill: Refi
     )
     if refill is not None:
         kwargs["refill"] = refill
+    if storage is not None:
+        kwargs["storage"] = storage
+        kwargs["trial_id"] = SWEEP_TRIAL_PREFIX
     return classes[spec.name](**kwargs)

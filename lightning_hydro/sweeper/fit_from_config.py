@@ -38,10 +38,19 @@ from lightning_hydro.sweeper.app_config import (
     SEED_KEY,
     TRAINER_KEY,
 )
+from lightning_hydro.sweeper.backend_cache import BACKEND_FILE, BackendCache
 from lightning_hydro.sweeper.fit_trials import FusedSettings, TrialResult, fit_trials
 from lightning_hydro.sweeper.fusion_limit import measure_fusion_limit
 from lightning_hydro.sweeper.group_model import restore_model_node
-from lightning_hydro.sweeper.group_spec import GroupSpec, TrialSpec, job_dirs, read_group_spec, write_group_result
+from lightning_hydro.sweeper.group_search import GroupSearch
+from lightning_hydro.sweeper.group_spec import (
+    STATE_DIR,
+    GroupSpec,
+    TrialSpec,
+    job_dirs,
+    read_group_spec,
+    write_group_result,
+)
 from lightning_hydro.sweeper.overrides import apply_overrides
 from lightning_hydro.sweeper.scaling_settings import ScalingSettings
 from lightning_hydro.sweeper.trainer_factory import ConfigTrainerFactory
@@ -80,7 +89,12 @@ def fit_from_config(cfg: DictConfig) -> dict[int, TrialResult]:
     # muP: search trials are width / ratio surrogates; the final retrain is the full-size target (ratio 1)
     scaling = ScalingSettings.from_config(cfg.get(SCALING_KEY), full_size=spec.kind == "retrain")
 
+    search = GroupSearch.from_spec(spec.search, job_dir) if in_group else None
+
     def build_module(trial_id: int) -> L.LightningModule:
+        if trial_id not in trial_cfgs and search is not None:  # a trial the job asked of the sweep's sampler
+            trial_cfgs[trial_id] = apply_overrides(cfg, search.overrides(trial_id) or [])
+            seeds[trial_id] = search.seed(trial_id)
         # Each trial starts from its own seed: its init depends on its config only, not on its group.
         L.seed_everything(seeds[trial_id], verbose=False)
         return scaling.build(trial_cfgs[trial_id][MODEL_KEY])
@@ -107,6 +121,8 @@ def fit_from_config(cfg: DictConfig) -> dict[int, TrialResult]:
         workdir=workdir,
         early_stopping=spec.early_stopping,
         fused=FusedSettings(**{**spec.fused, **_plain(cfg.get(FUSED_KEY))}) if in_group else None,
+        search=search,
+        backend_cache=BackendCache(sweep_dir / STATE_DIR / BACKEND_FILE) if in_group and sweep_dir else None,
     )
     for trial_id, result in results.items():
         log.info(

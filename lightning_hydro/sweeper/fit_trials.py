@@ -27,7 +27,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from lightning_hydro.sweeper.backend_cache import BackendCache, model_signature
 from lightning_hydro.sweeper.early_stopping import REFILLING, build_stopping_callback
+from lightning_hydro.sweeper.group_search import GroupSearch, group_stopping
 from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec
 from lightning_hydro.sweeper.json_files import read_json_or_redo, write_json_atomic
 from lightning_hydro.sweeper.metric_history import MetricHistory, scalar_metrics
@@ -52,12 +54,15 @@ class FusedSettings:
         deterministic: with ``auto``, choose the backend without timing (``FusedLightningModule``'s
             ``deterministic``), so that a rerun computes the same numbers on a busier machine.
         compile: ``False``, ``True`` or ``"reduce-overhead"`` (``FusedLightningModule``'s ``compile``).
+        pad_widths: fuse trials whose hidden sizes differ, zero-padded (``FusedLightningModule``'s
+            ``pad_widths``); refills of any width fit in.
     """
 
     backend: str = "auto"
     optimizer_path: str = "auto"
     deterministic: bool = False
     compile: bool | str = False
+    pad_widths: bool = False
 
 
 class TrialResult(TypedDict):
@@ -109,6 +114,8 @@ def fit_trials(
     workdir: Path,
     early_stopping: EarlyStoppingSpec | None = None,
     fused: FusedSettings | None = None,
+    search: GroupSearch | None = None,
+    backend_cache: BackendCache | None = None,
 ) -> dict[int, TrialResult]:
     """Train the trials of one group and return each trial's result.
 
@@ -123,6 +130,11 @@ def fit_trials(
         early_stopping: settings of the early-stopping callback; ``None`` or name ``none``: train every
             trial to the Trainer's ``max_epochs``.
         fused: train the trials fused with these settings; ``None``: one ordinary run per trial.
+        search: the group's part in the sweep-wide search: once its waiting trials have started, freed
+            slots take new trials asked of the sweep's sampler, up to the group's quota (``build_module``
+            must build those ids too). ``None``: the group's own trials only.
+        backend_cache: the sweep's record of the backend each model ran on: with ``backend="auto"``, a model
+            that an earlier group ran runs on the same backend, untimed; a new one is timed and recorded.
 
     Returns:
         ``{trial_id: TrialResult}`` for every id in ``trial_ids``.
@@ -143,12 +155,19 @@ def fit_trials(
     ids = list(trial_ids)
     if stopping is not None and stopping.name in REFILLING:
         # one fused group; slots freed by early stopping are refilled from the pending trials, in order
-        return _fit_fused(build_module, ids, slots, datamodule, trainer_factory, workdir / "fused_0", fused, stopping)
+        root = workdir / "fused_0"
+        return _fit_fused(
+            build_module, ids, slots, datamodule, trainer_factory, root, fused, stopping, search, backend_cache
+        )
     results: dict[int, TrialResult] = {}
     for round_index, start in enumerate(range(0, len(ids), slots)):
         round_ids = ids[start : start + slots]
         root = workdir / f"fused_{round_index}"
-        results.update(_fit_fused(build_module, round_ids, slots, datamodule, trainer_factory, root, fused, stopping))
+        results.update(
+            _fit_fused(
+                build_module, round_ids, slots, datamodule, trainer_factory, root, fused, stopping, None, backend_cache
+            )
+        )
     return results
 
 
@@ -161,6 +180,8 @@ def _fit_fused(
     root: Path,
     settings: FusedSettings,
     stopping: EarlyStoppingSpec | None,
+    search: GroupSearch | None = None,
+    backend_cache: BackendCache | None = None,
 ) -> dict[int, TrialResult]:
     """Train ``trial_ids`` as one fused group of ``slots`` slots; trials beyond them refill freed slots."""
     from lightning_hydro.fused import FusedLightningModule
@@ -176,15 +197,19 @@ def _fit_fused(
         write_json_atomic(root / ROUND_RESULT_FILE, {str(k): v for k, v in builder.failed.items()})
         return dict(builder.failed)
     first = [tid for tid, _ in started]
+    signature = model_signature(started[0][1])
+    use_cache = backend_cache is not None and not settings.deterministic  # deterministic: never by timing
+    cached = backend_cache.backend_for(signature, settings.backend) if backend_cache and use_cache else None
     fused = FusedLightningModule(
         [module for _, module in started],
         trial_ids=first,
         max_slots=slots,
-        backend=settings.backend,  # type: ignore[arg-type]
+        backend=cached or settings.backend,  # type: ignore[arg-type]
         optimizer_path=settings.optimizer_path,  # type: ignore[arg-type]
         trial_factory=build_module,
         deterministic=settings.deterministic,
         compile=settings.compile,  # type: ignore[arg-type]
+        pad_widths=settings.pad_widths,
     )
     callbacks: list[Callback] = []
     overrides: dict[str, Any] = {}
@@ -194,10 +219,16 @@ def _fit_fused(
         )
         max_t = stopping.max_budget or int(configured or 10)
         unstarted = len(trial_ids) - len(first) - len(builder.failed)
-        refill = pending if unstarted else None
-        callbacks.append(build_stopping_callback(stopping, max_t=max_t, refill=refill))
+        refill: Any = pending if unstarted else None
+        planned = len(trial_ids)
+        if search is not None:  # waiting trials first, then new ones asked of the sweep's sampler
+            refill = search.refill(trial_ids[trial_ids.index(first[-1]) + 1 :], build_module)
+            planned = max(planned, search.quota)
+        store, after = group_stopping(stopping, search)
+        callbacks.append(build_stopping_callback(stopping, max_t=max_t, refill=refill, storage=store))
+        callbacks.extend(after)
         if refill is not None:  # the group ends when its last trial does, not at max_epochs
-            overrides["max_epochs"] = max_t * len(trial_ids)
+            overrides["max_epochs"] = max_t * planned
     trainer = trainer_factory(root_dir=root, callbacks=callbacks, **overrides)
     checkpoint = trainer_factory.last_checkpoint(root)
     if checkpoint is not None:
@@ -210,6 +241,8 @@ def _fit_fused(
         for tid, r in fused.results.items()
     }
     results.update(builder.failed)
+    if backend_cache is not None and use_cache and settings.backend == "auto":
+        backend_cache.record(signature, (r.get("backend", "") for r in results.values()))
     if all(r["status"] != "running" for r in results.values()):
         write_json_atomic(root / ROUND_RESULT_FILE, {str(k): v for k, v in results.items()})
     return results

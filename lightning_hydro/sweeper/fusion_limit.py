@@ -18,11 +18,12 @@ Example::
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
+
+from lightning_hydro.schedulers.group_sizing import LinearCost, plan_group_size
 
 if TYPE_CHECKING:
     import lightning as L
@@ -48,17 +49,23 @@ class FusionProbe:
 
     def memory_at(self, trials: int) -> float:
         """Extrapolated peak memory of a step with ``trials`` fused trials."""
-        m1, m2 = self.memory_bytes
-        return m1 + (trials - 1) * max(m2 - m1, 0.0)
+        return _line(self.memory_bytes).predict(trials)
 
     def step_seconds_at(self, trials: int) -> float:
         """Extrapolated time of a step with ``trials`` fused trials."""
-        t1, t2 = self.step_seconds
-        return t1 + (trials - 1) * max(t2 - t1, 0.0)
+        return _line(self.step_seconds).predict(trials)
+
+
+def _line(measured: tuple[float, float]) -> LinearCost:
+    """The cost line through B=1 and B=2, never decreasing with B (a probe's noise must not predict savings)."""
+    at_one, at_two = measured
+    return LinearCost.from_measurements(at_one, max(at_two, at_one))
 
 
 def fusion_limit_from_probe(probe: FusionProbe, *, safety_margin: float, max_limit: int) -> int:
     """Return the largest B (<= ``max_limit``) whose extrapolated memory fits ``capacity * (1 - margin)``.
+
+    The sizing rule is Fluid's, kept once in :func:`~lightning_hydro.schedulers.group_sizing.plan_group_size`.
 
     Raises:
         ValueError: if the settings are out of range, or if even one trial does not fit.
@@ -76,10 +83,8 @@ def fusion_limit_from_probe(probe: FusionProbe, *, safety_margin: float, max_lim
             f"{safety_margin:.0%} margin). Fix: make the partition smaller (batch size, width), or lower "
             "hydra.sweeper.probe.safety_margin."
         )
-    per_trial = m2 - m1
-    if per_trial <= 0:
-        return max_limit
-    return max(1, min(max_limit, 1 + math.floor((budget - m1) / per_trial)))
+    plan = plan_group_size(m1, max(m1, m2), probe.capacity_bytes, safety_margin=safety_margin, max_group_size=max_limit)
+    return plan.group_size
 
 
 def probe_fusion(

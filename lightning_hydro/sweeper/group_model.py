@@ -39,7 +39,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from lightning_hydro.fused import ArchitectureMismatchError
 from lightning_hydro.sweeper.app_config import MODEL_KEY
-from lightning_hydro.sweeper.group_spec import GroupSpec, job_dirs, read_group_spec
+from lightning_hydro.sweeper.backend_cache import BACKEND_FILE, BackendCache
+from lightning_hydro.sweeper.group_search import GroupSearch
+from lightning_hydro.sweeper.group_spec import STATE_DIR, GroupSpec, job_dirs, read_group_spec
 from lightning_hydro.sweeper.overrides import apply_overrides
 from lightning_hydro.sweeper.search_space import override_key
 
@@ -137,15 +139,22 @@ def fused_group_model(**node: Any) -> L.LightningModule:
             "number (e.g. 8)."
         )
     trial_cfgs = {t.trial_id: apply_overrides(base, t.overrides) for t in spec.trials}
-    seeds = {t.trial_id: t.seed for t in spec.trials}
+    seeds: dict[int, int | None] = {t.trial_id: t.seed for t in spec.trials}
+
+    search = GroupSearch.from_spec(spec.search, job_dir)
 
     def build_trial(trial_id: int) -> L.LightningModule:
+        if trial_id not in trial_cfgs and search is not None:  # a trial the job asked of the sweep's sampler
+            trial_cfgs[trial_id] = apply_overrides(base, search.overrides(trial_id) or [])
+            seeds[trial_id] = search.seed(trial_id)
         if seeds[trial_id] is not None:
             L.seed_everything(seeds[trial_id], verbose=False)
         return instantiate(trial_cfgs[trial_id][MODEL_KEY])
 
     try:
-        module = SweepGroupModule.for_group(spec, build_trial, job_dir=job_dir)
+        assert sweep_dir is not None
+        cache = BackendCache(sweep_dir / STATE_DIR / BACKEND_FILE)
+        module = SweepGroupModule.for_group(spec, build_trial, job_dir=job_dir, search=search, backend_cache=cache)
     except ArchitectureMismatchError as err:
         keys = differing_keys(spec)
         raise ArchitectureMismatchError(

@@ -53,7 +53,12 @@ class TrialSpec:
 
 @dataclass(frozen=True)
 class EarlyStoppingSpec:
-    """Early stopping inside a group; ``name == "none"`` trains every trial to ``trainer.max_epochs``."""
+    """Early stopping inside a group; ``name == "none"`` trains every trial to ``trainer.max_epochs``.
+
+    ``storage`` is the sweep's rung store (a SQLite path or a database URL) that every group shares, so that
+    decisions rank a trial against every trial of the sweep; ``None``: the group's own, in memory.
+    ``namespace`` is the sweep's name in that store.
+    """
 
     name: str = "none"
     metric: str = "val_loss"
@@ -62,6 +67,8 @@ class EarlyStoppingSpec:
     min_budget: int = 1
     max_budget: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    storage: str | None = None
+    namespace: str = "sweep"
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,11 @@ class GroupSpec:
         early_stopping: the early-stopping settings of the group.
         probe: ``{"safety_margin": ..., "max_limit": ...}`` for a probe group, else empty.
         fused: ``FusedLightningModule`` options for a job whose own task function builds the group
-            (``backend``, ``optimizer_path``, ``deterministic``: the app config's ``fused`` section).
+            (``backend``, ``optimizer_path``, ``deterministic``, ``pad_widths``: the app config's ``fused``
+            section).
+        search: the group's part in the sweep-wide search (see
+            :class:`~lightning_hydro.sweeper.group_search.GroupSearch`): its quota of trials, its partition and
+            the sweep's sampler; empty when freed slots take only the group's planned trials.
     """
 
     group_id: str
@@ -86,6 +97,7 @@ class GroupSpec:
     early_stopping: EarlyStoppingSpec = field(default_factory=EarlyStoppingSpec)
     probe: dict[str, Any] = field(default_factory=dict)
     fused: dict[str, Any] = field(default_factory=dict)
+    search: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -102,6 +114,7 @@ class GroupSpec:
             early_stopping=EarlyStoppingSpec(**data["early_stopping"]),
             probe=dict(data.get("probe", {})),
             fused=dict(data.get("fused", {})),
+            search=dict(data.get("search", {})),
         )
 
 

@@ -14,12 +14,15 @@ Example::
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STATUS_COLORS", "plot_sweep"]
+__all__ = ["STATUS_COLORS", "plot_in_background", "plot_sweep"]
 
 STATUS_COLORS = {
     "completed": "tab:green",
@@ -118,3 +121,31 @@ def _metric_vs_params(
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def plot_in_background(
+    results_json: Path, out_dir: Path, *, log_scale_keys: Collection[str] = ()
+) -> subprocess.Popen[bytes]:
+    """Draw the plots of a sweep's ``results.json`` in a separate process, which the sweep does not wait for.
+
+    Importing matplotlib and drawing take about a second and a half; the sweep returns meanwhile. The images
+    appear in ``out_dir`` when the process ends (its errors go to ``out_dir/plot_error.txt``).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # this file run as a script: importing the package would import torch and Lightning, for nothing
+    command = [sys.executable, str(Path(__file__)), str(results_json), str(out_dir), *sorted(log_scale_keys)]
+    with (out_dir / "plot_error.txt").open("wb") as errors:
+        return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True)
+
+
+def _main(argv: Sequence[str]) -> None:
+    results_json, out_dir, *log_keys = argv
+    results = json.loads(Path(results_json).read_text(encoding="utf-8"))
+    plot_sweep(results["trials"], results["metric"], Path(out_dir), log_scale_keys=set(log_keys))
+    error_file = Path(out_dir) / "plot_error.txt"
+    if error_file.is_file() and not error_file.stat().st_size:
+        error_file.unlink()
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_hydro.sweeper.samplers import SAMPLERS
+from lightning_hydro.sweeper.study_channel import is_learning_sampler
 
 __all__ = ["SCHEDULERS", "ProbeSettings", "RetrainSettings", "SchedulerSettings", "SweepSettings"]
 
@@ -74,6 +75,13 @@ class SweepSettings:
     probe: ProbeSettings
     retrain: RetrainSettings
     compile: bool | Literal["reduce-overhead"] = False
+    storage: str | None = None
+    plots: bool = True
+
+    @property
+    def continuous(self) -> bool:
+        """Whether freed slots ask the sweep's (learning) sampler for new configurations as results arrive."""
+        return is_learning_sampler(self.sampler) and self.scheduler.name in ("asha", "hyperband", "hypersched")
 
     @classmethod
     def from_config(
@@ -92,16 +100,19 @@ class SweepSettings:
         probe: Mapping[str, Any] | None = None,
         retrain: Mapping[str, Any] | None = None,
         compile: Any = False,
+        storage: str | None = None,
+        plots: bool = True,
     ) -> SweepSettings:
         """Validate the fields of ``hydra.sweeper`` (plain values, dicts or DictConfigs).
 
         Raises:
             ValueError: naming the first invalid setting and how to fix it.
         """
-        if sampler not in SAMPLERS:
+        if sampler not in SAMPLERS and not is_learning_sampler(sampler):
             raise ValueError(
                 f"{_P}: unknown sampler {sampler!r}; expected one of {list(SAMPLERS)}. Fix: e.g. "
-                "hydra.sweeper.sampler=random."
+                "hydra.sweeper.sampler=random, or an Optuna sampler's import path (e.g. "
+                "optuna.samplers.CmaEsSampler)."
             )
         if n_trials is not None and n_trials < 1:
             raise ValueError(f"{_P}: hydra.sweeper.n_trials must be >= 1, got {n_trials}.")
@@ -117,6 +128,14 @@ class SweepSettings:
                 f"{_P}: hydra.sweeper.compile must be false, true or reduce-overhead, got {compile!r}. Fix: e.g. "
                 "hydra.sweeper.compile=true (each group's training step under torch.compile)."
             )
+        if storage is not None and (not isinstance(storage, str) or "://" not in storage):
+            raise ValueError(
+                f"{_P}: hydra.sweeper.storage must be a database URL shared by every job of the sweep, got "
+                f"{storage!r}. Fix: e.g. hydra.sweeper.storage=postgresql://user:password@host/sweeps, or null "
+                "for files in the sweep directory (jobs on one machine or a shared file system)."
+            )
+        if not isinstance(plots, bool):
+            raise ValueError(f"{_P}: hydra.sweeper.plots must be true or false, got {plots!r}.")
         if round_size is not None and round_size < 1:
             raise ValueError(f"{_P}: hydra.sweeper.round_size must be >= 1 or null, got {round_size}.")
         return cls(
@@ -133,12 +152,14 @@ class SweepSettings:
             probe=_probe(_plain(probe)),
             retrain=_retrain(_plain(retrain)),
             compile=compile,
+            storage=storage,
+            plots=plots,
         )
 
     def request(self, search_space: Sequence[str]) -> dict[str, Any]:
-        """What defines the sweep for a resume: everything but ``metric``, ``mode`` and ``retrain``.
+        """What defines the sweep for a resume: everything but ``metric``, ``mode``, ``retrain`` and ``plots``.
 
-        Those three only rank and retrain finished trials, so a resume may change them.
+        Those only rank, retrain and draw finished trials, so a resume may change them.
         """
         return {
             "sampler": self.sampler,
@@ -149,6 +170,7 @@ class SweepSettings:
             "round_size": self.round_size,
             "scheduler": asdict(self.scheduler),
             "search_space": list(search_space),
+            **({"storage": self.storage} if self.storage is not None else {}),
         }
 
 

@@ -24,7 +24,9 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from lightning_hydro.fused import FusedLightningModule
+from lightning_hydro.sweeper.backend_cache import BackendCache, model_signature
 from lightning_hydro.sweeper.early_stopping import REFILLING, build_stopping_callback
+from lightning_hydro.sweeper.group_search import GroupSearch, group_stopping
 from lightning_hydro.sweeper.group_spec import GroupSpec, read_group_result, write_group_result
 
 __all__ = ["GroupResultWriter", "SweepGroupModule"]
@@ -40,6 +42,8 @@ class SweepGroupModule(FusedLightningModule):
         spec: the group's spec (trials, slots, early stopping).
         build_trial: builds (seeded) the module of any trial id of the group; refills and resumes use it.
         job_dir: where ``group_result.json`` goes.
+        search: the group's part in the sweep-wide search (new trials for freed slots from the sweep's
+            sampler, up to the group's quota), or ``None``.
         **kwargs: the rest of :class:`~lightning_hydro.FusedLightningModule`'s arguments.
     """
 
@@ -50,16 +54,25 @@ class SweepGroupModule(FusedLightningModule):
         spec: GroupSpec,
         build_trial: Callable[[int], L.LightningModule],
         job_dir: Path,
+        search: GroupSearch | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(trials, trial_factory=build_trial, **kwargs)
         self.spec = spec
         self.job_dir = job_dir
+        self.search = search
+        self.backend_record: tuple[BackendCache, str] | None = None
         self._build_trial = build_trial
 
     @classmethod
     def for_group(
-        cls, spec: GroupSpec, build_trial: Callable[[int], L.LightningModule], *, job_dir: Path
+        cls,
+        spec: GroupSpec,
+        build_trial: Callable[[int], L.LightningModule],
+        *,
+        job_dir: Path,
+        search: GroupSearch | None = None,
+        backend_cache: BackendCache | None = None,
     ) -> SweepGroupModule:
         """The group's first ``spec.slots`` trials, fused; the others wait for a slot that early stopping frees.
 
@@ -76,20 +89,30 @@ class SweepGroupModule(FusedLightningModule):
                 "(groups of at most fusion_limit trials), or a refilling scheduler (asha, hyperband, hypersched)."
             )
         first = ids[: spec.slots]
-        return cls(
-            [build_trial(t) for t in first],
+        modules = [build_trial(t) for t in first]
+        configured = str(spec.fused.get("backend", "auto"))
+        deterministic = bool(spec.fused.get("deterministic", False))
+        signature = model_signature(modules[0])
+        cached = None if backend_cache is None or deterministic else backend_cache.backend_for(signature, configured)
+        module = cls(
+            modules,
             spec=spec,
             build_trial=build_trial,
             job_dir=job_dir,
+            search=search,
             trial_ids=first,
             max_slots=spec.slots,
-            backend=spec.fused.get("backend", "auto"),
+            backend=cached or configured,
             optimizer_path=spec.fused.get("optimizer_path", "auto"),
-            deterministic=bool(spec.fused.get("deterministic", False)),
+            deterministic=deterministic,
             compile=spec.fused.get("compile", False),
+            pad_widths=bool(spec.fused.get("pad_widths", False)),
             monitor=spec.early_stopping.metric,
             mode="max" if spec.early_stopping.mode == "max" else "min",
         )
+        if backend_cache is not None and configured == "auto" and not deterministic:
+            module.backend_record = (backend_cache, signature)  # the writer records what the group ran on
+        return module
 
     @override
     def configure_callbacks(self) -> list[Callback]:
@@ -100,11 +123,17 @@ class SweepGroupModule(FusedLightningModule):
         configured = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 10
         max_t = stopping.max_budget or configured
         pending = [t.trial_id for t in self.spec.trials if t.trial_id not in self.results]
-        refill = ((t, self._build_trial(t)) for t in pending) if pending else None
-        if pending:  # the group ends when its last trial does, not at max_epochs
-            self.trainer.fit_loop.max_epochs = max_t * len(self.spec.trials)
-        callbacks.append(build_stopping_callback(stopping, max_t=max_t, refill=refill))
-        return callbacks
+        refill: Any = ((t, self._build_trial(t)) for t in pending) if pending else None
+        planned = len(self.spec.trials)
+        if self.search is not None:  # waiting trials first, then new ones asked of the sweep's sampler
+            # (draw i is the same trial in a resumed fit: the waiting trials are those after the first slots)
+            waiting = [t.trial_id for t in self.spec.trials[self.spec.slots :]]
+            refill, planned = self.search.refill(waiting, self._build_trial), max(planned, self.search.quota)
+        if refill is not None:  # the group ends when its last trial does, not at max_epochs
+            self.trainer.fit_loop.max_epochs = max_t * planned
+        store, after = group_stopping(stopping, self.search)
+        callbacks.append(build_stopping_callback(stopping, max_t=max_t, refill=refill, storage=store))
+        return [*callbacks, *after]
 
 
 class GroupResultWriter(Callback):
@@ -127,7 +156,13 @@ class GroupResultWriter(Callback):
         if stage == "fit":
             if trainer.interrupted or any(r["status"] == "running" for r in results.values()):
                 return  # unfinished: no result, so that a rerun retrains the group
+            if isinstance(pl_module, SweepGroupModule) and pl_module.backend_record is not None:
+                cache, signature = pl_module.backend_record
+                cache.record(signature, (str(r.get("backend", "")) for r in results.values()))
             seeds = {t.trial_id: t.seed for t in self.spec.trials}
+            search = pl_module.search if isinstance(pl_module, SweepGroupModule) else None
+            if search is not None:  # trials the job asked of the sweep's sampler: seeded as the sweeper seeds
+                seeds.update({tid: search.seed(tid) for tid in results if tid not in seeds})
             trials = {
                 str(tid): {**{k: r[k] for k in _RESULT_KEYS}, "seed": seeds.get(tid)} for tid, r in results.items()
             }

@@ -40,6 +40,7 @@ class SweepState:
         trials: every trial asked so far, by id.
         groups: every group planned so far, in launch order.
         fusion_limits: measured limit per partition label (``fusion_limit: auto``).
+        quotas: trials each group may start in all, by group id (groups that ask the sweep's sampler).
     """
 
     sweep_dir: Path
@@ -47,6 +48,7 @@ class SweepState:
     trials: dict[int, Trial] = field(default_factory=dict)
     groups: list[TrialGroup] = field(default_factory=list)
     fusion_limits: dict[str, int] = field(default_factory=dict)
+    quotas: dict[str, int] = field(default_factory=dict)
     _results: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -92,7 +94,9 @@ class SweepState:
             )
             for g in data["groups"]
         ]
-        return cls(sweep_dir, request, trials, groups, {k: int(v) for k, v in data["fusion_limits"].items()})
+        limits = {k: int(v) for k, v in data["fusion_limits"].items()}
+        quotas = {k: int(v) for k, v in data.get("quotas", {}).items()}
+        return cls(sweep_dir, request, trials, groups, limits, quotas)
 
     def save(self) -> None:
         """Write the plan (atomically)."""
@@ -116,6 +120,7 @@ class SweepState:
                     for g in self.groups
                 ],
                 "fusion_limits": self.fusion_limits,
+                "quotas": self.quotas,
             },
         )
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import wait_for_file
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = [
     "model.hidden_dim=8",
@@ -41,4 +43,4 @@ def test_the_sweep(tmp_path, monkeypatch):
     assert sorted(t["trial_id"] for t in results["trials"]) == [0, 1]
     assert set(results["trials"][0]["params"]) == {"model.lr", "model.momentum", "data.batch_size"}
     assert all(t["status"] == "completed" for t in results["trials"])
-    assert (tmp_path / "plots" / "learning_curves.png").is_file()
+    assert wait_for_file(tmp_path / "plots" / "learning_curves.png")  # drawn in the background

@@ -19,6 +19,9 @@ MODULES = [
     "group_model",
     "group_task",
     "fusion_report",
+    "study_channel",
+    "sweep_search",
+    "backend_cache",
 ]
 
 

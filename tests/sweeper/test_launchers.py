@@ -52,3 +52,62 @@ def test_submitit_local_smoke(tmp_path):
     assert sorted(t["trial_id"] for t in trials) == [0, 1, 2, 3]
     assert all(t["status"] == "completed" for t in trials)
     assert (tmp_path / ".submitit").is_dir()
+
+
+SWEEP_WIDE = [
+    *TINY,
+    "trainer.max_epochs=3",
+    "hydra.sweeper.sampler=tpe",
+    "hydra.sweeper.n_trials=12",
+    "hydra.sweeper.fusion_limit=3",
+    "hydra.sweeper.scheduler.name=asha",
+    "hydra.sweeper.plots=false",
+    "data.batch_size=choice(32, 64)",
+]
+
+
+def check_one_search(sweep_dir, n_trials):
+    """Every group job asked the sweep's one sampler and recorded into the sweep's one rung store."""
+    import optuna
+
+    from lightning_hydro.schedulers import SqliteRungStore
+    from lightning_hydro.sweeper.study_channel import STUDY_NAME
+
+    trials = read_results(sweep_dir)["trials"]
+    assert sorted(t["trial_id"] for t in trials) == list(range(n_trials))  # unique sweep-wide, n_trials of them
+    assert {t["status"] for t in trials} <= {"completed", "stopped"}
+    state = sweep_dir / "lightning_hydro"
+    records = SqliteRungStore(state / "rungs.db", namespace="sweep").records(milestone=1)
+    assert sorted(r.trial_id for r in records) == sorted(f"sweep/{t['trial_id']}" for t in trials)
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(state / "sampler.journal")))
+    study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
+    assert sorted(t.number for t in study.get_trials()) == list(range(n_trials))
+    assert all(t.state.is_finished() and 1 in t.intermediate_values for t in study.get_trials())
+
+
+@pytest.mark.slow
+def test_joblib_workers_share_the_sweeps_rung_store_and_sampler(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    run_sweep(tmp_path, [*SWEEP_WIDE, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"])
+    groups = [g for g in json.loads((tmp_path / "lightning_hydro" / "plan.json").read_text())["groups"]]
+    pids = {json.loads((tmp_path / g["group_id"] / "group_result.json").read_text())["pid"] for g in groups}
+    assert len(pids | {os.getpid()}) == len(groups) + 1  # each group in a worker process of its own
+    check_one_search(tmp_path, 12)
+
+
+@pytest.mark.slow
+def test_ray_launcher_jobs_share_the_sweeps_rung_store_and_sampler(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher")
+    # The launcher starts a local Ray cluster (ray.init without an address) and runs each group as a Ray task.
+    run(
+        [
+            "-m",
+            *SWEEP_WIDE,
+            f"hydra.sweep.dir={tmp_path}",
+            "hydra/launcher=ray",
+            "+hydra.launcher.ray.init.num_cpus=2",
+            "+hydra.launcher.ray.init.include_dashboard=false",
+        ],
+        900,
+    )
+    check_one_search(tmp_path, 12)

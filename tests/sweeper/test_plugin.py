@@ -12,6 +12,7 @@ from hydra.plugins.sweeper import Sweeper
 
 import hydra_plugins
 from hydra_plugins.lightning_hydro_sweeper.lightning_hydro_sweeper import LightningHydroSweeper
+from tests.helpers import wait_for_file
 
 from .conftest import REPO, TINY, TRAIN, KeptSweep, read_results, run_sweep
 
@@ -87,8 +88,9 @@ def test_a_small_sweep_writes_complete_results_and_resumes_without_retraining(tm
     assert retrained["group"] == f"retrain_{retrained['trial_id']:04d}"
     header = (tmp_path / "results.csv").read_text().splitlines()[0]
     assert header.startswith("trial_id,group,backend,status,budget,model.lr,model.momentum,data.batch_size,")
-    assert (tmp_path / "plots" / "learning_curves.png").is_file()
-    assert (tmp_path / "plots" / "metric_vs_params.png").is_file()
+    # drawn by a background process that the sweep does not wait for
+    assert wait_for_file(tmp_path / "plots" / "learning_curves.png")
+    assert wait_for_file(tmp_path / "plots" / "metric_vs_params.png")
 
     # The same command again: every group finished, so nothing is retrained and the results are identical.
     finished = {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/group_result.json")}

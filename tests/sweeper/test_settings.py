@@ -134,3 +134,20 @@ def test_compile_is_checked_and_reaches_the_group_specs():
     assert SweepSettings.from_config(sampler="grid", compile="reduce-overhead").compile == "reduce-overhead"
     with pytest.raises(ValueError, match=r"hydra.sweeper.compile must be false, true or reduce-overhead, got 1\."):
         SweepSettings.from_config(sampler="grid", compile=1)
+
+
+def test_storage_plots_and_continuous_search():
+    s = SweepSettings.from_config(sampler="tpe", n_trials=8, scheduler={"name": "asha"}, plots=False)
+    assert s.continuous
+    assert not s.plots
+    assert s.storage is None
+    assert not SweepSettings.from_config(sampler="tpe", n_trials=8).continuous  # no slot ever frees
+    assert not SweepSettings.from_config(sampler="random", n_trials=8, scheduler={"name": "asha"}).continuous
+    named = SweepSettings.from_config(sampler="optuna.samplers.CmaEsSampler", n_trials=8, scheduler={"name": "asha"})
+    assert named.continuous
+    url = "postgresql://user@host/sweeps"
+    assert SweepSettings.from_config(n_trials=4, storage=url).request([])["storage"] == url
+    with pytest.raises(ValueError, match=r"storage must be a database URL .* got 'sweep\.db'"):
+        SweepSettings.from_config(n_trials=4, storage="sweep.db")
+    with pytest.raises(ValueError, match=r"plots must be true or false, got 'no'"):
+        SweepSettings.from_config(n_trials=4, plots="no")

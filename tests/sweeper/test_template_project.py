@@ -59,6 +59,33 @@ def test_the_template_project_sweeps_fused_with_its_own_train_py(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_template_projects_own_train_py_asks_the_sweeps_sampler_for_freed_slots(tmp_path):
+    project = make_project(tmp_path)
+    sweep_dir = tmp_path / "sweep"
+    continuous = [
+        "hydra.sweeper.sampler=tpe",
+        "hydra.sweeper.n_trials=6",
+        "hydra.sweeper.round_size=2",
+        "hydra.sweeper.scheduler.name=asha",
+        "trainer.max_epochs=3",
+        "hydra.sweeper.plots=false",
+    ]
+    out = run_train(project, [*SEARCH, *continuous, f"hydra.sweep.dir={sweep_dir}"])
+    assert out.returncode == 0, out.stdout[-6000:]
+    trials = read_json(sweep_dir / "results.json")["trials"]
+    assert sorted(t["trial_id"] for t in trials) == list(range(6))
+    assert all(isinstance(t["seed"], int) for t in trials)
+    plan = read_json(sweep_dir / "lightning_hydro" / "plan.json")
+    asked = [
+        tid
+        for g in plan["groups"]
+        if (sweep_dir / g["group_id"] / "asked_trials.json").is_file()
+        for tid, _ in read_json(sweep_dir / g["group_id"] / "asked_trials.json")["asked"]
+    ]
+    assert len(asked) == 4  # the sweeper asked 2 (round_size); the user's train.py, through the group, the rest
+
+
+@pytest.mark.slow
 def test_a_killed_template_sweep_resumes_without_retraining_finished_groups(tmp_path):
     project = make_project(tmp_path)
     sweep_dir = tmp_path / "sweep"

@@ -1,0 +1,49 @@
+"""backend='auto' keeps a margin: timing noise between near-equal backends does not flip its choice."""
+
+import types
+
+import pytest
+from torch import nn
+
+from lightning_hydro.backends import auto
+from lightning_hydro.backends.auto import choose_backend
+from lightning_hydro.demos import DigitsMLP
+from lightning_hydro.stacking.stacked_state import StackedState
+
+
+class _Named:
+    def __init__(self, name):
+        self.name = name
+
+
+def choose_with_step_times(monkeypatch, seconds, margin):
+    """Choose between candidates whose steps take ``seconds[name]`` on a fake clock."""
+    clock = {"now": 0.0, "running": None}
+
+    def perf_counter():
+        return clock["now"]
+
+    monkeypatch.setattr(auto, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    auto.clear_backend_cache()
+    group = StackedState(nn.Module(), [DigitsMLP(hidden_dim=8), DigitsMLP(hidden_dim=8)], [0, 1])
+
+    def run_step(backend):
+        clock["now"] += seconds[backend.name]
+
+    candidates = [(name, lambda name=name: _Named(name)) for name in seconds]
+    try:
+        return choose_backend(group, candidates, run_step, margin=margin).backend.name
+    finally:
+        auto.clear_backend_cache()
+
+
+@pytest.mark.parametrize(
+    ("seconds", "margin", "chosen"),
+    [
+        ({"vmap": 0.0105, "loop": 0.0100}, 0.1, "vmap"),  # 5% apart: noise, the preferred one stays
+        ({"vmap": 0.0105, "loop": 0.0100}, 0.0, "loop"),  # no margin: the fastest, however close
+        ({"vmap": 0.0150, "loop": 0.0100}, 0.1, "loop"),  # clearly faster: chosen
+    ],
+)
+def test_a_later_backend_must_be_clearly_faster(monkeypatch, seconds, margin, chosen):
+    assert choose_with_step_times(monkeypatch, seconds, margin) == chosen
