@@ -27,6 +27,7 @@ Run::
     python benchmarks/fusion_throughput.py                       # the issue's table: MLP, widths 64/256
     python benchmarks/fusion_throughput.py --trials 1 4 16 --widths 64 --steps 40 --repeats 2   # quick
     python benchmarks/fusion_throughput.py --model resnet18      # backends on ResNet-18 (and transformer)
+    python benchmarks/fusion_throughput.py --model compile       # eager vs compile=True (see compile_step.py)
     python benchmarks/fusion_throughput.py --model template_mnist  # the template module: auto vs loop vs separate
 """
 
@@ -283,7 +284,9 @@ def time_lightning_vmap(count: int, width: int, steps: int, warmup: int, device:
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="mlp", choices=["mlp", "resnet18", "transformer", "template_mnist"])
+    parser.add_argument(
+        "--model", default="mlp", choices=["mlp", "resnet18", "transformer", "template_mnist", "compile"]
+    )
     parser.add_argument("--trials", type=int, nargs="+", default=None, help="default: 1 4 16 64 (template: 4 16)")
     parser.add_argument("--widths", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--backends", nargs="+", default=["vmap", "loop"])
@@ -299,6 +302,22 @@ def main(argv: list[str] | None = None) -> str:
     output = args.output or Path(f"benchmarks/results/fusion_{args.model}.md")
     if args.trials is None:
         args.trials = [4, 16] if args.model == "template_mnist" else [1, 4, 16, 64]
+    if args.model == "compile":
+        from compile_step import compile_table  # benchmarks/ is on sys.path when this file runs
+
+        trials = args.trials if args.trials != [1, 4, 16, 64] else [4, 16, 64]
+        cases = [("digits", width, count) for width in args.widths for count in trials]
+        cases += [("template", 64, 16), ("transformer", 64, 4)]
+        lines = [
+            f"Device: {args.device}, torch threads: {args.threads}, torch {torch.__version__}, {args.steps} steps "
+            f"({args.warmup} warm-up), median of {args.repeats} repeats; backend vmap, eager vs compile=True.",
+            "",
+            *compile_table(cases, args.steps, args.warmup, args.repeats, args.device),
+        ]
+        text = "\n".join(lines) + "\n"
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+        return text
     if args.model == "template_mnist":
         from fusion_template import template_table  # next to this file (on sys.path when run as a script)
 

@@ -87,6 +87,8 @@ class LightningHydroSweeperConf:
         scheduler: early stopping inside each group.
         probe: settings of ``fusion_limit: auto``.
         retrain: final retraining of the best configurations.
+        compile: ``false``, ``true`` or ``reduce-overhead``: each group's fused training step under
+            ``torch.compile`` (``FusedLightningModule(compile=...)``; an app config's ``fused.compile`` wins).
         storage: a database URL (e.g. ``postgresql://user:password@host/db``) holding the sweep's rung
             records and sampler state, for group jobs on several machines; ``null``: files in the sweep
             directory (``lightning_hydro/rungs.db``, ``lightning_hydro/sampler.journal``).
@@ -106,6 +108,7 @@ class LightningHydroSweeperConf:
     scheduler: SchedulerConf = field(default_factory=SchedulerConf)
     probe: FusionProbeConf = field(default_factory=FusionProbeConf)
     retrain: RetrainConf = field(default_factory=RetrainConf)
+    compile: Any = False
     storage: str | None = None
     plots: bool = True
 

@@ -33,6 +33,7 @@ class LightningHydroSweeper(Sweeper):
         scheduler: DictConfig,
         probe: DictConfig,
         retrain: DictConfig,
+        compile: Any = False,
         storage: str | None = None,
         plots: bool = True,
     ) -> None:
@@ -51,6 +52,7 @@ class LightningHydroSweeper(Sweeper):
             scheduler=scheduler,
             probe=probe,
             retrain=retrain,
+            compile=compile,
             storage=storage,
             plots=plots,
         )

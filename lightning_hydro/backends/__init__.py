@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 from lightning_hydro.backends.base import Backend, StackedLog, StepOutputs
+from lightning_hydro.backends.compiled_step import CompileSetting
 from lightning_hydro.backends.errors import FusionError
 from lightning_hydro.backends.loop_backend import LoopBackend
 from lightning_hydro.backends.vmap_backend import VmapBackend
@@ -20,6 +21,7 @@ __all__ = [
     "BACKEND_NAMES",
     "Backend",
     "BackendName",
+    "CompileSetting",
     "FusionError",
     "LoopBackend",
     "StackedLog",
@@ -32,14 +34,17 @@ BackendName = Literal["auto", "vmap", "hfta", "loop"]
 BACKEND_NAMES: tuple[str, ...] = ("auto", "vmap", "hfta", "loop")
 
 
-def make_backend(name: str, group: StackedState) -> Backend:
-    """Build the backend called ``name`` ("vmap", "hfta" or "loop") for a stacked group."""
+def make_backend(name: str, group: StackedState, *, compile: CompileSetting = False) -> Backend:
+    """Build the backend called ``name`` ("vmap", "hfta" or "loop") for a stacked group.
+
+    ``compile`` applies to vmap and hfta (their training step under torch.compile); the loop runs eagerly.
+    """
     if name == "vmap":
         if group.pad_widths:  # trials of different widths, zero-padded: the template carries the padded sizes
             from lightning_hydro.backends.padded_vmap import PaddedVmapBackend
 
-            return PaddedVmapBackend(group)
-        return VmapBackend(group)
+            return PaddedVmapBackend(group)  # eager: compile does not cover padded groups yet
+        return VmapBackend(group, compile=compile)
     if name == "loop":
         return LoopBackend(group)
     if name == "hfta":
@@ -50,5 +55,5 @@ def make_backend(name: str, group: StackedState) -> Backend:
             )
         from lightning_hydro.backends.hfta_backend import HftaBackend  # imports the operator library
 
-        return HftaBackend(group)
+        return HftaBackend(group, compile=compile)
     raise ValueError(f"Unknown backend {name!r}; expected one of {', '.join(repr(n) for n in BACKEND_NAMES)}.")

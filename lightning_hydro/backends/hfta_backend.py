@@ -18,6 +18,7 @@ import lightning as L
 from torch import nn
 from typing_extensions import override
 
+from lightning_hydro.backends.compiled_step import CompileSetting
 from lightning_hydro.backends.errors import FusionError
 from lightning_hydro.backends.hfta import ConversionError, convert_to_fused, plan_conversion
 from lightning_hydro.backends.hfta.registry import FUSED_OPERATORS
@@ -53,11 +54,11 @@ class HftaBackend(VmapBackend):
 
     name = "hfta"
 
-    def __init__(self, group: StackedState, *, chunk_size: int | None = None) -> None:
+    def __init__(self, group: StackedState, *, chunk_size: int | None = None, compile: CompileSetting = False) -> None:
         self._converted: nn.Module | None = None
         with _conversion_errors_as_fusion_errors():
             plan_conversion(group.modules[0], group.modules).raise_if_rejected()
-        super().__init__(group, chunk_size=chunk_size)
+        super().__init__(group, chunk_size=chunk_size, compile=compile)
 
     @override
     def per_trial_settings(self, modules: Sequence[nn.Module]) -> Callable[[str], bool]:

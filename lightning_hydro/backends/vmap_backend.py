@@ -23,6 +23,7 @@ from torch.func import functional_call, vmap
 from typing_extensions import override
 
 from lightning_hydro.backends.base import Backend, StackedLog, StepOutputs, step_output_error
+from lightning_hydro.backends.compiled_step import CompiledStep, CompileSetting, check_compile_setting
 from lightning_hydro.backends.deferred_metrics import DeferredValue, MetricRecorder, metric_paths, stack_values
 from lightning_hydro.backends.errors import FusionError, FusionMismatchError, explain_step_error
 from lightning_hydro.backends.trial_attributes import unfusible_attributes, unfusible_error_text
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["MethodCaller", "VmapBackend"]
 
 _Kind = Literal["none", "tensor", "dict"]
+_TENSOR = "<tensor>"  # marks a log call whose value is a tensor (returned separately, stacked)
 
 
 @contextmanager
@@ -76,6 +78,7 @@ class VmapBackend(Backend):
     Args:
         group: the stacked state.
         chunk_size: map this many rows at a time (lower peak memory; None: all at once).
+        compile: run ``training_step`` under ``torch.compile`` (see :mod:`.compiled_step`).
 
     Raises:
         FusionMismatchError: at construction, if the trials differ in Python values that the code run for
@@ -84,9 +87,11 @@ class VmapBackend(Backend):
 
     name = "vmap"
 
-    def __init__(self, group: StackedState, *, chunk_size: int | None = None) -> None:
+    def __init__(self, group: StackedState, *, chunk_size: int | None = None, compile: CompileSetting = False) -> None:
         super().__init__(group)
         self.chunk_size = chunk_size
+        self.compile = check_compile_setting(compile)
+        self._compiled: CompiledStep | None = None
         self._caller: MethodCaller | None = None
         self._recorder: MetricRecorder | None = None
         self.deferred_metrics: list[str] = []  # the torchmetrics metrics the last call replayed per trial
@@ -128,7 +133,7 @@ class VmapBackend(Backend):
 
     @override
     def rebind(self) -> None:
-        self._caller = None
+        self._caller = None  # the compiled step stays: a new group size recompiles it once (dynamic shapes)
         self._recorder = None
 
     @override
@@ -142,20 +147,15 @@ class VmapBackend(Backend):
         params: dict[str, Tensor] = {f"module.{name}": p for name, p in self.group.params.items()}
         buffers = {f"module.{name}": b for name, b in self.group.buffers.items()}
         buffers.update({f"module.{name}": b for name, b in self.extra_buffers().items()})
-        side: dict[str, Any] = {}
-
-        def per_trial(p: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[Any, tuple[Tensor, ...], tuple[Tensor, ...]]:
-            with capture_logs(template) as calls, recorder.recording():
-                out = functional_call(caller, (p, b), (method, *args))
-            side["calls"] = calls
-            encoded, side["kind"] = _encode(out, method)
-            return encoded, tuple(c.value for c in calls if isinstance(c.value, Tensor)), recorder.tensors()
-
+        call: Callable[..., Any] = self.vmapped
+        if self.compile and method == "training_step":
+            if self._compiled is None:
+                where = f"backend={self.name!r}, {type(template).__name__}.{method}"
+                self._compiled = CompiledStep(self.vmapped, self.compile, where)
+            call = self._compiled
         try:
             with _without_mha_fast_path():
-                encoded, logged, metric_args = vmap(
-                    per_trial, in_dims=(0, 0), randomness="different", chunk_size=self.chunk_size
-                )(params, buffers)
+                encoded, logged, metric_args, calls, kind = call(caller, recorder, method, params, buffers, args)
         except FusionError:
             raise
         except (RuntimeError, ValueError, TypeError, IndexError) as err:
@@ -164,18 +164,52 @@ class VmapBackend(Backend):
             if explained is not None:
                 raise explained from err
             raise
-        output = None if side["kind"] == "none" else encoded
+        output = None if kind == "none" else encoded
         # each trial's own torchmetrics metrics, called with its row of what the step passed to the template's
-        logged_values = {c.value.call for c in side["calls"] if isinstance(c.value, DeferredValue)}
+        logged_values = {c.value.call for c in calls if isinstance(c.value, DeferredValue)}
         replayed = recorder.replay(metric_args, self.group.modules, needed=logged_values)
         self.deferred_metrics = recorder.metric_names
         logs = self._stack_logs(
-            side["calls"],
-            list(logged),
-            method,
-            lambda value: recorder.per_row_value(value, replayed, self.group.modules),
+            calls, list(logged), method, lambda value: recorder.per_row_value(value, replayed, self.group.modules)
         )
         return StepOutputs(output=output, logs=logs)
+
+    @property
+    def compile_failure(self) -> str:
+        """Why ``compile`` fell back to eager (empty if it did not, or compile is off)."""
+        return "" if self._compiled is None else self._compiled.failure
+
+    def vmapped(
+        self,
+        caller: MethodCaller,
+        recorder: MetricRecorder,
+        method: str,
+        params: dict[str, Tensor],
+        buffers: dict[str, Tensor],
+        args: Any,
+    ) -> tuple[Any, tuple[Tensor, ...], tuple[Tensor, ...], list[LogCall], _Kind]:
+        """``caller.module.method(*args)`` for every row.
+
+        Returns (stacked output, logged tensors, the tensors of the step's torchmetrics calls, log calls, output
+        kind). A pure function of its inputs (what torch.compile compiles); logged tensors come back stacked, and
+        the log calls hold only names, options and non-tensor values (a tensor value is :data:`_TENSOR`).
+        """
+        side: dict[str, Any] = {}
+
+        def per_trial(p: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[Any, tuple[Tensor, ...], tuple[Tensor, ...]]:
+            with capture_logs(caller.module) as calls, recorder.recording():
+                out = functional_call(caller, (p, b), (method, *args))
+            # vmap's batched tensors must not leave the mapped function: keep their place, return them below
+            side["calls"] = [
+                LogCall(c.name, _TENSOR if isinstance(c.value, Tensor) else c.value, c.options) for c in calls
+            ]
+            encoded, side["kind"] = _encode(out, method)
+            return encoded, tuple(c.value for c in calls if isinstance(c.value, Tensor)), recorder.tensors()
+
+        encoded, logged, metric_args = vmap(
+            per_trial, in_dims=(0, 0), randomness="different", chunk_size=self.chunk_size
+        )(params, buffers)
+        return encoded, logged, metric_args, side["calls"], side["kind"]
 
     def _stack_logs(
         self, calls: list[LogCall], logged: list[Tensor], method: str, per_row: Callable[[Any], Any]
@@ -191,7 +225,7 @@ class VmapBackend(Backend):
             if values is not None:
                 logs.append(StackedLog(call.name, stack_values(values, self.group.device), call.options))
                 continue
-            if isinstance(call.value, Tensor):
+            if isinstance(call.value, str) and call.value == _TENSOR:
                 values = next(tensors).detach().reshape(rows, -1)
                 if values.shape[1] != 1:
                     raise ValueError(

@@ -22,14 +22,13 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
 from typing import Any, Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from lightning.pytorch.utilities.data import extract_batch_size
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 from torch import Tensor, nn
@@ -42,27 +41,27 @@ from lightning_hydro.backends import (
     LoopBackend,
     StackedLog,
     StepOutputs,
-    VmapBackend,
-    make_backend,
 )
 from lightning_hydro.backends.auto import choose_backend
-from lightning_hydro.backends.deferred_metrics import deferred_note, preserved_metric_states
-from lightning_hydro.backends.trial_logging import capture_logs
+from lightning_hydro.backends.compiled_step import CompileSetting, check_compile_setting
 from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments
-from lightning_hydro.fused.results import TRIAL_STATUSES, TrialStatus, format_results_table
+from lightning_hydro.fused.backend_policy import BackendPolicy
+from lightning_hydro.fused.group_checkpoint import CHECKPOINT_KEY, group_state, restore_group
+from lightning_hydro.fused.results import TrialStatus, format_results_table
+from lightning_hydro.fused.row_health import HealthReadback, RowHealth
 from lightning_hydro.fused.trainer_view import attach_trainer
-from lightning_hydro.fused.trial_book import TrialBook
 from lightning_hydro.fused.trial_callbacks import per_trial_callbacks, refuse_module_callbacks
 from lightning_hydro.fused.trial_clipping import clip_trial_gradients
-from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
-from lightning_hydro.fused.trial_specs import module_spec, rebuild_trials
-from lightning_hydro.fused.verify import FusionMismatchError, verify_fusion
+from lightning_hydro.fused.trial_hooks import forward_hook, record_step_logs
+from lightning_hydro.fused.trial_metrics import TrialMetrics
+from lightning_hydro.fused.trial_modes import TrialModes
+from lightning_hydro.fused.trial_schedulers import drop_scheduler_configs, scheduler_configs
+from lightning_hydro.fused.trial_slots import TrialSlots
 from lightning_hydro.fused.width_padding import width_optimizer_path
 from lightning_hydro.optim.group_optimizer import (
     OptimizerPath,
     StepReport,
     TrialGroupOptimizer,
-    TrialScheduler,
 )
 from lightning_hydro.optim.trial_optimization import TrialOptimization, parse_optimizer_config
 from lightning_hydro.stacking.stacked_state import StackedState
@@ -79,26 +78,6 @@ _OPTIONAL_HOOKS = (
     "test_dataloader",
     "predict_dataloader",
 )
-# Epoch- and fit-level hooks forwarded to every running trial that overrides them (with its logging captured).
-_FORWARDED_HOOKS = {
-    "on_fit_start": None,
-    "on_train_start": None,
-    "on_train_epoch_start": "train",
-    "on_train_epoch_end": "train",
-    "on_validation_epoch_start": "validate",
-    "on_validation_epoch_end": "validate",
-    "on_test_epoch_start": "test",
-    "on_test_epoch_end": "test",
-    "on_train_end": None,
-    "on_fit_end": None,
-}
-_CHECKPOINT_KEY = "lightning_hydro"
-
-
-def _as_float(value: Any) -> float:
-    if hasattr(value, "compute") and hasattr(value, "reset"):  # a torchmetrics Metric
-        value = value.compute()
-    return float(value.detach().float().reshape(()) if isinstance(value, Tensor) else value)
 
 
 class FusedLightningModule(L.LightningModule):
@@ -135,6 +114,13 @@ class FusedLightningModule(L.LightningModule):
         trial_factory: builds the module of a trial id (or returns None); used when a checkpoint holds
             trials that joined the group during the run (refills). Otherwise they are rebuilt as
             ``class(**hparams)`` (with their muP width scaling, if any).
+        divergence_check_every: a diverged trial is skipped on the device at once, and its slot freed when the
+            group's health is read back (one host sync): at optimizer steps 1, 2, 4, ... up to this, then every
+            this many steps, at each epoch's end and before checkpoints. None: 1 on the CPU (where reading costs
+            no wait), 32 on accelerators (see :mod:`.row_health`).
+        compile: ``True`` runs the vmap/hfta training step (forward and backward) under ``torch.compile``;
+            ``"reduce-overhead"`` adds CUDA graphs on a GPU. What cannot be compiled runs eagerly, said in one
+            log line. ``backend="auto"`` times the candidates eagerly, then compiles its choice.
 
     Raises:
         ValueError / TypeError: an empty list, non-LightningModules, a trial that uses manual optimization,
@@ -156,6 +142,8 @@ class FusedLightningModule(L.LightningModule):
         mode: Literal["min", "max"] = "min",
         trial_factory: Callable[[int], L.LightningModule | None] | None = None,
         deterministic: bool = False,
+        divergence_check_every: int | None = None,
+        compile: CompileSetting = False,
         pad_widths: bool = False,
     ) -> None:
         super().__init__()
@@ -164,29 +152,27 @@ class FusedLightningModule(L.LightningModule):
         check_fused_arguments(trials, ids, backend, max_slots, optimizer_path, mode)
         self.stacked = nn.Module()  # holds the stacked tensors, so that .to(), state_dict() and Lightning see them
         optimizer_path = width_optimizer_path(trials, ids, pad_widths=pad_widths, optimizer_path=optimizer_path)
-        self._group = StackedState(self.stacked, trials, ids, pad_widths=pad_widths)
-        self._book = TrialBook(ids)
-        self._retired: dict[int, L.LightningModule] = {}
-        self._backend_name = backend
-        self._backend: Backend | None = None if backend == "auto" else make_backend(backend, self._group)
+        slots = max_slots if max_slots is not None else len(trials)
+        self._slots = TrialSlots(self.stacked, trials, ids, slots, pad_widths=pad_widths)
         self.deterministic = check_deterministic(deterministic)
-        if self._backend is not None:
-            self._book.set_backend(ids, self._backend.name)
-        self._parked: Backend | None = None  # auto's choice, set aside while a lone trial runs on the loop
+        self._policy = BackendPolicy(
+            backend,
+            self._slots,
+            verify=verify,
+            deterministic=self.deterministic,
+            compile=check_compile_setting(compile),
+        )
         self._optimizer_path: OptimizerPath = optimizer_path
-        self._optimizer: TrialGroupOptimizer | None = None
+        self._health = RowHealth(check_every=divergence_check_every)
         self._metrics = TrialMetrics()
-        self._loss_problems: dict[int, str] = {}
         self._diverged_on_resume: dict[int, str] = {}
         self._open_batch: int | None = None
-        self._verify_enabled = verify
-        self._verify_ids: set[int] = set(ids) if verify else set()
-        self._eval_fallback: dict[str, Backend] = {}
-        self.max_slots = max_slots if max_slots is not None else len(trials)
+        self._stepped = False  # an optimizer step ran in this batch (not only gradient accumulation)
+        self._read_due = False  # the health schedule asks for a read-back at this batch's end
+        self._modes = TrialModes()
         self.summary = summary
         self.monitor = monitor
         self.mode = mode
-        self.backend_report = ""
         self.trial_factory = trial_factory
         for hook in _OPTIONAL_HOOKS:
             if not is_overridden(hook, trials[0], L.LightningModule):
@@ -238,32 +224,58 @@ class FusedLightningModule(L.LightningModule):
     # -- the group -------------------------------------------------------------------------------------------
 
     @property
+    def _group(self) -> StackedState:
+        return self._slots.group
+
+    @property
+    def _optimizer(self) -> TrialGroupOptimizer | None:
+        return self._slots.optimizer
+
+    @property
+    def _backend(self) -> Backend | None:
+        return self._policy.backend
+
+    @_backend.setter
+    def _backend(self, backend: Backend | None) -> None:
+        self._policy.backend = backend
+
+    @property
+    def backend_report(self) -> str:
+        """How ``backend="auto"`` chose (empty until it has)."""
+        return self._policy.report
+
+    @property
+    def max_slots(self) -> int:
+        """How many trials the group may hold at once."""
+        return self._slots.max_slots
+
+    @property
     def trial_ids(self) -> list[int]:
         """Ids of the running trials, in slot order."""
-        return list(self._group.trial_ids)
+        return list(self._slots.trial_ids)
 
     @property
     def free_slots(self) -> int:
         """How many more trials ``add_trial`` can take."""
-        return self.max_slots - self._group.size
+        return self._slots.free
 
     @property
     def backend(self) -> str | None:
         """The backend in use (None until ``backend="auto"`` has chosen on the first batch)."""
-        return None if self._backend is None else self._backend.name
+        return self._policy.name
 
     @property
     def results(self) -> dict[int, dict[str, Any]]:
-        """Every trial ever in the group: ``{id: {"status", "budget", "epochs", "steps", "metrics", ...}}``."""
-        return self._book.results()
+        """Every trial ever in the group: ``{id: {"status", "budget", "epochs", "steps", "metrics", ...}}``.
+
+        Steps and divergences are read back from the device at the points :mod:`.row_health` lists; call
+        :meth:`read_health` first for counts exact to the last step.
+        """
+        return self._slots.book.results()
 
     def trial_module(self, trial_id: int) -> L.LightningModule:
         """The trial's own module (bound to the stacked state while it runs)."""
-        if trial_id in self._group.trial_ids:
-            return self._group.modules[self._group.row_of(trial_id)]  # type: ignore[return-value]
-        if trial_id in self._retired:
-            return self._retired[trial_id]
-        raise KeyError(f"No trial {trial_id}; known trials: {sorted(self._book.records)}.")
+        return self._slots.module(trial_id)  # type: ignore[return-value]
 
     def unfuse(self, trial_id: int) -> L.LightningModule:
         """A standalone copy of the trial's module with its trained weights and buffers."""
@@ -278,6 +290,23 @@ class FusedLightningModule(L.LightningModule):
         """Every metric name the trials have logged so far (without ``/trial_{id}``), the sanity check included."""
         return frozenset(self._metrics.names)
 
+    def read_health(self) -> None:
+        """Read the rows' health back from the device (one sync): count steps, free diverged trials' slots."""
+        self._settle_health(credit_epoch=False)
+
+    def _settle_health(self, *, credit_epoch: bool) -> None:
+        readback = self._health.read() if self._health.pending else HealthReadback()
+        for tid, steps in readback.steps.items():
+            self._slots.book.add_steps(tid, steps)
+        now = self.trainer.global_step if self._trainer is not None else -1
+        for late in (False, True):  # a trial that diverged in this very step trained through the batch
+            if late and credit_epoch:
+                self._slots.book.count_epoch(self._group.trial_ids)
+            for tid, (reason, step) in readback.diverged.items():
+                if (step >= now) == late:
+                    rank_zero_info(f"FusedLightningModule: trial {tid} diverged at step {step} ({reason}); slot freed.")
+                    self.stop_trial(tid, reason, status="diverged")  # it records the trial's last step values
+
     def stop_trial(self, trial_id: int, reason: str = "", *, status: TrialStatus = "stopped") -> None:
         """Remove a running trial from its slot: the stacked state shrinks, the others keep everything.
 
@@ -286,84 +315,45 @@ class FusedLightningModule(L.LightningModule):
             reason: recorded in ``results`` and shown in the summary table.
             status: ``"stopped"`` (a decision), ``"completed"`` (reached its budget) or ``"diverged"``.
         """
-        if status not in TRIAL_STATUSES or status == "running":
-            raise ValueError(f"stop_trial: status must be 'stopped', 'completed' or 'diverged', got {status!r}.")
-        if trial_id not in self._group.trial_ids:
-            raise KeyError(f"stop_trial: trial {trial_id} is not running; running trials: {self._group.trial_ids}.")
-        self._book.update_metrics(trial_id, self._metrics.step_values().get(trial_id, {}))  # e.g. last train_loss
+        self._slots.check_stop(trial_id, status)
+        self.read_health()  # rows are about to change; a trial found diverged leaves as such
+        if trial_id not in self._slots.trial_ids:
+            return
+        self._slots.book.update_metrics(trial_id, self._metrics.step_values().get(trial_id, {}))  # e.g. last train_loss
         self._metrics.reslot()
-        if self._optimizer is not None:
-            self._optimizer.materialize()
-        (module,) = self._group.remove([self._group.row_of(trial_id)])
-        self._retired[trial_id] = module  # type: ignore[assignment]
-        self._book.finish(trial_id, status, reason)
-        self._loss_problems.pop(trial_id, None)
-        self._verify_ids.discard(trial_id)
-        if self._optimizer is not None:
-            self._optimizer.trials.pop(trial_id, None)
-            self._optimizer.rebuild()
-            self._drop_scheduler_configs(trial_id)
-        self._rebind_backends()
-        self._fit_backend_to_group()
-        if not self._group.trial_ids and self._trainer is not None:
+        self._slots.stop(trial_id, status, reason)
+        self._health.reslot(self._slots.trial_ids)
+        self._drop_scheduler_configs(trial_id)
+        self._policy.trial_removed(trial_id)
+        if not self._slots.trial_ids and self._trainer is not None:
             self.trainer.should_stop = True
 
     def add_trial(self, module: L.LightningModule, trial_id: int | None = None) -> int:
         """Put a new trial into a free slot, with fresh optimizer state; returns its id."""
         if not isinstance(module, L.LightningModule):
             raise TypeError(f"add_trial: expected a lightning.LightningModule, got {type(module).__name__}.")
-        if self.free_slots <= 0:
-            raise RuntimeError(
-                f"add_trial: all {self.max_slots} slots are taken; stop a trial first or create the group with "
-                "a larger max_slots."
-            )
         if any(module is m for m in self._group.modules):
             raise ValueError("add_trial: this module is already in the group.")
-        tid = self._book.next_id() if trial_id is None else int(trial_id)
-        if tid in self._book:
-            raise ValueError(f"add_trial: trial id {tid} is already used; known ids: {sorted(self._book.records)}.")
+        self.read_health()
+        tid = self._slots.new_id(trial_id)
         if not module.automatic_optimization:
             raise ValueError("add_trial: the trial uses manual optimization; fused trials need automatic optimization.")
-        self._check_newcomer_fuses(module, tid)
+        self._policy.check_newcomer(module, tid)
         module.to(device=self._group.device)
-        self._set_mode_of_newcomer(module)
+        self._modes.set_newcomer(self, module)
         self._metrics.reslot()
-        if self._optimizer is not None:
-            self._optimizer.materialize()
-        self._group.append(module, tid)
-        self._book.add(tid)
         if self._trainer is not None:
             attach_trainer(module, self.trainer, tid)
+        optimization = None if self._optimizer is None else self._configure_trial_optimizer(tid, module)
+        self._slots.add(module, tid, optimization)
+        self._health.reslot(self._slots.trial_ids)
         if self._optimizer is not None:
-            self._optimizer.trials[tid] = self._configure_trial_optimizer(tid, module)
-            self._optimizer.rebuild()
             self.trainer.strategy.lr_scheduler_configs.extend(self._scheduler_configs(tid))
-        self._rebind_backends()
-        self._fit_backend_to_group()
-        if self._backend is not None:
-            self._book.set_backend([tid], (self._backend if self._parked is None else self._parked).name)
-        if self._verify_enabled and self._backend_name != "loop":
-            self._verify_ids.add(tid)
+        self._policy.trial_added(tid)
         return tid
 
-    def _check_newcomer_fuses(self, module: L.LightningModule, tid: int) -> None:
-        """A newcomer that differs in a Python value the fused code reads: refused, or auto moves to the loop."""
-        backend = self._parked or self._backend
-        if not isinstance(backend, VmapBackend):
-            return
-        refusal = backend.refusal([*self._group.modules, module], [*self._group.trial_ids, tid])
-        if refusal is None:
-            return
-        if self._backend_name != "auto":
-            try:
-                raise refusal
-            finally:  # break the frame -> error -> traceback -> frame cycle
-                refusal = None
-        rank_zero_warn(f"FusedLightningModule: backend='auto' runs the group on 'loop' from now on: {refusal}")
-        self._backend, self._parked = make_backend("loop", self._group), None
-
     def _running(self) -> list[tuple[int, L.LightningModule]]:
-        return list(zip(self._group.trial_ids, self._group.modules))  # type: ignore[arg-type]
+        return self._slots.running()  # type: ignore[return-value]
 
     # -- module plumbing: devices, modes, hooks the trials implement ---------------------------------------------
 
@@ -371,33 +361,10 @@ class FusedLightningModule(L.LightningModule):
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> FusedLightningModule:
         super()._apply(fn, recurse)
         self._group.bind()
-        for module in [*self._group.modules, *self._retired.values()]:
+        for module in [*self._group.modules, *self._slots.retired.values()]:
             module.to(device=self._group.device)  # updates each trial's `self.device`; bound tensors are already there
-        self._rebind_backends()
+        self._policy.rebind()
         return self
-
-    def _rebind_backends(self) -> None:
-        for backend in [self._backend, *self._eval_fallback.values()]:
-            if backend is not None:
-                backend.rebind()
-
-    def _fit_backend_to_group(self) -> None:
-        """With ``backend="auto"``, a group left with one trial runs it on the loop, and a newcomer undoes that.
-
-        auto times the backends once, on the first batch, and its choice stays while early stopping shrinks the
-        group, except at one trial: then there is nothing to batch, and the loop runs the trial's own module
-        faster (1.8-1.9x on the digits MLP, 1.4x on ResNet-18: docs/fused.md, docs/hfta.md); the same
-        results to float rounding.
-        """
-        if self._backend_name != "auto" or (self._backend is None and self._parked is None):
-            return
-        if self._group.size == 1 and self._parked is None and not isinstance(self._backend, LoopBackend):
-            self._parked, self._backend = self._backend, make_backend("loop", self._group)
-            rank_zero_info("FusedLightningModule: one trial left; backend='auto' runs it on 'loop' from now on.")
-        elif self._group.size > 1 and self._parked is not None:
-            self._backend, self._parked = self._parked, None
-            self._backend.rebind()
-            rank_zero_info(f"FusedLightningModule: {self._group.size} trials; back to {self._backend.name!r}.")
 
     @override
     def train(self, mode: bool = True) -> FusedLightningModule:
@@ -409,53 +376,32 @@ class FusedLightningModule(L.LightningModule):
     def _first(self) -> L.LightningModule:
         return self._group.modules[0]  # type: ignore[return-value]
 
-    # Lightning records and restores the train/eval mode of the LightningModule's submodules around
-    # evaluation; the trial modules are not submodules, so their modes are recorded and restored here.
-    def _capture_modes(self) -> None:
-        modules = [*self.modules(), *(m for trial in self._group.modules for m in trial.modules())]
-        self._saved_modes = [(m, m.training) for m in modules]
-
-    def _set_mode_of_newcomer(self, module: nn.Module) -> None:
-        """A trial added during evaluation trains after it, like the others: record that mode for the restore."""
-        before_evaluation = next((mode for m, mode in getattr(self, "_saved_modes", []) if m is self), None)
-        if before_evaluation is None:
-            module.train(self.training)
-            return
-        module.train(before_evaluation)
-        self._saved_modes += [(m, m.training) for m in module.modules()]
-        module.eval()
-
-    def _restore_modes(self) -> None:
-        for module, mode in getattr(self, "_saved_modes", []):
-            module.training = mode
-        self._saved_modes = []
-
     @override
     def on_validation_model_eval(self) -> None:
-        self._capture_modes()
+        self._modes.capture(self, self._group.modules)
         super().on_validation_model_eval()
 
     @override
     def on_validation_model_train(self) -> None:
-        self._restore_modes()
+        self._modes.restore()
 
     @override
     def on_test_model_eval(self) -> None:
-        self._capture_modes()
+        self._modes.capture(self, self._group.modules)
         super().on_test_model_eval()
 
     @override
     def on_test_model_train(self) -> None:
-        self._restore_modes()
+        self._modes.restore()
 
     @override
     def on_predict_model_eval(self) -> None:
-        self._capture_modes()
+        self._modes.capture(self, self._group.modules)
         super().on_predict_model_eval()
 
     @override
     def on_predict_end(self) -> None:
-        self._restore_modes()
+        self._modes.restore()
 
     @override
     def configure_callbacks(self) -> list[Callback]:
@@ -500,15 +446,7 @@ class FusedLightningModule(L.LightningModule):
         return self._first().predict_dataloader()
 
     def _forward_hook(self, hook: str) -> None:
-        phase = _FORWARDED_HOOKS[hook]
-        for tid, module in self._running():
-            if not is_overridden(hook, module, L.LightningModule):
-                continue
-            with capture_logs(module) as calls:
-                getattr(module, hook)()
-            if phase is not None:
-                for call in calls:
-                    self._metrics.record_epoch_value(phase, call.name, {tid: _as_float(call.value)})
+        forward_hook(hook, self._running(), self._metrics)
 
     # -- optimization -----------------------------------------------------------------------------------------
 
@@ -516,36 +454,27 @@ class FusedLightningModule(L.LightningModule):
         return parse_optimizer_config(module.configure_optimizers(), trial_id=tid, module=module)
 
     def _scheduler_configs(self, tid: int) -> list[LRSchedulerConfig]:
-        assert self._optimizer is not None
-        configs = []
-        for spec in self._optimizer.trials[tid].schedulers:
-            configs.append(
-                LRSchedulerConfig(
-                    scheduler=TrialScheduler(self._optimizer, tid, spec.scheduler),  # type: ignore[arg-type]
-                    name=None if spec.name is None else f"{spec.name}/trial_{tid}",
-                    interval=spec.interval,
-                    frequency=spec.frequency,
-                    reduce_on_plateau=spec.reduce_on_plateau,
-                    monitor=None if spec.monitor is None else f"{spec.monitor}/trial_{tid}",
-                    strict=spec.strict,
-                )
-            )
-        return configs
+        return [] if self._optimizer is None else scheduler_configs(self._optimizer, tid)
 
     def _drop_scheduler_configs(self, tid: int) -> None:
-        if self._trainer is None:
-            return
-        configs = self.trainer.strategy.lr_scheduler_configs
-        configs[:] = [c for c in configs if getattr(c.scheduler, "trial_id", None) != tid]
+        if self._trainer is not None and self._optimizer is not None:
+            drop_scheduler_configs(self.trainer.strategy.lr_scheduler_configs, tid)
 
     @override
     def configure_optimizers(self) -> Any:
         trials = {tid: self._configure_trial_optimizer(tid, module) for tid, module in self._running()}
-        self._optimizer = TrialGroupOptimizer(
-            self._group, trials, path=self._optimizer_path, is_skipped=lambda: self._loss_problems
-        )
+        self._slots.optimizer = TrialGroupOptimizer(self._group, trials, path=self._optimizer_path)
         configs = [config for tid in self._group.trial_ids for config in self._scheduler_configs(tid)]
-        return [self._optimizer], [vars(c).copy() for c in configs]
+        return [self._slots.optimizer], [vars(c).copy() for c in configs]
+
+    @override
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        # the closure runs training_step, which records each row's loss in self._health; the optimizer reads
+        # the rows to skip from it after the closure, and reports what it did
+        report = optimizer.step(closure=optimizer_closure, skip=self._health)
+        if isinstance(report, StepReport):  # None: the step produced no gradients
+            self._stepped = True
+            self._read_due = self._health.absorb(report, self.trainer.global_step + 1) or self._read_due
 
     @override
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
@@ -571,88 +500,32 @@ class FusedLightningModule(L.LightningModule):
         if loss is not None:
             torch.where(torch.isfinite(loss.detach()), loss, torch.zeros_like(loss)).sum().backward()
 
-    def _resolve_backend(self, batch: Any, batch_idx: int) -> Backend:
-        if self._backend is None:
-            candidates: list[tuple[str, Callable[[], Backend]]] = [
-                (name, partial(make_backend, name, self._group)) for name in ("hfta", "vmap", "loop")
-            ]
-            with preserved_metric_states(self._group.modules):  # timing steps must not count in torchmetrics
-                choice = choose_backend(
-                    self._group,
-                    candidates,
-                    lambda b: self._training_forward_backward(b, batch, batch_idx),
-                    timed=not self.deterministic,
-                )
-            self._backend = choice.backend
-            self._book.set_backend(self._group.trial_ids, choice.backend.name)
-            self.backend_report = f"FusedLightningModule: {choice.describe()}{deferred_note(choice.backend)}."
-            rank_zero_info(self.backend_report)
-        return self._backend
-
-    def _verify(self, backend: Backend, batch: Any, batch_idx: int) -> None:
-        ids = [tid for tid in self._group.trial_ids if tid in self._verify_ids]
-        # the loop runs each trial's own code: nothing to check; otherwise a skipped batch checks the next one
-        try:
-            with preserved_metric_states(self._group.modules):  # the checked steps must not count in torchmetrics
-                if (
-                    ids
-                    and not isinstance(backend, LoopBackend)
-                    and not verify_fusion(self._group, backend, ids, batch, batch_idx)
-                ):
-                    return
-        except FusionMismatchError as err:
-            if self._backend_name != "auto":
-                raise
-            rank_zero_warn(f"FusedLightningModule: backend='auto' runs the group on 'loop' from now on: {err}")
-            self._backend, self._parked = make_backend("loop", self._group), None
-        self._verify_ids.difference_update(ids)
-
     def _record_logs(self, phase: str, hook: str, logs: list[StackedLog], batch: Any) -> None:
-        batch_size: int | None = None
-        for log in logs:
-            options = resolve_options(hook, log.options)
-            if isinstance(log.values, list):  # per-trial objects (torchmetrics Metric): computed at epoch end
-                values = {tid: v for tid, v in zip(self._group.trial_ids, log.values)}
-                self._metrics.record_objects(phase, log.name, values, options)
-                continue
-            size = log.options.get("batch_size")
-            if size is None and options.on_epoch:  # only epoch means are weighted by the batch size
-                if batch_size is None:
-                    batch_size = extract_batch_size(batch)
-                size = batch_size
-            self._metrics.record(
-                phase, log.name, log.values, options, trial_ids=self._group.trial_ids, batch_size=size or 1
-            )
+        record_step_logs(self._metrics, phase, hook, logs, self._group.trial_ids, batch)
 
     @override
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
         if not self._group.trial_ids:
             return None  # every trial has stopped; Lightning ends the fit at its next check
-        backend = self._resolve_backend(batch, batch_idx)
-        if self._verify_ids:
-            self._verify(backend, batch, batch_idx)
-            backend = self._backend or backend  # a failed check under auto moved the group to the loop
+        backend = self._policy.for_training(
+            lambda b: self._training_forward_backward(b, batch, batch_idx),
+            choose_backend,  # looked up here, so that tests can replace the module's chooser
+            type(self._first()).__name__,
+        )
+        if self._policy.verify_ids:
+            backend = self._policy.verify(backend, batch, batch_idx)
         out = backend.run("training_step", batch, batch_idx)
         self._record_logs("train", "training_step", out.logs, batch)
         loss = out.loss()
         if loss is None:
             return None
         loss = loss.reshape(self._group.size)
-        finite = torch.isfinite(loss.detach())
-        if bool(finite.all()):
-            return loss.sum()
-        for tid, ok in zip(self._group.trial_ids, finite.tolist()):
-            if not ok:
-                self._loss_problems.setdefault(tid, "non-finite loss")
-        return torch.where(finite, loss, torch.zeros_like(loss)).sum()
+        # no host sync: the rows' finiteness stays on the device (row_health.py); a non-finite row adds 0
+        self._health.record_losses(self._group.trial_ids, loss)
+        return torch.where(torch.isfinite(loss.detach()), loss, torch.zeros_like(loss)).sum()
 
     def _eval_backend(self, method: str) -> Backend:
-        if method in self._eval_fallback:
-            return self._eval_fallback[method]
-        if self._backend is not None:
-            return self._backend
-        # backend="auto" has not timed anything yet (e.g. the sanity check before the first training batch)
-        return self._eval_fallback.setdefault("auto", make_backend("loop", self._group))
+        return self._policy.for_eval(method)
 
     def _run_eval(self, method: str, *args: Any) -> StepOutputs:
         if not self._group.trial_ids:
@@ -663,12 +536,11 @@ class FusedLightningModule(L.LightningModule):
         except FusionError as err:
             if isinstance(backend, LoopBackend):
                 raise
-            rank_zero_warn(
-                f"FusedLightningModule: {method} cannot run under backend={backend.name!r}, so it runs per trial "
-                f"with backend='loop' (training is unaffected). Reason: {err}"
+            message = (
+                f"{method} cannot run under backend={backend.name!r}, so it runs per trial with backend='loop' "
+                f"(training is unaffected). Reason: {err}"
             )
-            self._eval_fallback[method] = make_backend("loop", self._group)
-            return self._eval_fallback[method].run(method, *args)
+            return self._policy.eval_on_loop(method, message, warn=True).run(method, *args)
 
     def _eval_args(self, method: str, batch: Any, batch_idx: int, dataloader_idx: int | None) -> tuple[Any, ...]:
         if (
@@ -715,17 +587,17 @@ class FusedLightningModule(L.LightningModule):
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._open_batch = None
+        stepped, self._stepped = self._stepped, False
         if batch_idx + 1 >= self.trainer.num_training_batches:
-            # before validation, so that decisions taken after it see this epoch in each trial's budget
-            self._book.count_epoch(self._group.trial_ids)
-        report = self._optimizer.last_report if self._optimizer is not None else None
-        if report is None or not (report.stepped or report.diverged):
+            # read back before validation, so that decisions taken after it see every divergence, and credit the
+            # epoch to each trial that trained through it (one that diverged in an earlier batch did not)
+            self._read_due = False
+            self._settle_health(credit_epoch=True)
+        elif self._read_due:
+            self._read_due = False
+            self.read_health()
+        if not stepped:
             return  # accumulating gradients: no optimizer step yet
-        self._optimizer.last_report = StepReport()  # type: ignore[union-attr]
-        self._loss_problems.clear()
-        self._book.stepped(report.stepped)
-        for tid, reason in report.diverged.items():
-            self.stop_trial(tid, reason, status="diverged")  # it records the trial's last step values
         trainer = self.trainer
         if trainer.loggers and self._should_log_step():
             flat = {
@@ -744,7 +616,7 @@ class FusedLightningModule(L.LightningModule):
         return bool(every) and self.trainer.global_step % every == 0
 
     def _log_progress(self) -> None:
-        counts = self._book.counts()
+        counts = self._slots.book.counts()
         self.log("trials", float(counts["running"]), prog_bar=True, logger=False)
         for status in ("stopped", "diverged"):
             if counts[status]:
@@ -757,7 +629,7 @@ class FusedLightningModule(L.LightningModule):
         if self.trainer.sanity_checking:
             return
         for tid, metrics in values.items():
-            self._book.record_metrics(tid, metrics)
+            self._slots.book.record_metrics(tid, metrics)
             for name, value in metrics.items():
                 self.log(
                     f"{name}/trial_{tid}",
@@ -771,34 +643,39 @@ class FusedLightningModule(L.LightningModule):
 
     @override
     def on_fit_start(self) -> None:
-        self._book.set_status(self._group.trial_ids, "running")
+        self._slots.book.set_status(self._group.trial_ids, "running")
         self._forward_hook("on_fit_start")
 
     @override
     def on_train_start(self) -> None:
+        self._health.reset()
         for tid, reason in self._diverged_on_resume.items():  # optimizer state is restored by now
             if tid in self._group.trial_ids:
                 self.stop_trial(tid, reason, status="diverged")
         self._diverged_on_resume, self._open_batch = {}, None
-        self._book.resume_epoch(self.current_epoch, self._group.trial_ids)
+        self._slots.book.resume_epoch(self.current_epoch, self._group.trial_ids)
         self._forward_hook("on_train_start")
 
     @override
     def on_train_epoch_start(self) -> None:
-        self._book.start_epoch(self._group.trial_ids, self.current_epoch)
+        self._slots.book.start_epoch(self._group.trial_ids, self.current_epoch)
         self._forward_hook("on_train_epoch_start")
 
     @override
     def on_train_epoch_end(self) -> None:
+        self.read_health()  # a loader of unknown length has no recognisable last batch
         self._forward_hook("on_train_epoch_end")
         for tid, values in self._metrics.step_values().items():
-            self._book.update_metrics(tid, values)
+            self._slots.book.update_metrics(tid, values)
         self._publish_epoch("train")
         # a loader of unknown length has no recognisable last batch: the epoch is credited here instead
-        self._book.end_epoch(self.current_epoch, self._group.trial_ids)
+        self._slots.book.end_epoch(self.current_epoch, self._group.trial_ids)
 
     @override
     def on_validation_epoch_start(self) -> None:
+        fitting = self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
+        if fitting and not self.trainer.sanity_checking:
+            self.read_health()  # validation inside an epoch: its decisions must see every divergence so far
         self._forward_hook("on_validation_epoch_start")
 
     @override
@@ -817,74 +694,30 @@ class FusedLightningModule(L.LightningModule):
 
     @override
     def on_train_end(self) -> None:
+        self.read_health()
         self._forward_hook("on_train_end")
 
     @override
     def on_fit_end(self) -> None:
         self._forward_hook("on_fit_end")
         if not self.trainer.interrupted:
-            self._book.set_status(self._group.trial_ids, "completed")
+            self._slots.book.set_status(self._group.trial_ids, "completed")
         if self.summary and self.trainer.is_global_zero:
             # plain stdout (the progress bar is finished): Lightning's print goes through the bar, to stderr
-            print(format_results_table(self._book.records, monitor=self.monitor, mode=self.mode))
+            print(format_results_table(self._slots.book.records, monitor=self.monitor, mode=self.mode))
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
 
-    def _unsettled_batch(self) -> tuple[StepReport, bool] | None:
-        """Between this module's train-batch start and end hooks: the batch's report, and if it ends the epoch."""
-        if self._open_batch is None:
-            return None
-        report = self._optimizer.last_report if self._optimizer is not None else StepReport()
-        return report, self._open_batch + 1 >= self.trainer.num_training_batches
-
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        book, diverged = self._book, {}
-        unsettled = self._unsettled_batch()
-        if unsettled is not None:  # Lightning will not rerun this batch's hooks on resume: save their effect
-            report, epoch_done = unsettled
-            book = book.settled(report.stepped, self._group.trial_ids, epoch_done=epoch_done)
-            diverged = dict(report.diverged)
-        checkpoint[_CHECKPOINT_KEY] = {
-            "trial_ids": list(self._group.trial_ids),
-            "max_slots": self.max_slots,
-            "backend": self.backend if self._parked is None else self._parked.name,
-            "records": book.results(),
-            "epoch": book.epoch_state(),
-            "diverged": diverged,  # trials to mark diverged when the fit resumes
-            "retired": {
-                tid: {k: v.detach().cpu() for k, v in m.state_dict().items()} for tid, m in self._retired.items()
-            },
-            "specs": {tid: module_spec(self.trial_module(tid)) for tid in self._book.records},
-        }
+        # Lightning has taken the state dict already: the rows stay; what the device holds is read back (one sync)
+        epoch_done = self._open_batch is not None and self._open_batch + 1 >= self.trainer.num_training_batches
+        checkpoint[CHECKPOINT_KEY] = group_state(self._slots, self._policy, self._health.peek(), epoch_done=epoch_done)
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if _CHECKPOINT_KEY not in checkpoint:
-            raise KeyError(
-                "This checkpoint was not written by a FusedLightningModule (it has no 'lightning_hydro' entry); "
-                "load it into the trial module's own class instead."
-            )
-        data = checkpoint[_CHECKPOINT_KEY]
-        known = rebuild_trials(data["specs"], {**self._retired, **dict(self._running())}, self.trial_factory)
-        live = list(data["trial_ids"])
-        for module in self._group.modules:
-            self._group.detach(module)
-        padded = self._group.pad_widths
-        self._group = StackedState(self.stacked, [known[tid] for tid in live], live, pad_widths=padded)
-        self._retired = {tid: m for tid, m in known.items() if tid not in live}
-        for tid, state in data["retired"].items():
-            self._retired[tid].load_state_dict(state)
-        self._book.load(data["records"])
-        if "epoch" in data:  # absent from checkpoints of earlier versions
-            self._book.load_epoch_state(data["epoch"])
-        self._diverged_on_resume = dict(data.get("diverged", {}))
-        self.max_slots = data["max_slots"]
-        self._verify_ids.clear()
-        name = data.get("backend") or self._backend_name
-        self._backend = None if name == "auto" else make_backend(name, self._group)
-        self._parked = None
-        self._fit_backend_to_group()
+        self._diverged_on_resume = restore_group(checkpoint, self._slots, self._policy, self.trial_factory)
+        self._health.reset()
         if self._trainer is not None:
             for tid, module in self._running():
                 attach_trainer(module, self.trainer, tid)

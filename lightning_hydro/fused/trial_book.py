@@ -96,6 +96,10 @@ class TrialBook:
         for tid in trial_ids:
             self.records[tid].steps += 1
 
+    def add_steps(self, trial_id: int, steps: int) -> None:
+        """The trial took ``steps`` more optimizer steps (counted on the device, read back now)."""
+        self.records[trial_id].steps += steps
+
     def end_epoch(self, epoch: int, live: Iterable[int]) -> None:
         """Close the epoch: credit it (if not yet done) and append every participant's history entry."""
         self.count_epoch(live)
@@ -151,15 +155,16 @@ class TrialBook:
         self._counted = {int(tid) for tid in state["counted"]}
         self._epoch_metrics = {int(tid): dict(values) for tid, values in state["metrics"].items()}
 
-    def settled(self, stepped: Iterable[int], live: Iterable[int], *, epoch_done: bool) -> TrialBook:
-        """A copy with a batch's bookkeeping applied: its optimizer step and, after an epoch's last batch, the epoch.
+    def settled(self, steps: Mapping[int, int], live: Iterable[int], *, epoch_done: bool) -> TrialBook:
+        """A copy with pending bookkeeping applied: steps not yet read back and, after an epoch's last batch, the epoch.
 
         A checkpoint written by a callback's ``on_train_batch_end`` runs before the module's own hook credits
         the batch; Lightning does not run that batch's hooks again on resume, so the checkpoint must hold the
         settled counts.
         """
         book = copy.deepcopy(self)
-        book.stepped(stepped)
+        for tid, count in steps.items():
+            book.add_steps(tid, count)
         if epoch_done:
             book.count_epoch(live)
         return book

@@ -22,7 +22,10 @@ from torch import Tensor, nn
 from torch.optim import SGD, Adam, AdamW, Optimizer
 from typing_extensions import override
 
-__all__ = ["FusedAdam", "FusedSGD", "FusedUpdate", "select_fused_update"]
+__all__ = ["FusedAdam", "FusedSGD", "FusedUpdate", "SkipRows", "select_fused_update"]
+
+# rows not to update: row indices known on the host, or a [B] bool mask on the device (no host sync)
+SkipRows = Sequence[int] | Tensor
 
 
 class _RowTensors:
@@ -79,10 +82,11 @@ class FusedUpdate(ABC):
         return self.params[0].shape[0]
 
     @abstractmethod
-    def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_rows: Sequence[int] = ()) -> None:
+    def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_rows: SkipRows = ()) -> None:
         """Update all rows from ``param.grad``; ``param_groups[r]`` are row r's optimizer's param groups.
 
-        Rows in ``skip_rows`` (diverged trials) are left exactly as they were, state included.
+        Rows in ``skip_rows`` (diverged trials: indices, or a ``[B]`` bool mask) are left as they were, their
+        parameters exactly (see :meth:`_save_rows` for the state under a mask).
         """
 
     @abstractmethod
@@ -93,20 +97,39 @@ class FusedUpdate(ABC):
     def import_row(self, row: int, states: Sequence[dict[str, Any]]) -> None:
         """Load row ``row``'s state from torch's per-parameter format."""
 
-    def _save_rows(self, skip_rows: Sequence[int]) -> list[tuple[int, str | None, Tensor]]:
-        """Copies of the skipped rows of every parameter and state tensor, to restore after the update."""
+    def _save_rows(self, skip_rows: SkipRows) -> list[tuple[int, str | None, Tensor]]:
+        """Copies of the skipped rows of every parameter and state tensor, to restore after the update.
+
+        With a ``[B]`` bool mask (the fused module's steady state: which rows to skip is not known on the
+        host) every row is copied and :meth:`_restore_rows` selects with ``torch.where``; with row indices only
+        those rows are copied. The per-row ``step`` counts of Adam live on the CPU and are not restored under a
+        mask (reading the mask there would be a device sync): a skipped row is a diverged trial, which leaves
+        the group at the next read-back, so its optimizer state is never used again.
+        """
+        if isinstance(skip_rows, Tensor):
+            saved: list[tuple[int, str | None, Tensor]] = [
+                (i, None, p.detach().clone()) for i, p in enumerate(self.params)
+            ]
+            for i, state in enumerate(self.state):
+                saved += [
+                    (i, key, v.clone())
+                    for key, v in state.items()
+                    if isinstance(v, Tensor) and v.device == skip_rows.device
+                ]
+            return saved
         if not skip_rows:
             return []
         index = list(skip_rows)
-        saved: list[tuple[int, str | None, Tensor]] = [
-            (i, None, p.data[index].clone()) for i, p in enumerate(self.params)
-        ]
+        saved = [(i, None, p.data[index].clone()) for i, p in enumerate(self.params)]
         for i, state in enumerate(self.state):
             saved += [(i, key, v[index].clone()) for key, v in state.items() if isinstance(v, Tensor)]
         return saved
 
-    def _restore_rows(self, saved: list[tuple[int, str | None, Tensor]], skip_rows: Sequence[int]) -> None:
+    def _restore_rows(self, saved: list[tuple[int, str | None, Tensor]], skip_rows: SkipRows) -> None:
         """Put the skipped rows back; state created during this step starts from zero in those rows."""
+        if isinstance(skip_rows, Tensor):
+            self._restore_masked(saved, skip_rows)
+            return
         if not skip_rows:
             return
         index = list(skip_rows)
@@ -123,6 +146,28 @@ class FusedUpdate(ABC):
                     if isinstance(value, Tensor) and (i, key) not in restored:
                         value[index] = 0
 
+    def _restore_masked(self, saved: list[tuple[int, str | None, Tensor]], mask: Tensor) -> None:
+        """``torch.where`` over all rows: a skipped row gets its saved values (never this step's non-finite ones).
+
+        The other rows are selected unchanged, so they are bitwise what the update computed.
+        """
+        restored: set[tuple[int, str]] = set()
+        with torch.no_grad():
+            for i, key, before in saved:
+                current = self.params[i].data if key is None else self.state[i][key]
+                current.copy_(torch.where(_row_mask(mask, current), before, current))
+                if key is not None:
+                    restored.add((i, key))
+            for i, state in enumerate(self.state):
+                for key, value in state.items():
+                    if isinstance(value, Tensor) and value.device == mask.device and (i, key) not in restored:
+                        value.masked_fill_(_row_mask(mask, value), 0)
+
+
+def _row_mask(mask: Tensor, like: Tensor) -> Tensor:
+    """A ``[B]`` bool mask shaped to broadcast over ``like``'s rows."""
+    return mask.view(-1, *([1] * (like.dim() - 1)))
+
 
 class FusedSGD(FusedUpdate):
     """``torch.optim.SGD`` (momentum, dampening, nesterov, weight decay) for all rows at once."""
@@ -131,8 +176,8 @@ class FusedSGD(FusedUpdate):
 
     @override
     @torch.no_grad()
-    def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_rows: Sequence[int] = ()) -> None:
-        skip = set(skip_rows)
+    def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_rows: SkipRows = ()) -> None:
+        skip = set() if isinstance(skip_rows, Tensor) else set(skip_rows)
         saved = self._save_rows(skip_rows)
         hyper = self._by_group(param_groups)
         active = self._active()
@@ -273,7 +318,7 @@ class FusedAdam(FusedUpdate):
 
     @override
     @torch.no_grad()
-    def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_rows: Sequence[int] = ()) -> None:
+    def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_rows: SkipRows = ()) -> None:
         saved = self._save_rows(skip_rows)
         hyper = self._by_group(param_groups)
         per_group = [  # (lr, beta1, beta2) per group, each a list over rows: read once per step, not per parameter

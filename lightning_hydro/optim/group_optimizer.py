@@ -2,8 +2,8 @@
 
 Lightning's automatic optimization drives one optimizer: it runs the closure (forward, backward,
 gradient clipping), then calls ``step``. :class:`TrialGroupOptimizer` is that optimizer. After the closure
-it checks each trial for non-finite losses or gradients (such a trial is reported as diverged and not
-stepped), then updates the healthy trials either
+it checks each row for a non-finite loss (``skip``, given by the caller) or non-finite gradients (such a row
+is not stepped), then updates the healthy rows either
 
 - on the *universal* path: each trial parameter's ``.grad`` becomes the view ``stacked.grad[row]`` and the
   trial's own optimizer steps, whatever its class; or
@@ -11,36 +11,74 @@ stepped), then updates the healthy trials either
 
 Its ``state_dict`` holds every trial's optimizer and scheduler state in torch's own per-trial format,
 keyed by trial id, whichever path produced it.
+
+The conversation is one-way: the fused module passes the rows to skip into :meth:`TrialGroupOptimizer.step`
+and gets back a :class:`StepReport`; slot changes go through :meth:`TrialGroupOptimizer.add_trial` and
+:meth:`TrialGroupOptimizer.remove_trial`. On the fused path nothing in ``step`` reads a value back to the host:
+the skipped rows are a ``[B]`` mask on the device and the report holds device tensors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_hydro.optim.fused_update import FusedUpdate, select_fused_update
+from lightning_hydro.optim.fused_update import FusedUpdate, SkipRows, select_fused_update
 from lightning_hydro.optim.trial_optimization import TrialOptimization
 
 if TYPE_CHECKING:
     from lightning_hydro.stacking.stacked_state import StackedState
 
-__all__ = ["OptimizerPath", "StepReport", "TrialGroupOptimizer", "TrialScheduler"]
+__all__ = ["OptimizerPath", "RowsToSkip", "StepReport", "TrialGroupOptimizer", "TrialScheduler"]
 
 OptimizerPath = Literal["auto", "universal", "fused"]
 
 
-@dataclass
-class StepReport:
-    """What the last ``step`` did: which trials were updated and which diverged (with the reason)."""
+class RowsToSkip(Protocol):
+    """The rows ``step`` must leave untouched, read after the closure ran (the closure runs ``training_step``)."""
 
-    stepped: list[int] = field(default_factory=list)
-    diverged: dict[int, str] = field(default_factory=dict)
+    def rows_to_skip(self, trial_ids: list[int]) -> Tensor | None:
+        """A ``[B]`` bool mask over the rows of ``trial_ids`` (True: do not step), or None: skip none."""
+
+    def reads_each_step(self, device: torch.device) -> bool:
+        """Whether the caller reads each step's report back at once (then the skipped rows are read here too)."""
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one ``step`` did, as ``[B]`` bool masks over the rows of ``trial_ids`` (on the group's device).
+
+    ``skipped_loss``: rows skipped because the caller said so (a non-finite loss); ``skipped_gradients``: rows
+    whose gradients were not finite. ``on_host`` is True where reading the masks costs no device sync (the
+    universal path has read them already).
+    """
+
+    trial_ids: tuple[int, ...]
+    skipped_loss: Tensor
+    skipped_gradients: Tensor
+    on_host: bool = False
+
+    @property
+    def skipped(self) -> Tensor:
+        """Rows that were not stepped."""
+        return self.skipped_loss | self.skipped_gradients
+
+    def read(self) -> tuple[list[int], dict[int, str]]:
+        """The stepped trials and the skipped ones with the reason (one device sync)."""
+        loss, grads = torch.stack([self.skipped_loss, self.skipped_gradients]).tolist()
+        stepped = [tid for tid, a, b in zip(self.trial_ids, loss, grads) if not (a or b)]
+        skipped = {
+            tid: "non-finite loss" if a else "non-finite gradients"
+            for tid, a, b in zip(self.trial_ids, loss, grads)
+            if a or b
+        }
+        return stepped, skipped
 
 
 class TrialScheduler:
@@ -88,7 +126,6 @@ class TrialGroupOptimizer(Optimizer):
         group: the stacked state of the group (rows = live trials).
         trials: each live trial's optimizer and schedulers, by trial id.
         path: ``"auto"`` (fused where possible), ``"universal"`` or ``"fused"`` (error where impossible).
-        is_skipped: returns the trials whose loss was non-finite this step (they are not stepped).
     """
 
     def __init__(
@@ -97,7 +134,6 @@ class TrialGroupOptimizer(Optimizer):
         trials: Mapping[int, TrialOptimization],
         *,
         path: OptimizerPath = "auto",
-        is_skipped: Callable[[], Mapping[int, str]] = dict,
     ) -> None:
         super().__init__(list(group.params.values()), defaults={})
         self.group = group
@@ -105,8 +141,18 @@ class TrialGroupOptimizer(Optimizer):
         self.path: OptimizerPath = path
         self.fused: FusedUpdate | None = None
         self.fused_unavailable = ""
-        self.last_report = StepReport()
-        self._is_skipped = is_skipped
+        self.rebuild()
+
+    # -- slot changes (the rows of ``group`` change between materialize() and the call that follows) --------
+
+    def remove_trial(self, trial_id: int) -> None:
+        """The trial has left the group's rows: forget its optimizer; the others keep their state."""
+        self.trials.pop(trial_id, None)
+        self.rebuild()
+
+    def add_trial(self, trial_id: int, optimization: TrialOptimization) -> None:
+        """The trial has joined the group's rows with a fresh optimizer."""
+        self.trials[trial_id] = optimization
         self.rebuild()
 
     # -- path selection and state movement ---------------------------------------------------------------
@@ -169,48 +215,53 @@ class TrialGroupOptimizer(Optimizer):
         if self.fused is None:
             self.group.clear_trial_grads()
 
-    def _unhealthy_rows(self) -> dict[int, str]:
-        """Rows whose loss (reported by the module) or gradients are not finite, with the reason."""
-        bad: dict[int, str] = {}
-        skipped = self._is_skipped()
+    def _non_finite_gradients(self) -> Tensor:
+        """``[B]`` bool: rows whose gradients hold a NaN or inf (stays on the device)."""
         grads = [p.grad for p in self.group.params.values() if p.grad is not None]
-        if grads:
-            # one reduction per parameter: a NaN or inf anywhere in a row makes that row's sum non-finite
-            sums = torch.stack([g.flatten(1).sum(1) for g in grads]).sum(0)  # (an overflow to inf counts too)
-            finite = torch.isfinite(sums).tolist()
-        else:
-            finite = [True] * self.group.size
-        for row, tid in enumerate(self.group.trial_ids):
-            if tid in skipped:
-                bad[row] = skipped[tid]
-            elif not finite[row]:
-                bad[row] = "non-finite gradients"
-        return bad
+        if not grads:
+            return torch.zeros(self.group.size, dtype=torch.bool, device=self.group.device)
+        # one reduction per parameter: a NaN or inf anywhere in a row makes that row's sum non-finite
+        sums = torch.stack([g.flatten(1).sum(1) for g in grads]).sum(0)  # (an overflow to inf counts too)
+        return ~torch.isfinite(sums)
 
     @override
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        loss = None
+    def step(  # type: ignore[override]
+        self, closure: Callable[[], Any] | None = None, *, skip: RowsToSkip | None = None
+    ) -> StepReport | None:
+        """Run the closure, then update every row that ``skip`` does not name and whose gradients are finite.
+
+        Args:
+            closure: Lightning's closure (forward, backward, clipping).
+            skip: the rows not to step (a non-finite loss), read after the closure ran.
+
+        Returns:
+            What was stepped and skipped, or None if the closure produced no gradients (nothing updated).
+        """
         if closure is not None:
             with torch.enable_grad():
-                loss = closure()
-        self.last_report = report = StepReport()
+                closure()
         if all(p.grad is None for p in self.group.params.values()):
-            return loss  # the step returned None: nothing to update, as for any torch optimizer
-        bad = self._unhealthy_rows()
-        ids = self.group.trial_ids
-        report.diverged = {ids[row]: reason for row, reason in bad.items()}
+            return None  # the step returned None: nothing to update, as for any torch optimizer
+        ids = list(self.group.trial_ids)
+        by_loss = None if skip is None else skip.rows_to_skip(ids)
+        if by_loss is None:
+            by_loss = torch.zeros(len(ids), dtype=torch.bool, device=self.group.device)
+        by_grads = self._non_finite_gradients() & ~by_loss
+        host = self.fused is None or (skip is not None and skip.reads_each_step(self.group.device))
+        report = StepReport(tuple(ids), by_loss, by_grads, on_host=host)
         if self.fused is not None:
-            self.fused.step([self.trials[tid].optimizer.param_groups for tid in ids], skip_rows=sorted(bad))
-            for row, tid in enumerate(ids):
-                if row not in bad:
-                    _record_step(self.trials[tid].optimizer)
-        else:
-            healthy = [row for row in range(len(ids)) if row not in bad]
-            self.group.distribute_grads(healthy)
-            for row in healthy:
-                self.trials[ids[row]].optimizer.step()
-        report.stepped = [tid for row, tid in enumerate(ids) if row not in bad]
-        return loss
+            rows: SkipRows = report.skipped  # a device mask: every row saved and selected (no host sync)
+            if host:  # read anyway: save and restore only the skipped rows (cheaper than the masked path)
+                rows = report.skipped.nonzero().flatten().tolist()
+            self.fused.step([self.trials[tid].optimizer.param_groups for tid in ids], skip_rows=rows)
+            for tid in ids:  # a skipped row leaves the group at the next read-back: its flag does not matter
+                _record_step(self.trials[tid].optimizer)
+            return report
+        stepped, _ = report.read()  # the universal path steps trial by trial: it must know which on the host
+        self.group.distribute_grads([self.group.row_of(tid) for tid in stepped])
+        for tid in stepped:
+            self.trials[tid].optimizer.step()
+        return report
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -287,8 +287,15 @@ class LightningHydroSweeperImpl(Sweeper):
             kind=group.kind,
             slots=group.slots,
             trials=tuple(TrialSpec(tid, tuple(overrides[tid]), self._seed(tid)) for tid in group.trial_ids),
-            fused=_plain_dict(self.config.get("fused") if self.config is not None else None),
+            fused=self._fused_options(),
         )
+
+    def _fused_options(self) -> dict[str, Any]:
+        """The app config's ``fused`` section, with ``hydra.sweeper.compile`` where that section does not set it."""
+        fused = _plain_dict(self.config.get("fused") if self.config is not None else None)
+        if self.settings.compile and "compile" not in fused:
+            fused["compile"] = self.settings.compile
+        return fused
 
     def _seed(self, trial_id: int) -> int:
         """The trial's seed: the config's ``seed`` (default 0), or one of its own where ``seed: null``."""

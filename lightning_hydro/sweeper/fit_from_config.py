@@ -120,7 +120,7 @@ def fit_from_config(cfg: DictConfig) -> dict[int, TrialResult]:
         trainer_factory=trainer_factory,
         workdir=workdir,
         early_stopping=spec.early_stopping,
-        fused=FusedSettings(**_plain(cfg.get(FUSED_KEY))) if in_group else None,
+        fused=FusedSettings(**{**spec.fused, **_plain(cfg.get(FUSED_KEY))}) if in_group else None,
         search=search,
         backend_cache=BackendCache(sweep_dir / STATE_DIR / BACKEND_FILE) if in_group and sweep_dir else None,
     )

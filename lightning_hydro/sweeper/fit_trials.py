@@ -53,6 +53,7 @@ class FusedSettings:
         optimizer_path: ``auto``, ``universal`` or ``fused``.
         deterministic: with ``auto``, choose the backend without timing (``FusedLightningModule``'s
             ``deterministic``), so that a rerun computes the same numbers on a busier machine.
+        compile: ``False``, ``True`` or ``"reduce-overhead"`` (``FusedLightningModule``'s ``compile``).
         pad_widths: fuse trials whose hidden sizes differ, zero-padded (``FusedLightningModule``'s
             ``pad_widths``); refills of any width fit in.
     """
@@ -60,6 +61,7 @@ class FusedSettings:
     backend: str = "auto"
     optimizer_path: str = "auto"
     deterministic: bool = False
+    compile: bool | str = False
     pad_widths: bool = False
 
 
@@ -206,6 +208,7 @@ def _fit_fused(
         optimizer_path=settings.optimizer_path,  # type: ignore[arg-type]
         trial_factory=build_module,
         deterministic=settings.deterministic,
+        compile=settings.compile,  # type: ignore[arg-type]
         pad_widths=settings.pad_widths,
     )
     callbacks: list[Callback] = []

@@ -74,6 +74,7 @@ class SweepSettings:
     scheduler: SchedulerSettings
     probe: ProbeSettings
     retrain: RetrainSettings
+    compile: bool | Literal["reduce-overhead"] = False
     storage: str | None = None
     plots: bool = True
 
@@ -98,6 +99,7 @@ class SweepSettings:
         scheduler: Mapping[str, Any] | None = None,
         probe: Mapping[str, Any] | None = None,
         retrain: Mapping[str, Any] | None = None,
+        compile: Any = False,
         storage: str | None = None,
         plots: bool = True,
     ) -> SweepSettings:
@@ -121,6 +123,11 @@ class SweepSettings:
             )
         if mode not in ("min", "max"):
             raise ValueError(f"{_P}: hydra.sweeper.mode must be 'min' or 'max', got {mode!r}.")
+        if not (compile is False or compile is True or compile == "reduce-overhead"):
+            raise ValueError(
+                f"{_P}: hydra.sweeper.compile must be false, true or reduce-overhead, got {compile!r}. Fix: e.g. "
+                "hydra.sweeper.compile=true (each group's training step under torch.compile)."
+            )
         if storage is not None and (not isinstance(storage, str) or "://" not in storage):
             raise ValueError(
                 f"{_P}: hydra.sweeper.storage must be a database URL shared by every job of the sweep, got "
@@ -144,6 +151,7 @@ class SweepSettings:
             scheduler=_scheduler(_plain(scheduler)),
             probe=_probe(_plain(probe)),
             retrain=_retrain(_plain(retrain)),
+            compile=compile,
             storage=storage,
             plots=plots,
         )

@@ -158,6 +158,11 @@ def test_a_deterministic_auto_group_records_the_backend_it_chose_without_timing(
     assert json.loads((tmp_path / "fused_0" / "group_fit.json").read_text())["0"]["backend"] == "hfta"
 
 
+def test_fused_settings_carry_compile_to_the_group():
+    assert FusedSettings(compile="reduce-overhead").compile == "reduce-overhead"
+    assert FusedSettings().compile is False
+
+
 def test_a_group_of_different_widths_fuses_padded_with_asha_and_refills(tmp_path):
     widths = {20: 8, 21: 32, 22: 16, 23: 24, 24: 40}
     spec = EarlyStoppingSpec(name="asha", metric="val_acc", mode="max", reduction_factor=3, min_budget=1, max_budget=3)

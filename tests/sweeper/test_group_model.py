@@ -81,6 +81,17 @@ def test_the_group_module_takes_the_configs_fused_settings(tmp_path: Path):
     assert module.deterministic is True
 
 
+def test_the_group_module_compiles_when_the_spec_says_so(tmp_path: Path):
+    from lightning_hydro.demos import DigitsMLP
+
+    fused = {"backend": "vmap", "compile": True}
+    spec = GroupSpec("group_0000", "search", 2, (TrialSpec(0), TrialSpec(1)), fused=fused)
+    module = SweepGroupModule.for_group(spec, lambda tid: DigitsMLP(hidden_dim=8), job_dir=tmp_path)
+    assert module._policy.compile is True
+    assert module._backend is not None
+    assert module._backend.compile is True  # type: ignore[attr-defined]
+
+
 def test_the_group_module_pads_widths_when_the_config_says_so(tmp_path: Path):
     from lightning_hydro.demos import DigitsMLP
 

@@ -130,6 +130,12 @@ def test_the_plugin_config_and_the_settings_have_the_same_defaults():
     assert SweepSettings.from_config(**{**fields, "n_trials": 4}).n_trials == 4
 
 
+def test_compile_is_checked_and_reaches_the_group_specs():
+    assert SweepSettings.from_config(sampler="grid", compile="reduce-overhead").compile == "reduce-overhead"
+    with pytest.raises(ValueError, match=r"hydra.sweeper.compile must be false, true or reduce-overhead, got 1\."):
+        SweepSettings.from_config(sampler="grid", compile=1)
+
+
 def test_storage_plots_and_continuous_search():
     s = SweepSettings.from_config(sampler="tpe", n_trials=8, scheduler={"name": "asha"}, plots=False)
     assert s.continuous

@@ -1,0 +1,150 @@
+"""Eager versus ``compile=True`` fused training steps, side by side (``fusion_throughput.py --model compile``).
+
+For each case, one process times the same FusedLightningModule (backend vmap, fused SGD/AdamW update) in a
+Lightning Trainer twice, eager and compiled, and reports:
+
+- ms per optimizer step of the whole group (median of the per-step intervals after the warm-up steps);
+- the first step's time (with ``compile=True`` it includes tracing and inductor's compilation; inductor keeps
+  an on-disk cache, so a later process that compiles the same graph pays less: the first repeat is cold only
+  if the cache was);
+- dynamo is reset before each run (inductor's on-disk cache is not);
+- the recompilation cost of slot changes: two trials are stopped during the run (the group shrinks B -> B-1 ->
+  B-2); the step after each change minus the steady step.
+
+Cases: the digits MLP (widths 64 and 256, B = 4, 16, 64), the network of lightning-hydra-template's
+MNISTLitModule (SimpleDenseNet: Linear-BatchNorm1d-ReLU blocks; in a step without torchmetrics objects,
+which vmap cannot batch: the template's own step trains on the loop) and the small Transformer LM of
+``--model transformer``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from lightning_hydro import FusedLightningModule
+from lightning_hydro.demos import DigitsDataModule, DigitsMLP
+from lightning_hydro.demos.template_mnist import SimpleDenseNet
+
+__all__ = ["compile_table"]
+
+
+class TemplateNetTrial(L.LightningModule):
+    """The template's SimpleDenseNet (8x8 digits in), cross-entropy and Adam, without torchmetrics objects."""
+
+    def __init__(self, lr: float = 1e-3) -> None:
+        super().__init__()
+        self.lr = lr
+        self.net = SimpleDenseNet(input_size=64, lin1_size=64, lin2_size=128, lin3_size=64)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self.net(x), y)
+        self.log("train/loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+
+class Probe(L.Callback):
+    """Per-batch wall times; stops trials at the given steps (slot changes), ends the fit after ``steps``."""
+
+    def __init__(self, steps: int, stops: dict[int, int]) -> None:
+        self.steps, self.stops = steps, stops
+        self.times: list[float] = []
+        self._start = 0.0
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, *args: Any) -> None:
+        self.times.append(time.perf_counter() - self._start)
+        done = len(self.times)
+        if done in self.stops:
+            pl_module.stop_trial(self.stops[done], "benchmark slot change")
+        if done >= self.steps:
+            trainer.should_stop = True
+
+
+def _trials(case: str, count: int, width: int) -> list[L.LightningModule]:
+    torch.manual_seed(0)
+    if case == "digits":
+        return [DigitsMLP(hidden_dim=width, lr=0.01 * (1 + i), momentum=0.9) for i in range(count)]
+    if case == "template":
+        return [TemplateNetTrial(1e-3 * (1 + i)) for i in range(count)]
+    from fusion_throughput import TransformerTrial  # the --model transformer case
+
+    return [TransformerTrial(1e-4 * (i + 1), d_model=width) for i in range(count)]
+
+
+def _data(case: str) -> L.LightningDataModule:
+    if case == "transformer":
+        from fusion_throughput import RandomData
+
+        return RandomData("tokens")
+    return DigitsDataModule()
+
+
+def time_case(
+    case: str, count: int, width: int, compile: bool, steps: int, warmup: int, device: str
+) -> dict[str, float]:
+    """Seconds: ``step`` (steady median), ``first`` (first step), ``change1``/``change2`` (after slot changes)."""
+    first_stop, second_stop = warmup + (steps - warmup) // 3, warmup + 2 * (steps - warmup) // 3
+    torch.compiler.reset()  # each case compiles from scratch (dynamo keeps at most 8 graphs per function)
+    probe = Probe(steps, {first_stop: 1, second_stop: 2})
+    fused = FusedLightningModule(_trials(case, count, width), backend="vmap", compile=compile, summary=False)
+    trainer = L.Trainer(
+        max_steps=steps,
+        accelerator=device,
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[probe],
+    )
+    trainer.fit(fused, datamodule=_data(case))
+    times = probe.times
+    steady = [t for i, t in enumerate(times) if i >= warmup and i not in (first_stop, second_stop)]
+    step = statistics.median(steady)
+    return {
+        "step": step,
+        "first": times[0],
+        "change1": times[first_stop] - step,
+        "change2": times[second_stop] - step,
+    }
+
+
+def compile_table(cases: list[tuple[str, int, int]], steps: int, warmup: int, repeats: int, device: str) -> list[str]:
+    """Markdown rows: eager and compiled ms/step, speed-up, first step and recompilation costs."""
+    header = (
+        "| model | width | B | eager ms/step | compiled ms/step | speed-up | eager first step s | compiled first step s"
+        " | recompile after 1st slot change s | after 2nd s |"
+    )
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    print("\n".join(lines), flush=True)
+    for case, width, count in cases:
+        eager, compiled = [], []
+        for _ in range(repeats):  # side by side: each repeat times both
+            eager.append(time_case(case, count, width, False, steps, warmup, device))
+            compiled.append(time_case(case, count, width, True, steps, warmup, device))
+
+        def med(runs: list[dict[str, float]], key: str) -> float:
+            return statistics.median(r[key] for r in runs)
+
+        e, c = 1000 * med(eager, "step"), 1000 * med(compiled, "step")
+        row = (
+            f"| {case} | {width} | {count} | {e:.2f} | {c:.2f} | {e / c:.2f}x | {eager[0]['first']:.2f} | "
+            f"{compiled[0]['first']:.1f} | {med(compiled, 'change1'):.1f} | {med(compiled, 'change2'):.1f} |"
+        )
+        lines.append(row)
+        print(row, flush=True)
+    return lines

@@ -1,0 +1,76 @@
+"""What a fused group adds to a Lightning checkpoint, and how it comes back.
+
+Lightning saves the stacked tensors (the module's state dict) and the group optimizer's state (every trial's
+own optimizer and schedulers, by trial id). The group adds its slot map, every trial's record, the retired
+trials' weights, how to rebuild each trial's module, the backend in use, and the trials found diverged but not
+yet out of their slots (they are stopped when the fit resumes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from lightning_hydro.fused.backend_policy import BackendPolicy
+from lightning_hydro.fused.row_health import HealthReadback
+from lightning_hydro.fused.trial_slots import TrialSlots
+from lightning_hydro.fused.trial_specs import module_spec, rebuild_trials
+
+__all__ = ["CHECKPOINT_KEY", "group_state", "restore_group"]
+
+CHECKPOINT_KEY = "lightning_hydro"
+
+
+def group_state(
+    slots: TrialSlots, policy: BackendPolicy, pending: HealthReadback, *, epoch_done: bool
+) -> dict[str, Any]:
+    """The group's entry of a checkpoint; ``pending`` (not yet read back) and an ended epoch are settled in it.
+
+    A checkpoint written by a callback's ``on_train_batch_end`` runs before the module's own hook settles the
+    batch, and Lightning does not rerun that batch's hooks on resume.
+    """
+    book = slots.book
+    if pending.steps or pending.diverged or epoch_done:
+        book = book.settled(pending.steps, slots.trial_ids, epoch_done=epoch_done)
+    return {
+        "trial_ids": list(slots.trial_ids),
+        "max_slots": slots.max_slots,
+        "backend": policy.recorded_name,
+        "records": book.results(),
+        "epoch": book.epoch_state(),
+        "diverged": {tid: reason for tid, (reason, _) in pending.diverged.items()},  # stopped on resume
+        "retired": {tid: {k: v.detach().cpu() for k, v in m.state_dict().items()} for tid, m in slots.retired.items()},
+        "specs": {tid: module_spec(slots.module(tid)) for tid in slots.book.records},  # type: ignore[arg-type]
+    }
+
+
+def restore_group(
+    checkpoint: dict[str, Any],
+    slots: TrialSlots,
+    policy: BackendPolicy,
+    trial_factory: Callable[[int], Any] | None,
+) -> dict[int, str]:
+    """Load the group's entry into ``slots`` and ``policy``; returns the trials to stop as diverged on resume.
+
+    Raises:
+        KeyError: if the checkpoint was not written by a fused module.
+    """
+    if CHECKPOINT_KEY not in checkpoint:
+        raise KeyError(
+            "This checkpoint was not written by a FusedLightningModule (it has no 'lightning_hydro' entry); "
+            "load it into the trial module's own class instead."
+        )
+    data = checkpoint[CHECKPOINT_KEY]
+    current: dict[int, nn.Module] = {**slots.retired, **dict(slots.running())}
+    known = rebuild_trials(data["specs"], current, trial_factory)  # type: ignore[arg-type]
+    slots.replace(known, list(data["trial_ids"]))  # type: ignore[arg-type]
+    for tid, state in data["retired"].items():
+        slots.retired[tid].load_state_dict(state)
+    slots.book.load(data["records"])
+    if "epoch" in data:  # absent from checkpoints of earlier versions
+        slots.book.load_epoch_state(data["epoch"])
+    slots.max_slots = data["max_slots"]
+    policy.restore(data.get("backend"))
+    return dict(data.get("diverged", {}))

@@ -1,0 +1,74 @@
+"""What the user's code logs, per trial: stacked ``self.log`` calls of a step, and epoch-level hooks.
+
+A fused step returns each metric the user's step logged as a ``[B]`` tensor (or per-trial metric objects);
+:func:`record_step_logs` books them in :class:`~lightning_hydro.fused.trial_metrics.TrialMetrics` under Lightning's
+options. Epoch- and fit-level hooks that the trial modules implement run per trial
+(:func:`forward_hook`), their ``self.log`` calls recorded as that trial's epoch values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities.data import extract_batch_size
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch import Tensor
+
+from lightning_hydro.backends import StackedLog
+from lightning_hydro.backends.trial_logging import capture_logs
+from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
+
+__all__ = ["FORWARDED_HOOKS", "forward_hook", "record_step_logs"]
+
+# Epoch- and fit-level hooks forwarded to every running trial that overrides them (with its logging captured).
+FORWARDED_HOOKS = {
+    "on_fit_start": None,
+    "on_train_start": None,
+    "on_train_epoch_start": "train",
+    "on_train_epoch_end": "train",
+    "on_validation_epoch_start": "validate",
+    "on_validation_epoch_end": "validate",
+    "on_test_epoch_start": "test",
+    "on_test_epoch_end": "test",
+    "on_train_end": None,
+    "on_fit_end": None,
+}
+
+
+def _as_float(value: Any) -> float:
+    if hasattr(value, "compute") and hasattr(value, "reset"):  # a torchmetrics Metric
+        value = value.compute()
+    return float(value.detach().float().reshape(()) if isinstance(value, Tensor) else value)
+
+
+def forward_hook(hook: str, running: Sequence[tuple[int, Any]], metrics: TrialMetrics) -> None:
+    """Run ``hook`` of every running trial that overrides it; record what it logs as the trial's epoch values."""
+    phase = FORWARDED_HOOKS[hook]
+    for tid, module in running:
+        if not is_overridden(hook, module, L.LightningModule):
+            continue
+        with capture_logs(module) as calls:
+            getattr(module, hook)()
+        if phase is not None:
+            for call in calls:
+                metrics.record_epoch_value(phase, call.name, {tid: _as_float(call.value)})
+
+
+def record_step_logs(
+    metrics: TrialMetrics, phase: str, hook: str, logs: list[StackedLog], trial_ids: Sequence[int], batch: Any
+) -> None:
+    """Book a fused step's logged values (row i belongs to ``trial_ids[i]``); no value is read to the host."""
+    batch_size: int | None = None
+    for log in logs:
+        options = resolve_options(hook, log.options)
+        if isinstance(log.values, list):  # per-trial objects (torchmetrics Metric): computed at epoch end
+            metrics.record_objects(phase, log.name, dict(zip(trial_ids, log.values)), options)
+            continue
+        size = log.options.get("batch_size")
+        if size is None and options.on_epoch:  # only epoch means are weighted by the batch size
+            if batch_size is None:
+                batch_size = extract_batch_size(batch)
+            size = batch_size
+        metrics.record(phase, log.name, log.values, options, trial_ids=trial_ids, batch_size=size or 1)

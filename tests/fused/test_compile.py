@@ -1,0 +1,89 @@
+"""compile=True: the vmapped training step under torch.compile equals eager; what cannot compile runs eagerly."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_hydro import FusedLightningModule
+from lightning_hydro.backends import make_backend
+from lightning_hydro.demos import DigitsMLP
+from lightning_hydro.stacking.stacked_state import StackedState
+from tests.helpers import fit_digits, make_trainer, max_state_difference, seeded
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(32, 64, generator=generator), torch.randint(0, 10, (32,), generator=generator)
+
+
+def _first_step_gradients(backend: str, compile: bool, module: type[DigitsMLP] = DigitsMLP) -> dict[str, torch.Tensor]:
+    trials = [seeded(lambda: module(hidden_dim=32), [i])[0] for i in range(4)]
+    group = StackedState(nn.Module(), trials, list(range(4)))
+    out = make_backend(backend, group, compile=compile).run("training_step", _batch(), 0)
+    loss = out.loss()
+    assert loss is not None
+    loss.sum().backward()
+    return {name: p.grad.clone() for name, p in group.params.items() if p.grad is not None}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["vmap", "hfta"])
+def test_compiled_first_step_gradients_equal_eager_within_fp32_rounding(backend):
+    eager = _first_step_gradients(backend, compile=False)
+    compiled = _first_step_gradients(backend, compile=True)
+    assert eager.keys() == compiled.keys()
+    for name, g in eager.items():
+        assert (compiled[name] - g).norm() / g.norm() <= 1e-5, name
+
+
+@pytest.mark.slow
+def test_a_compiled_fit_trains_each_trial_like_the_eager_fit():
+    def fit(compile: bool) -> FusedLightningModule:
+        trials = [seeded(lambda lr=lr: DigitsMLP(hidden_dim=32, lr=lr), [i])[0] for i, lr in enumerate([0.05, 0.1])]
+        fused = FusedLightningModule(trials, backend="vmap", compile=compile, summary=False)
+        fit_digits(make_trainer(max_steps=10, limit_val_batches=0), fused)
+        return fused
+
+    eager, compiled = fit(False), fit(True)
+    for tid in (0, 1):
+        assert compiled.results[tid]["steps"] == eager.results[tid]["steps"] == 10
+        assert max_state_difference(compiled.unfuse(tid), eager.unfuse(tid)) <= 1e-5
+
+
+class PrintingMLP(DigitsMLP):
+    """Its step prints: torch.compile cannot keep that in one graph."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        print(end="")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_step_that_cannot_compile_runs_eagerly_with_one_log_line(caplog):
+    eager = _first_step_gradients("vmap", compile=False, module=PrintingMLP)
+    trials = [seeded(lambda: PrintingMLP(hidden_dim=32), [i])[0] for i in range(4)]
+    group = StackedState(nn.Module(), trials, list(range(4)))
+    backend = make_backend("vmap", group, compile=True)
+    with caplog.at_level(logging.WARNING, logger="lightning_hydro"):
+        for _ in range(2):
+            for param in group.params.values():
+                param.grad = None
+            out = backend.run("training_step", _batch(), 0)
+            loss = out.loss()
+            assert loss is not None
+            loss.sum().backward()
+    lines = [r.getMessage() for r in caplog.records if "falls back to eager" in r.getMessage()]
+    assert len(lines) == 1
+    assert "backend='vmap', PrintingMLP.training_step" in lines[0]
+    assert backend.compile_failure  # type: ignore[attr-defined]
+    for name, param in group.params.items():
+        assert torch.equal(param.grad, eager[name])
+
+
+def test_compile_argument_is_checked():
+    with pytest.raises(ValueError, match=r"compile must be False, True or 'reduce-overhead', got 'max-autotune'"):
+        FusedLightningModule([DigitsMLP(hidden_dim=8)], compile="max-autotune")  # type: ignore[arg-type]
