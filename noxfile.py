@@ -33,6 +33,10 @@ BENCHMARKS = {
         ],
     ],
     "fidelity": [["python", "benchmarks/fidelity.py"]],
+    "width_padding": [
+        ["python", "benchmarks/width_padding.py", "--repeats", "2"],
+        ["python", "benchmarks/width_padding.py", "--repeats", "2", "--model", "tensors"],
+    ],
     "first_batch_check": [["python", "benchmarks/first_batch_check.py"]],
 }
 

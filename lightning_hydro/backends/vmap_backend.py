@@ -109,6 +109,13 @@ class VmapBackend(Backend):
         """The module whose code runs for every row (subclasses convert it, e.g. into fused operators)."""
         return self.group.modules[0]
 
+    def extra_buffers(self) -> dict[str, Tensor]:
+        """Per-row ``[B, ...]`` tensors mapped with the stacked buffers, by the template's buffer names.
+
+        None here; the padded backend maps each row's width mask this way.
+        """
+        return {}
+
     @override
     def rebind(self) -> None:
         self._caller = None
@@ -121,6 +128,7 @@ class VmapBackend(Backend):
         caller = self._caller
         params: dict[str, Tensor] = {f"module.{name}": p for name, p in self.group.params.items()}
         buffers = {f"module.{name}": b for name, b in self.group.buffers.items()}
+        buffers.update({f"module.{name}": b for name, b in self.extra_buffers().items()})
         side: dict[str, Any] = {}
 
         def per_trial(p: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[Any, tuple[Tensor, ...]]:

@@ -57,6 +57,7 @@ from lightning_hydro.fused.trial_clipping import clip_trial_gradients
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
 from lightning_hydro.fused.trial_specs import module_spec, rebuild_trials
 from lightning_hydro.fused.verify import FusionMismatchError, verify_fusion
+from lightning_hydro.fused.width_padding import width_optimizer_path
 from lightning_hydro.optim.group_optimizer import (
     OptimizerPath,
     StepReport,
@@ -115,6 +116,10 @@ class FusedLightningModule(L.LightningModule):
             always correct) or ``"auto"`` (time each on the first batch, keep the fastest; a group that early
             stopping leaves with one trial runs it on the loop until another trial joins). The backend in
             use is recorded in ``results[id]["backend"]`` and in checkpoints (a resumed run reuses it).
+        pad_widths: allow trials that differ in hidden sizes (Linear features, conv channels, a Transformer
+            layer's feed-forward width): they are zero-padded to the group's largest shapes, each trial keeping
+            its own width (its module, optimizer and ``unfuse`` copy). Checked by a width plan that names any
+            module it refuses; each trial's own optimizer steps it (see :mod:`.width_padding`).
         deterministic: with ``backend="auto"``, choose without timing (timings, and so the choice and the
             arithmetic, change with machine load): the first of hfta, vmap, loop that runs the model.
         trial_ids: one integer id per trial (default ``0..B-1``).
@@ -151,13 +156,15 @@ class FusedLightningModule(L.LightningModule):
         mode: Literal["min", "max"] = "min",
         trial_factory: Callable[[int], L.LightningModule | None] | None = None,
         deterministic: bool = False,
+        pad_widths: bool = False,
     ) -> None:
         super().__init__()
         trials = list(trials)
         ids = list(range(len(trials))) if trial_ids is None else [int(t) for t in trial_ids]
         check_fused_arguments(trials, ids, backend, max_slots, optimizer_path, mode)
         self.stacked = nn.Module()  # holds the stacked tensors, so that .to(), state_dict() and Lightning see them
-        self._group = StackedState(self.stacked, trials, ids)
+        optimizer_path = width_optimizer_path(trials, ids, pad_widths=pad_widths, optimizer_path=optimizer_path)
+        self._group = StackedState(self.stacked, trials, ids, pad_widths=pad_widths)
         self._book = TrialBook(ids)
         self._retired: dict[int, L.LightningModule] = {}
         self._backend_name = backend
@@ -262,6 +269,7 @@ class FusedLightningModule(L.LightningModule):
     def unfuse(self, trial_id: int) -> L.LightningModule:
         """A standalone copy of the trial's module with its trained weights and buffers."""
         module = copy.deepcopy(self.trial_module(trial_id))
+        self._group.detach(module)  # its own compact tensors, not a copy of the whole stacked storage
         for param in module.parameters():
             param.grad = None
         return module
@@ -886,7 +894,8 @@ class FusedLightningModule(L.LightningModule):
         live = list(data["trial_ids"])
         for module in self._group.modules:
             self._group.detach(module)
-        self._group = StackedState(self.stacked, [known[tid] for tid in live], live)
+        padded = self._group.pad_widths
+        self._group = StackedState(self.stacked, [known[tid] for tid in live], live, pad_widths=padded)
         self._retired = {tid: m for tid, m in known.items() if tid not in live}
         for tid, state in data["retired"].items():
             self._retired[tid].load_state_dict(state)

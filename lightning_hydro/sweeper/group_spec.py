@@ -83,7 +83,8 @@ class GroupSpec:
         early_stopping: the early-stopping settings of the group.
         probe: ``{"safety_margin": ..., "max_limit": ...}`` for a probe group, else empty.
         fused: ``FusedLightningModule`` options for a job whose own task function builds the group
-            (``backend``, ``optimizer_path``, ``deterministic``: the app config's ``fused`` section).
+            (``backend``, ``optimizer_path``, ``deterministic``, ``pad_widths``: the app config's ``fused``
+            section).
         search: the group's part in the sweep-wide search (see
             :class:`~lightning_hydro.sweeper.group_search.GroupSearch`): its quota of trials, its partition and
             the sweep's sampler; empty when freed slots take only the group's planned trials.

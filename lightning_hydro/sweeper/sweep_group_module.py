@@ -105,6 +105,7 @@ class SweepGroupModule(FusedLightningModule):
             backend=cached or configured,
             optimizer_path=spec.fused.get("optimizer_path", "auto"),
             deterministic=deterministic,
+            pad_widths=bool(spec.fused.get("pad_widths", False)),
             monitor=spec.early_stopping.metric,
             mode="max" if spec.early_stopping.mode == "max" else "min",
         )
