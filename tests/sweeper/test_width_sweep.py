@@ -56,3 +56,30 @@ def test_a_template_search_over_layer_sizes_fuses_trials_of_different_widths(tmp
             lin3 = int(by_id[tid]["params"]["model.net.lin3_size"])
             assert shapes["net.model.0.weight"] == (lin1, 784)
             assert shapes["net.model.9.weight"] == (10, lin3)
+
+
+def test_a_group_whose_padding_is_refused_is_split_into_identical_widths(tmp_path):
+    project = make_project(tmp_path)
+    sweep_dir = tmp_path / "sweep"
+    search = [
+        *SEARCH,
+        *SMALL,
+        "hydra.sweeper.sampler=grid",
+        "hydra.sweeper.non_fusible=[model.net.output_size]",
+        "model.net.output_size=choice(10,11)",  # a searched output size: padding it would change the loss
+        "model.optimizer.lr=choice(0.01,0.02)",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    out = run_train(project, search)
+    assert out.returncode == 0, out.stdout[-6000:]
+    refusals = [line for line in out.stdout.splitlines() if "split into identical-width groups" in line]
+    assert len(refusals) == 1, out.stdout[-6000:]
+    assert "module 'net.model.9' (Linear" in refusals[0]
+    trials = read_json(sweep_dir / "results.json")["trials"]
+    assert sorted(t["trial_id"] for t in trials) == [0, 1, 2, 3]
+    assert all(t["status"] == "completed" for t in trials)
+    by_id = {t["trial_id"]: t for t in trials}
+    groups = _groups(sweep_dir)
+    assert sorted(len(g["trial_ids"]) for g in groups) == [2, 2]
+    for group in groups:
+        assert len({by_id[t]["params"]["model.net.output_size"] for t in group["trial_ids"]}) == 1
