@@ -17,6 +17,7 @@ BENCHMARKS = {
         ["python", "benchmarks/fusion_throughput.py"],
         ["python", "benchmarks/fusion_throughput.py", "--model", "resnet18", "--trials", "1", "4", "16"],
         ["python", "benchmarks/fusion_throughput.py", "--model", "transformer"],
+        ["python", "benchmarks/fusion_throughput.py", "--model", "template_mnist"],
     ],
     "hfta_ops": [["python", "benchmarks/hfta_ops.py"]],
     "early_stopping": [["python", "benchmarks/early_stopping.py"]],

@@ -46,10 +46,10 @@ from lightning_hydro.backends import (
     make_backend,
 )
 from lightning_hydro.backends.auto import choose_backend
+from lightning_hydro.backends.deferred_metrics import deferred_note, preserved_metric_states
 from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments
 from lightning_hydro.fused.results import TRIAL_STATUSES, TrialStatus, format_results_table
-from lightning_hydro.fused.stateful_metrics import updated_metrics
 from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_book import TrialBook
 from lightning_hydro.fused.trial_callbacks import per_trial_callbacks, refuse_module_callbacks
@@ -182,7 +182,6 @@ class FusedLightningModule(L.LightningModule):
         self._verify_enabled = verify
         self._verify_ids: set[int] = set(ids) if verify else set()
         self._eval_fallback: dict[str, Backend] = {}
-        self._metric_updates: dict[str, list[str]] = {}
         self.max_slots = max_slots if max_slots is not None else len(trials)
         self.summary = summary
         self.monitor = monitor
@@ -573,32 +572,20 @@ class FusedLightningModule(L.LightningModule):
             torch.where(torch.isfinite(loss.detach()), loss, torch.zeros_like(loss)).sum().backward()
 
     def _resolve_backend(self, batch: Any, batch_idx: int) -> Backend:
-        metrics = self._metrics_block_fusion("training_step", batch, batch_idx)
-        if self._backend is not None and metrics and not isinstance(self._backend, LoopBackend):
-            raise FusionError(
-                f"backend={self._backend.name!r} cannot fuse {type(self._first()).__name__}.training_step: it updates "
-                f"torchmetrics metrics ({', '.join(metrics)}), whose state vmap cannot keep per trial. Use "
-                "backend='loop', or update those metrics in validation_step only (validation then runs per trial)."
-            )
         if self._backend is None:
-            names = ("loop",) if metrics else ("hfta", "vmap", "loop")
-            if metrics:
-                rank_zero_info(
-                    f"FusedLightningModule: training_step updates torchmetrics metrics ({', '.join(metrics)}), whose "
-                    "state vmap cannot keep per trial; backend='auto' uses 'loop'."
-                )
             candidates: list[tuple[str, Callable[[], Backend]]] = [
-                (name, partial(make_backend, name, self._group)) for name in names
+                (name, partial(make_backend, name, self._group)) for name in ("hfta", "vmap", "loop")
             ]
-            choice = choose_backend(
-                self._group,
-                candidates,
-                lambda b: self._training_forward_backward(b, batch, batch_idx),
-                timed=not self.deterministic,
-            )
+            with preserved_metric_states(self._group.modules):  # timing steps must not count in torchmetrics
+                choice = choose_backend(
+                    self._group,
+                    candidates,
+                    lambda b: self._training_forward_backward(b, batch, batch_idx),
+                    timed=not self.deterministic,
+                )
             self._backend = choice.backend
             self._book.set_backend(self._group.trial_ids, choice.backend.name)
-            self.backend_report = f"FusedLightningModule: {choice.describe()}."
+            self.backend_report = f"FusedLightningModule: {choice.describe()}{deferred_note(choice.backend)}."
             rank_zero_info(self.backend_report)
         return self._backend
 
@@ -606,24 +593,19 @@ class FusedLightningModule(L.LightningModule):
         ids = [tid for tid in self._group.trial_ids if tid in self._verify_ids]
         # the loop runs each trial's own code: nothing to check; otherwise a skipped batch checks the next one
         try:
-            if (
-                ids
-                and not isinstance(backend, LoopBackend)
-                and not verify_fusion(self._group, backend, ids, batch, batch_idx)
-            ):
-                return
+            with preserved_metric_states(self._group.modules):  # the checked steps must not count in torchmetrics
+                if (
+                    ids
+                    and not isinstance(backend, LoopBackend)
+                    and not verify_fusion(self._group, backend, ids, batch, batch_idx)
+                ):
+                    return
         except FusionMismatchError as err:
             if self._backend_name != "auto":
                 raise
             rank_zero_warn(f"FusedLightningModule: backend='auto' runs the group on 'loop' from now on: {err}")
             self._backend, self._parked = make_backend("loop", self._group), None
         self._verify_ids.difference_update(ids)
-
-    def _metrics_block_fusion(self, method: str, *args: Any) -> list[str]:
-        """The torchmetrics metrics that ``method`` updates (cached per method; see :mod:`.stateful_metrics`)."""
-        if method not in self._metric_updates:
-            self._metric_updates[method] = updated_metrics(self._first(), method, args, trainer=self._trainer)
-        return self._metric_updates[method]
 
     def _record_logs(self, phase: str, hook: str, logs: list[StackedLog], batch: Any) -> None:
         batch_size: int | None = None
@@ -676,12 +658,6 @@ class FusedLightningModule(L.LightningModule):
         if not self._group.trial_ids:
             return StepOutputs(output=None, per_row=[])
         backend = self._eval_backend(method)
-        if not isinstance(backend, LoopBackend) and (metrics := self._metrics_block_fusion(method, *args)):
-            rank_zero_info(
-                f"FusedLightningModule: {method} updates torchmetrics metrics ({', '.join(metrics)}), whose state "
-                f"vmap cannot keep per trial, so {method} runs per trial with backend='loop' (training is unaffected)."
-            )
-            backend = self._eval_fallback[method] = make_backend("loop", self._group)
         try:
             return backend.run(method, *args)
         except FusionError as err:
