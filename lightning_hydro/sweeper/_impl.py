@@ -289,7 +289,7 @@ class LightningHydroSweeperImpl(Sweeper):
             ids = tuple(t.trial_id for t in members[:2])
             group = TrialGroup(f"probe_{len(self.state.fusion_limits) + i:04d}", "probe", ids, len(ids), partition)
             (self.state.job_dir(group) / RESULT_FILE).unlink(missing_ok=True)
-            spec = self._spec(group, self._trial_overrides(members[:2], partition))
+            spec = self._spec(group, self._trial_overrides(members[:2], partition), members[:2])
             spec = dataclasses.replace(spec, probe=dataclasses.asdict(self.settings.probe))
             jobs.append((spec, self._job_overrides(group)))
             probes.append(group)
@@ -328,7 +328,9 @@ class LightningHydroSweeperImpl(Sweeper):
     def _trials_of(self, group: TrialGroup) -> list[Trial]:
         return [self.state.trials[tid] for tid in group.trial_ids]
 
-    def _spec(self, group: TrialGroup, overrides: Mapping[int, list[str]]) -> GroupSpec:
+    def _spec(
+        self, group: TrialGroup, overrides: Mapping[int, list[str]], trials: Sequence[Trial] | None = None
+    ) -> GroupSpec:
         return GroupSpec(
             group_id=group.group_id,
             kind=group.kind,
@@ -336,7 +338,7 @@ class LightningHydroSweeperImpl(Sweeper):
             trials=tuple(TrialSpec(tid, tuple(overrides[tid]), self._seed(tid)) for tid in group.trial_ids),
             fused=fused_options(
                 _plain_dict(self.config.get("fused") if self.config is not None else None),
-                self._trials_of(group),
+                self._trials_of(group) if trials is None else trials,  # a probe's trials are not planned yet
                 self._padded_in(group.partition),
             ),
         )
