@@ -79,7 +79,8 @@ class LightningHydroSweeperConf:
             that changes shapes or the data pipeline, e.g. ``data.batch_size``, ``model.hidden_dim``).
         fusion_limit: most trials trained at once in one group: a number >= 1, or ``auto`` to probe.
         round_size: configurations asked of the sampler at a time; ``null``: all of them for ``grid``
-            and ``random``, the fusion limit for ``tpe`` (which learns from each finished round).
+            and ``random``, the fusion limit for ``tpe`` (which learns from each finished round; with a
+            refilling scheduler only the first round: the groups ask for the rest as their slots free).
         params: the search space, ``key: override value`` in Hydra's override grammar (nested keys
             give dotted ones, so ``hydra.sweeper.params.model.lr=...`` works on the command line; a
             ``null`` value drops a key).
