@@ -93,6 +93,11 @@ class LightningHydroSweeperConf:
             records and sampler state, for group jobs on several machines; ``null``: files in the sweep
             directory (``lightning_hydro/rungs.db``, ``lightning_hydro/sampler.journal``).
         plots: draw ``plots/`` at the end of the sweep (in a background process, which does not delay it).
+        pad_widths: non-fusible keys under ``model.`` with integer values (hidden widths) no longer split
+            groups: trials that differ only in them fuse, zero-padded to their group's largest width, and the
+            keys padded and each group's padding overhead are logged at launch.
+        max_padding_overhead: the most a padded group may cost over its trials at their own widths, minus 1
+            (1.0: up to twice; 0: only equal widths fuse).
     """
 
     _target_: str = "hydra_plugins.lightning_hydro_sweeper.lightning_hydro_sweeper.LightningHydroSweeper"
@@ -111,6 +116,8 @@ class LightningHydroSweeperConf:
     compile: Any = False
     storage: str | None = None
     plots: bool = True
+    pad_widths: bool = True
+    max_padding_overhead: float = 1.0
 
 
 ConfigStore.instance().store(

@@ -36,6 +36,8 @@ class LightningHydroSweeper(Sweeper):
         compile: Any = False,
         storage: str | None = None,
         plots: bool = True,
+        pad_widths: bool = True,
+        max_padding_overhead: float = 1.0,
     ) -> None:
         from lightning_hydro.sweeper._impl import LightningHydroSweeperImpl
 
@@ -55,6 +57,8 @@ class LightningHydroSweeper(Sweeper):
             compile=compile,
             storage=storage,
             plots=plots,
+            pad_widths=pad_widths,
+            max_padding_overhead=max_padding_overhead,
         )
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:

@@ -65,6 +65,14 @@ from lightning_hydro.sweeper.trial_groups import (
     partition_of,
     plan_groups,
 )
+from lightning_hydro.sweeper.width_partitions import (
+    fused_options,
+    is_width_refusal,
+    launch_report,
+    plan_padded_groups,
+    split_refused,
+    width_keys,
+)
 
 __all__ = ["LightningHydroSweeperImpl"]
 
@@ -108,6 +116,7 @@ class LightningHydroSweeperImpl(Sweeper):
         swept = {dim.key: dim.prefix for dim in self.space.dimensions}
         check_sweep_keys(self.config, swept, self.settings.non_fusible)
         self.fusible = [k for k in self.space.keys if k not in self.settings.non_fusible]
+        self.padded_keys: list[str] = []
         self.sampler: Sampler | None = None
         if not self.settings.continuous:
             self.sampler = make_sampler(
@@ -171,10 +180,24 @@ class LightningHydroSweeperImpl(Sweeper):
                     return
                 pending = self._plan_round(n_new)
             self._launch([(self._search_spec(g), self._job_overrides(g)) for g in pending])
-            pending = [self._absorb(group) for group in pending]
+            pending = [self._absorb(group) for group in self._split_refused(pending)]
             for group in pending:
                 self._tell(group)
             self._check_metric_logged(pending)
+
+    def _split_refused(self, groups: list[TrialGroup]) -> list[TrialGroup]:
+        """Replace each group whose width padding was refused by identical-width groups, to launch next."""
+        kept = []
+        for group in groups:
+            err = self.failures.get(group.group_id)
+            if err is None or not is_width_refusal(err) or not self._padded_in(group.partition):
+                kept.append(group)
+                continue
+            del self.failures[group.group_id]
+            self.state.groups.remove(group)
+            self.state.add([], split_refused(group, self._trials_of(group), self._padded_in(group.partition)))
+            log.warning("lightning_hydro: %s split into identical-width groups: %s", group.group_id, _one_line(err))
+        return kept
 
     def _absorb(self, group: TrialGroup) -> TrialGroup:
         """The group, with the trials its job asked of the sweep's sampler added to it and to the plan."""
@@ -203,20 +226,36 @@ class LightningHydroSweeperImpl(Sweeper):
             first_id = len(self.state.trials)
             ids = list(range(first_id, first_id + n_new))
             trials = [Trial(tid, conf) for tid, conf in zip(ids, self.sampler.ask(ids))]
+        # Continuous search asks freed slots for any width: padded groups plan widths up front, so not there.
+        padding = self.settings.pad_widths and self.channel is None
+        self.padded_keys = width_keys(trials, self.settings.non_fusible) if padding else []
         if self.settings.fusion_limit == "auto":
             self._probe_fusion_limits(trials)
         refill = self.settings.scheduler.name != "none" and self.settings.scheduler.refill
-        groups = plan_groups(
-            trials,
-            non_fusible=self.settings.non_fusible,
-            fusion_limit=self._fusion_limit,
-            refill=refill,
-            first_index=len(self.state.groups_of_kind("search")),
-        )
+        if self.padded_keys:
+            groups, overheads = plan_padded_groups(
+                trials,
+                non_fusible=self.settings.non_fusible,
+                widths=self.padded_keys,
+                fusion_limit=self._fusion_limit,
+                refill=refill,
+                max_overhead=self.settings.max_padding_overhead,
+                first_index=len(self.state.groups_of_kind("search")),
+            )
+            log.info("%s", launch_report(groups, self.padded_keys, overheads))
+        else:
+            groups = plan_groups(
+                trials,
+                non_fusible=self.settings.non_fusible,
+                fusion_limit=self._fusion_limit,
+                refill=refill,
+                first_index=len(self.state.groups_of_kind("search")),
+            )
         if self.channel is not None:  # each partition's group asks for its share of the rest as slots free
             groups = self._with_quotas(groups, len(self.state.trials) + len(trials))
         self.state.add(trials, groups)
-        warn_if_nothing_fuses(groups, self.settings.non_fusible, self.space.keys)
+        splitting = [k for k in self.settings.non_fusible if k not in self.padded_keys]
+        warn_if_nothing_fuses(groups, splitting, self.space.keys)
         sizes = ", ".join(f"{g.group_id}: {len(g.trial_ids)} [{partition_label(g.partition)}]" for g in groups)
         log.info("lightning_hydro: %d new trials in %d groups (%s)", len(trials), len(groups), sizes)
         return groups
@@ -241,7 +280,8 @@ class LightningHydroSweeperImpl(Sweeper):
         """Launch one probe job per partition whose limit is unknown; record each measured limit."""
         by_partition: dict[Partition, list[Trial]] = {}
         for trial in trials:
-            partition = partition_of(trial.configuration, self.settings.non_fusible)
+            splitting = [k for k in self.settings.non_fusible if k not in self.padded_keys]
+            partition = partition_of(trial.configuration, splitting)
             if self.state.fusion_limit(partition) is None:
                 by_partition.setdefault(partition, []).append(trial)
         jobs, probes = [], []
@@ -249,7 +289,7 @@ class LightningHydroSweeperImpl(Sweeper):
             ids = tuple(t.trial_id for t in members[:2])
             group = TrialGroup(f"probe_{len(self.state.fusion_limits) + i:04d}", "probe", ids, len(ids), partition)
             (self.state.job_dir(group) / RESULT_FILE).unlink(missing_ok=True)
-            spec = self._spec(group, self._trial_overrides(members[:2]))
+            spec = self._spec(group, self._trial_overrides(members[:2], partition), members[:2])
             spec = dataclasses.replace(spec, probe=dataclasses.asdict(self.settings.probe))
             jobs.append((spec, self._job_overrides(group)))
             probes.append(group)
@@ -273,21 +313,34 @@ class LightningHydroSweeperImpl(Sweeper):
 
     # -- jobs -------------------------------------------------------------------------------------------
 
-    def _trial_overrides(self, trials: Sequence[Trial], drop: Sequence[str] = ()) -> dict[int, list[str]]:
-        """Each trial's own (fusible) override lines, without the keys in ``drop``."""
-        keys = [k for k in self.fusible if k not in drop]
+    def _trial_overrides(
+        self, trials: Sequence[Trial], partition: Partition, drop: Sequence[str] = ()
+    ) -> dict[int, list[str]]:
+        """Each trial's own override lines (fusible keys and the widths its group pads), less ``drop``."""
+        keys = [k for k in [*self.fusible, *self._padded_in(partition)] if k not in drop]
         return {t.trial_id: self.space.override_lines(t.configuration.texts, keys) for t in trials}
+
+    def _padded_in(self, partition: Partition) -> list[str]:
+        """The searched non-fusible keys a group's trials may differ in: its padded widths."""
+        shared = dict(partition)
+        return [k for k in self.settings.non_fusible if k in self.space.keys and k not in shared]
 
     def _trials_of(self, group: TrialGroup) -> list[Trial]:
         return [self.state.trials[tid] for tid in group.trial_ids]
 
-    def _spec(self, group: TrialGroup, overrides: Mapping[int, list[str]]) -> GroupSpec:
+    def _spec(
+        self, group: TrialGroup, overrides: Mapping[int, list[str]], trials: Sequence[Trial] | None = None
+    ) -> GroupSpec:
         return GroupSpec(
             group_id=group.group_id,
             kind=group.kind,
             slots=group.slots,
             trials=tuple(TrialSpec(tid, tuple(overrides[tid]), self._seed(tid)) for tid in group.trial_ids),
-            fused=self._fused_options(),
+            fused=fused_options(
+                self._fused_options(),
+                self._trials_of(group) if trials is None else trials,  # a probe's trials are not planned yet
+                self._padded_in(group.partition),
+            ),
         )
 
     def _fused_options(self) -> dict[str, Any]:
@@ -328,7 +381,7 @@ class LightningHydroSweeperImpl(Sweeper):
                 space=self.space,
                 seeds=(self._config_seed(), self.settings.seed),
             )
-        spec = self._spec(group, self._trial_overrides(self._trials_of(group)))
+        spec = self._spec(group, self._trial_overrides(self._trials_of(group), group.partition))
         return dataclasses.replace(spec, early_stopping=early_stopping, search=search)
 
     def _job_overrides(self, group: TrialGroup, extra: Sequence[str] = ()) -> list[str]:
@@ -355,7 +408,7 @@ class LightningHydroSweeperImpl(Sweeper):
             self._launched_before = True
             self._launch(jobs[:1])
             first = self.failures.get(jobs[0][0].group_id)
-            if first is not None:
+            if first is not None and not is_width_refusal(first):
                 raise RuntimeError(
                     f"lightning_hydro sweeper: the sweep's first job failed, so no other job was launched "
                     f"({jobs[0][0].group_id}: {_one_line(first)}). Its traceback is in the log above and in "
@@ -470,7 +523,7 @@ class LightningHydroSweeperImpl(Sweeper):
         self._launch(
             [
                 (
-                    self._spec(g, self._trial_overrides(self._trials_of(g), drop=dropped)),
+                    self._spec(g, self._trial_overrides(self._trials_of(g), g.partition, drop=dropped)),
                     self._job_overrides(g, extra),
                 )
                 for g in todo

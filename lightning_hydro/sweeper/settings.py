@@ -77,6 +77,8 @@ class SweepSettings:
     compile: bool | Literal["reduce-overhead"] = False
     storage: str | None = None
     plots: bool = True
+    pad_widths: bool = True
+    max_padding_overhead: float = 1.0
 
     @property
     def continuous(self) -> bool:
@@ -102,6 +104,8 @@ class SweepSettings:
         compile: Any = False,
         storage: str | None = None,
         plots: bool = True,
+        pad_widths: bool = True,
+        max_padding_overhead: float = 1.0,
     ) -> SweepSettings:
         """Validate the fields of ``hydra.sweeper`` (plain values, dicts or DictConfigs).
 
@@ -136,6 +140,14 @@ class SweepSettings:
             )
         if not isinstance(plots, bool):
             raise ValueError(f"{_P}: hydra.sweeper.plots must be true or false, got {plots!r}.")
+        if not isinstance(pad_widths, bool):
+            raise ValueError(f"{_P}: hydra.sweeper.pad_widths must be true or false, got {pad_widths!r}.")
+        if not isinstance(max_padding_overhead, int | float) or max_padding_overhead < 0:
+            raise ValueError(
+                f"{_P}: hydra.sweeper.max_padding_overhead must be a number >= 0 (padded cost over own cost, "
+                f"minus 1), got {max_padding_overhead!r}. Fix: e.g. hydra.sweeper.max_padding_overhead=1.0 "
+                "(a group may cost up to twice its trials at their own widths), or 0 to fuse only equal widths."
+            )
         if round_size is not None and round_size < 1:
             raise ValueError(f"{_P}: hydra.sweeper.round_size must be >= 1 or null, got {round_size}.")
         return cls(
@@ -154,6 +166,8 @@ class SweepSettings:
             compile=compile,
             storage=storage,
             plots=plots,
+            pad_widths=pad_widths,
+            max_padding_overhead=float(max_padding_overhead),
         )
 
     def request(self, search_space: Sequence[str]) -> dict[str, Any]:
@@ -170,6 +184,8 @@ class SweepSettings:
             "round_size": self.round_size,
             "scheduler": asdict(self.scheduler),
             "search_space": list(search_space),
+            **({"pad_widths": False} if not self.pad_widths else {}),
+            **({"max_padding_overhead": self.max_padding_overhead} if self.max_padding_overhead != 1.0 else {}),
             **({"storage": self.storage} if self.storage is not None else {}),
         }
 

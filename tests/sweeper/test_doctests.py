@@ -22,6 +22,7 @@ MODULES = [
     "study_channel",
     "sweep_search",
     "backend_cache",
+    "width_partitions",
 ]
 
 

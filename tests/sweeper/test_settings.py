@@ -151,3 +151,15 @@ def test_storage_plots_and_continuous_search():
         SweepSettings.from_config(n_trials=4, storage="sweep.db")
     with pytest.raises(ValueError, match=r"plots must be true or false, got 'no'"):
         SweepSettings.from_config(n_trials=4, plots="no")
+
+
+def test_width_padding_settings():
+    settings = SweepSettings.from_config(n_trials=4)
+    assert settings.pad_widths is True
+    assert settings.max_padding_overhead == 1.0
+    assert "pad_widths" not in settings.request([])  # the defaults keep earlier sweeps resumable
+    assert SweepSettings.from_config(n_trials=4, pad_widths=False).request([])["pad_widths"] is False
+    with pytest.raises(ValueError, match=r"pad_widths must be true or false, got 'yes'"):
+        SweepSettings.from_config(n_trials=4, pad_widths="yes")
+    with pytest.raises(ValueError, match=r"max_padding_overhead must be a number >= 0 .* got -0\.5\. Fix: e\.g\."):
+        SweepSettings.from_config(n_trials=4, max_padding_overhead=-0.5)
