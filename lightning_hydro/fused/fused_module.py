@@ -11,7 +11,7 @@ Example::
     ...                     enable_checkpointing=False, enable_model_summary=False)
     >>> trainer.fit(fused, datamodule=DigitsDataModule())
     >>> fused.trial_ids, sorted(fused.results[0])
-    ([0, 1, 2], ['backend', 'budget', 'epochs', 'history', 'metrics', 'reason', 'status', 'steps'])
+    ([0, 1, 2], ['backend', 'budget', 'budget_unit', 'epochs', 'history', 'metrics', 'reason', 'status', 'steps'])
     >>> fused.results[2]["status"], fused.results[2]["budget"], fused.results[2]["backend"]
     ('completed', 1, 'vmap')
     >>> best = fused.unfuse(1)  # a standalone DigitsMLP with trial 1's trained weights
@@ -48,7 +48,6 @@ from lightning_hydro.backends import (
 from lightning_hydro.backends.auto import choose_backend
 from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments
-from lightning_hydro.fused.results import TRIAL_STATUSES, TrialStatus, format_results_table
 from lightning_hydro.fused.stateful_metrics import updated_metrics
 from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_book import TrialBook
@@ -64,6 +63,14 @@ from lightning_hydro.optim.group_optimizer import (
     TrialScheduler,
 )
 from lightning_hydro.optim.trial_optimization import TrialOptimization, parse_optimizer_config
+from lightning_hydro.schedulers.trial_record import (
+    ENDED_STATUSES,
+    TimeAttr,
+    TrialRecord,
+    TrialResult,
+    TrialStatus,
+    format_results_table,
+)
 from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = ["FusedLightningModule"]
@@ -247,9 +254,32 @@ class FusedLightningModule(L.LightningModule):
         return None if self._backend is None else self._backend.name
 
     @property
-    def results(self) -> dict[int, dict[str, Any]]:
+    def results(self) -> dict[int, TrialResult]:
         """Every trial ever in the group: ``{id: {"status", "budget", "epochs", "steps", "metrics", ...}}``."""
         return self._book.results()
+
+    def count_budget_in(self, unit: TimeAttr) -> None:
+        """Give each trial's ``results[...]["budget"]`` in ``unit`` (a callback that counts steps sets ``"steps"``)."""
+        self._book.count_budget_in(unit)
+
+    def trial_record(self, trial_id: int) -> TrialRecord:
+        """The trial's live record (not a copy, unlike ``results``): read it, do not change it."""
+        if trial_id not in self._book:
+            raise KeyError(f"trial_record: no trial {trial_id}; known trials: {sorted(self._book.records)}.")
+        return self._book.records[trial_id]
+
+    def training_epoch_values(self) -> dict[int, dict[str, float]]:
+        """Each running trial's latest values, with this training epoch's values so far.
+
+        What the module publishes in its ``on_train_epoch_end``, for callbacks, whose ``on_train_epoch_end``
+        Lightning runs before the module's.
+        """
+        latest = {tid: dict(self._book.records[tid].metrics) for tid in self._group.trial_ids}
+        for source in (self._metrics.step_values(), self._metrics.epoch_so_far("train")):
+            for tid, values in source.items():
+                if tid in latest:
+                    latest[tid].update(values)
+        return latest
 
     def trial_module(self, trial_id: int) -> L.LightningModule:
         """The trial's own module (bound to the stacked state while it runs)."""
@@ -279,7 +309,7 @@ class FusedLightningModule(L.LightningModule):
             reason: recorded in ``results`` and shown in the summary table.
             status: ``"stopped"`` (a decision), ``"completed"`` (reached its budget) or ``"diverged"``.
         """
-        if status not in TRIAL_STATUSES or status == "running":
+        if status not in ENDED_STATUSES:
             raise ValueError(f"stop_trial: status must be 'stopped', 'completed' or 'diverged', got {status!r}.")
         if trial_id not in self._group.trial_ids:
             raise KeyError(f"stop_trial: trial {trial_id} is not running; running trials: {self._group.trial_ids}.")

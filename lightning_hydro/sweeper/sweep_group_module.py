@@ -29,8 +29,6 @@ from lightning_hydro.sweeper.group_spec import GroupSpec, read_group_result, wri
 
 __all__ = ["GroupResultWriter", "SweepGroupModule"]
 
-_RESULT_KEYS = ("status", "budget", "metrics", "history")
-
 
 class SweepGroupModule(FusedLightningModule):
     """A :class:`~lightning_hydro.FusedLightningModule` that records its sweep group's results itself.
@@ -128,7 +126,15 @@ class GroupResultWriter(Callback):
                 return  # unfinished: no result, so that a rerun retrains the group
             seeds = {t.trial_id: t.seed for t in self.spec.trials}
             trials = {
-                str(tid): {**{k: r[k] for k in _RESULT_KEYS}, "seed": seeds.get(tid)} for tid, r in results.items()
+                str(tid): {
+                    "status": r["status"],
+                    "budget": r["budget"],
+                    "budget_unit": r.get("budget_unit", "epochs"),
+                    "metrics": r["metrics"],
+                    "history": r["history"],
+                    "seed": seeds.get(tid),
+                }
+                for tid, r in results.items()
             }
         elif previous is not None:
             # test/validate after fit (perhaps from a checkpoint, whose records are older): keep what fit
