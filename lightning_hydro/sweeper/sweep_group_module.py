@@ -71,7 +71,7 @@ class SweepGroupModule(FusedLightningModule):
                 f"lightning_hydro sweeper: group {spec.group_id} has {len(ids)} trials for {spec.slots} slots, "
                 f"and scheduler {stopping!r} does not start waiting trials in freed slots; one trainer.fit of "
                 "your task function cannot train them in rounds. Fix: hydra.sweeper.scheduler.refill=false "
-                "(groups of at most fusion_limit trials), or a refilling scheduler (asha, hyperband, hypersched)."
+                "(groups of at most fusion_limit trials), or a refilling scheduler (asha, hyperband, deadline)."
             )
         first = ids[: spec.slots]
         return cls(
