@@ -29,7 +29,13 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from lightning_hydro.callbacks.callback_arguments import check_arguments, default_trial_id, open_storage
+from lightning_hydro.callbacks.callback_arguments import (
+    check_arguments,
+    check_steps_limit,
+    default_trial_id,
+    open_storage,
+    resolve_max_t,
+)
 from lightning_hydro.callbacks.refill_source import RefillSource, RefillSpec
 from lightning_hydro.callbacks.trial_outcome import TrialOutcome, format_summary
 from lightning_hydro.callbacks.trials_view import FusedTrials, ProcessTrial, TrialsView
@@ -205,7 +211,8 @@ class HalvingCallback(Callback):
         if stage != TrainerFn.FITTING.value:
             return
         self._check_module(pl_module)
-        self.config = HalvingConfig(self.mode, self.grace_period, self.reduction_factor, self._resolve_max_t(trainer))
+        max_t = resolve_max_t(type(self).__name__, self.max_t, self.grace_period, self.time_attr, trainer)
+        self.config = HalvingConfig(self.mode, self.grace_period, self.reduction_factor, max_t)
         name, store = type(self).__name__, self._store
         if isinstance(pl_module, FusedLightningModule):
             prefix = None if store is None else str(self.trial_id if self.trial_id is not None else default_trial_id())
@@ -226,18 +233,11 @@ class HalvingCallback(Callback):
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.time_attr == "steps":
-            limit = trainer.estimated_stepping_batches
-            if limit != float("inf") and self._max_t > limit:
-                raise ValueError(
-                    f"{type(self).__name__}: max_t={self._max_t} steps is beyond the {int(limit)} optimizer "
-                    "steps this Trainer will take (max_steps, or max_epochs times the batches per epoch), so no "
-                    f"trial could reach max_t. Lower max_t to at most {int(limit)}, or train longer."
-                )
-        if isinstance(self._view, ProcessTrial) and self._view.status != "running":
-            trainer.should_stop = True  # resumed after this trial had already ended
+            check_steps_limit(type(self).__name__, self._max_t, trainer)
+        self._trials.train_started()
         if not self._started:
             self._started = True
-            self._refill_slots(trainer, pl_module)
+            self._refill_slots(trainer)
 
     @override
     def on_train_batch_end(
@@ -298,7 +298,7 @@ class HalvingCallback(Callback):
             self._reported[report.trial_id] = report.budget
         stopping = trainer.should_stop
         self._apply(outcomes)
-        if self._refill_slots(trainer, pl_module) and not stopping:
+        if self._refill_slots(trainer) and not stopping:
             # the fused module asked the Trainer to stop when its last trial left; new trials took the slots
             trainer.should_stop = False
 
@@ -337,14 +337,12 @@ class HalvingCallback(Callback):
                     f"{outcome.reason}."
                 )
 
-    def _refill_slots(self, trainer: L.Trainer, pl_module: L.LightningModule) -> int:
+    def _refill_slots(self, trainer: L.Trainer) -> int:
         """Fill free slots with new trials, as many as :meth:`_admissions` allows; returns how many were added."""
-        if not isinstance(self._view, FusedTrials) or self._refill is None or self._refill.exhausted:
+        view = self._trials
+        if self._refill is None or self._refill.exhausted or not view.free_slots():
             return 0
-        group = self._view.module
-        if not group.free_slots:
-            return 0
-        admitted = self._on_rank_zero(trainer, lambda: self._admissions(group.free_slots))
+        admitted = self._on_rank_zero(trainer, lambda: self._admissions(view.free_slots()))
         added = 0
         for _ in range(admitted):
             drawn = self._refill.draw()
@@ -354,8 +352,8 @@ class HalvingCallback(Callback):
             added += 1
             if trainer.world_size > 1:  # every rank must hold the same new trial
                 module.load_state_dict(trainer.strategy.broadcast(module.state_dict(), src=0))
-            tid = group.add_trial(module, trial_id)  # in eval mode if added during validation, training after it
-            self._on_trial_started(self._view.rule_key(tid))
+            tid = view.add(module, trial_id)
+            self._on_trial_started(view.rule_key(tid))
             if self.verbose:
                 rank_zero_info(f"{type(self).__name__}: trial {tid} fills a free slot.")
         return added
@@ -364,30 +362,15 @@ class HalvingCallback(Callback):
         """End the trials still running (completed at max_t, else stopped), then log the summary."""
         view = self._trials
         self._apply([self._end_outcome(tid, view.budget(tid)) for tid in view.running()])
-        if isinstance(view, FusedTrials):
-            results = view.module.results
-            budgets: dict[TrialId, int] = {tid: result["budget"] for tid, result in results.items()}
-            statuses: dict[TrialId, str] = {tid: result["status"] for tid, result in results.items()}
-        elif isinstance(view, ProcessTrial):
-            outcome = self.outcomes[view.key]
-            budget = view.budget(view.key)
-            budgets, statuses = {view.key: budget}, {view.key: view.status}
-            self.result = {
-                "trial_id": view.key,
-                "status": view.status,
-                "budget": budget,
-                "epochs": view.epochs,
-                "steps": trainer.global_step,
-                "metrics": {name: float(value) for name, value in trainer.callback_metrics.items()},
-                "reason": outcome.reason,
-                "rung": outcome.rung,
-            }
+        budgets, statuses = view.ended()
         self.budget = summarize_budget(budgets, self._max_t)
         self.summary = format_summary(
             type(self).__name__, self.outcomes, budgets, max_t=self._max_t, time_attr=self.time_attr, statuses=statuses
         )
         if isinstance(view, ProcessTrial):
-            self.summary += f"\nTrial {view.key}: {view.status} at budget {budget}: {outcome.reason}."
+            outcome = self.outcomes[view.key]
+            self.result = view.result(outcome)
+            self.summary += f"\nTrial {view.key}: {view.status} at budget {self.result['budget']}: {outcome.reason}."
         rank_zero_info(self.summary)
 
     # -- helpers -----------------------------------------------------------------------------------------------
@@ -414,32 +397,6 @@ class HalvingCallback(Callback):
         """``compute()`` on global rank zero, its result broadcast to every rank."""
         value = compute() if trainer.is_global_zero else None
         return trainer.strategy.broadcast(value, src=0)  # type: ignore[return-value]
-
-    def _resolve_max_t(self, trainer: L.Trainer) -> int:
-        name = type(self).__name__
-        limit, limit_name = (
-            (trainer.max_epochs, "max_epochs") if self.time_attr == "epochs" else (trainer.max_steps, "max_steps")
-        )
-        bounded = limit is not None and limit >= 0
-        if self.max_t is None:
-            if limit is None or not bounded:
-                raise ValueError(
-                    f"{name}: max_t is not set and the Trainer has no {limit_name} limit, so no budget would mark a "
-                    f"trial complete. Pass max_t=..., e.g. {name}(..., max_t=27)."
-                )
-            if limit < self.grace_period:
-                raise ValueError(
-                    f"{name}: max_t defaults to the Trainer's {limit_name}={limit}, which is below "
-                    f"grace_period={self.grace_period}: no trial would ever be judged. Lower grace_period or "
-                    f"raise {limit_name}."
-                )
-            return int(limit)
-        if bounded and limit is not None and self.max_t > limit:
-            raise ValueError(
-                f"{name}: max_t={self.max_t} {self.time_attr} is beyond the Trainer's {limit_name}={limit}, so no "
-                f"trial could reach max_t. Lower max_t to at most {limit}, or raise the Trainer's {limit_name}."
-            )
-        return self.max_t
 
     def _restore(self, state: Mapping[str, Any]) -> None:
         mine, theirs = self._settings(), dict(state["settings"])

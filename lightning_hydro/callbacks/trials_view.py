@@ -72,6 +72,22 @@ class TrialsView(Protocol):
         """Lightning's sanity check (a short validation before training) ended."""
         ...
 
+    def train_started(self) -> None:
+        """Training starts (or resumes)."""
+        ...
+
+    def free_slots(self) -> int:
+        """How many new trials the run can take now."""
+        ...
+
+    def add(self, module: L.LightningModule, trial_id: int | None) -> TrialId:
+        """Start a new trial in a free slot; returns its id."""
+        ...
+
+    def ended(self) -> tuple[dict[TrialId, int], dict[TrialId, str]]:
+        """At the end of fit: the budget and status of every trial of the run."""
+        ...
+
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint needs to resume the view."""
         ...
@@ -189,6 +205,24 @@ class FusedTrials(TrialsView):
         self.monitor_seen = self.monitor_seen or self.monitor in logged
 
     @override
+    def train_started(self) -> None:
+        """Nothing to do: the module restores its trials."""
+
+    @override
+    def free_slots(self) -> int:
+        return self.module.free_slots
+
+    @override
+    def add(self, module: L.LightningModule, trial_id: int | None) -> TrialId:
+        return self.module.add_trial(module, trial_id)  # in eval mode if added during validation
+
+    @override
+    def ended(self) -> tuple[dict[TrialId, int], dict[TrialId, str]]:
+        results = self.module.results
+        budgets: dict[TrialId, int] = {tid: result["budget"] for tid, result in results.items()}
+        return budgets, {tid: result["status"] for tid, result in results.items()}
+
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"prefix": self.prefix, "monitor_seen": self.monitor_seen}
 
@@ -268,6 +302,36 @@ class ProcessTrial(TrialsView):
     @override
     def sanity_check_ended(self) -> None:
         """Nothing to check: a plain module's metrics are Lightning's ``callback_metrics``."""
+
+    @override
+    def train_started(self) -> None:
+        if self.status != "running":
+            self.trainer.should_stop = True  # resumed after this trial had already ended
+
+    @override
+    def free_slots(self) -> int:
+        return 0  # the sweep starts the next trial in its own process
+
+    @override
+    def add(self, module: L.LightningModule, trial_id: int | None) -> TrialId:
+        raise RuntimeError(f"{self.owner}: one trial per process has no slot for another trial.")
+
+    @override
+    def ended(self) -> tuple[dict[TrialId, int], dict[TrialId, str]]:
+        return {self.key: self.budget(self.key)}, {self.key: self.status}
+
+    def result(self, outcome: TrialOutcome) -> dict[str, Any]:
+        """The trial's result at the end of fit (``HalvingCallback.result``)."""
+        return {
+            "trial_id": self.key,
+            "status": self.status,
+            "budget": self.budget(self.key),
+            "epochs": self.epochs,
+            "steps": self.trainer.global_step,
+            "metrics": {name: float(value) for name, value in self.trainer.callback_metrics.items()},
+            "reason": outcome.reason,
+            "rung": outcome.rung,
+        }
 
     @override
     def state_dict(self) -> dict[str, Any]:
