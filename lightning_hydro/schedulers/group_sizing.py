@@ -110,8 +110,11 @@ class LinearCost:
                 "max_group_size."
             )
         largest = max(0, math.floor(quotient))
-        while largest > 0 and self.predict(largest) > limit:  # guard against float rounding up
+        # The quotient is rounded: step to the exact answer of the prediction itself, both ways.
+        while largest > 0 and self.predict(largest) > limit:
             largest -= 1
+        while self.predict(largest + 1) <= limit:
+            largest += 1
         return largest if max_group_size is None else min(largest, max_group_size)
 
 
