@@ -17,11 +17,17 @@ BENCHMARKS = {
         ["python", "benchmarks/fusion_throughput.py"],
         ["python", "benchmarks/fusion_throughput.py", "--model", "resnet18", "--trials", "1", "4", "16"],
         ["python", "benchmarks/fusion_throughput.py", "--model", "transformer"],
+        ["python", "benchmarks/fusion_throughput.py", "--model", "template_mnist"],
     ],
     "hfta_ops": [["python", "benchmarks/hfta_ops.py"]],
     "early_stopping": [["python", "benchmarks/early_stopping.py"]],
     "sweep": [["python", "benchmarks/sweep_vs_basic.py"]],
     "fidelity": [["python", "benchmarks/fidelity.py"]],
+    "width_padding": [
+        ["python", "benchmarks/width_padding.py", "--repeats", "2"],
+        ["python", "benchmarks/width_padding.py", "--repeats", "2", "--model", "tensors"],
+    ],
+    "first_batch_check": [["python", "benchmarks/first_batch_check.py"]],
 }
 
 

@@ -10,6 +10,9 @@
 - ``lightning vmap``: the same vmapped step inside a minimal hand-written LightningModule: Lightning's
   own per-step cost, to tell it apart from FusedLightningModule's.
 
+``--model template_mnist`` (issue 11): lightning-hydra-template's MNISTLitModule shape at B = 4 and 16, with
+torchmetrics in every step: the backend ``auto`` picks vs each backend vs separate runs (see fusion_template.py).
+
 ``--model resnet18`` (torchvision's ResNet-18 on 32x32 synthetic images) and ``--model transformer``
 (a small Transformer encoder LM on random tokens) (issue 6): time per step and peak memory of each
 backend (vmap, hfta, loop), and each as a ratio to ``loop``.
@@ -24,6 +27,7 @@ Run::
     python benchmarks/fusion_throughput.py                       # the issue's table: MLP, widths 64/256
     python benchmarks/fusion_throughput.py --trials 1 4 16 --widths 64 --steps 40 --repeats 2   # quick
     python benchmarks/fusion_throughput.py --model resnet18      # backends on ResNet-18 (and transformer)
+    python benchmarks/fusion_throughput.py --model template_mnist  # the template module: auto vs loop vs separate
 """
 
 from __future__ import annotations
@@ -279,8 +283,8 @@ def time_lightning_vmap(count: int, width: int, steps: int, warmup: int, device:
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="mlp", choices=["mlp", "resnet18", "transformer"])
-    parser.add_argument("--trials", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--model", default="mlp", choices=["mlp", "resnet18", "transformer", "template_mnist"])
+    parser.add_argument("--trials", type=int, nargs="+", default=None, help="default: 1 4 16 64 (template: 4 16)")
     parser.add_argument("--widths", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--backends", nargs="+", default=["vmap", "loop"])
     parser.add_argument("--steps", type=int, default=60)
@@ -293,6 +297,17 @@ def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     output = args.output or Path(f"benchmarks/results/fusion_{args.model}.md")
+    if args.trials is None:
+        args.trials = [4, 16] if args.model == "template_mnist" else [1, 4, 16, 64]
+    if args.model == "template_mnist":
+        from fusion_template import template_table  # next to this file (on sys.path when run as a script)
+
+        if args.backends == ["vmap", "loop"]:
+            args.backends = ["vmap", "hfta", "loop"]
+        text = "\n".join(template_table(args, StepTimer)) + "\n"
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+        return text
     if args.model != "mlp":
         if args.backends == ["vmap", "loop"]:
             args.backends = ["vmap", "hfta", "loop"]

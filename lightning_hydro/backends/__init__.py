@@ -35,10 +35,19 @@ BACKEND_NAMES: tuple[str, ...] = ("auto", "vmap", "hfta", "loop")
 def make_backend(name: str, group: StackedState) -> Backend:
     """Build the backend called ``name`` ("vmap", "hfta" or "loop") for a stacked group."""
     if name == "vmap":
+        if group.pad_widths:  # trials of different widths, zero-padded: the template carries the padded sizes
+            from lightning_hydro.backends.padded_vmap import PaddedVmapBackend
+
+            return PaddedVmapBackend(group)
         return VmapBackend(group)
     if name == "loop":
         return LoopBackend(group)
     if name == "hfta":
+        if group.pad_widths:
+            raise FusionError(
+                "backend='hfta' does not fuse trials of different widths (pad_widths=True); use backend='vmap', "
+                "'loop' or 'auto'."
+            )
         from lightning_hydro.backends.hfta_backend import HftaBackend  # imports the operator library
 
         return HftaBackend(group)

@@ -43,8 +43,11 @@ class LoopBackend(Backend):
         # zero gradient per trial (quadratic in B), unbind's stacks the B row gradients once
         rows = {name: p.unbind(0) for name, p in self.group.params.items()}
         for row, caller in enumerate(self._callers):
-            params = {f"module.{name}": p[row] for name, p in rows.items()}
-            buffers = {f"module.{name}": b[row] for name, b in self.group.buffers.items()}
+            # each trial at its own width (a group with pad_widths holds zero-padded rows)
+            params = {f"module.{name}": self.group.trial_view(name, row, p[row]) for name, p in rows.items()}
+            buffers = {
+                f"module.{name}": self.group.trial_view(name, row, b[row]) for name, b in self.group.buffers.items()
+            }
             with capture_logs(caller.module) as calls:
                 outputs.append(functional_call(caller, (params, buffers), (method, *args)))
             calls_per_row.append(calls)

@@ -23,6 +23,7 @@ from torch.func import functional_call, vmap
 from typing_extensions import override
 
 from lightning_hydro.backends.base import Backend, StackedLog, StepOutputs, step_output_error
+from lightning_hydro.backends.deferred_metrics import DeferredValue, MetricRecorder, metric_paths, stack_values
 from lightning_hydro.backends.errors import FusionError, FusionMismatchError, explain_step_error
 from lightning_hydro.backends.trial_attributes import unfusible_attributes, unfusible_error_text
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
@@ -87,6 +88,8 @@ class VmapBackend(Backend):
         super().__init__(group)
         self.chunk_size = chunk_size
         self._caller: MethodCaller | None = None
+        self._recorder: MetricRecorder | None = None
+        self.deferred_metrics: list[str] = []  # the torchmetrics metrics the last call replayed per trial
         refusal = self.refusal(group.modules, group.trial_ids)
         if refusal is not None:
             try:
@@ -100,7 +103,14 @@ class VmapBackend(Backend):
 
     def refusal(self, modules: Sequence[nn.Module], ids: Sequence[int]) -> FusionMismatchError | None:
         """The error to raise if these trials differ in Python values that the fused code reads, else None."""
-        found = unfusible_attributes(modules, ids=ids, handled=self.per_trial_settings(modules))
+        honoured = self.per_trial_settings(modules)
+        # torchmetrics metrics keep per-trial state by design: their calls are replayed on each trial's own metric
+        metrics = [f"{path}." for path in metric_paths(modules[0]).values()]
+
+        def handled(path: str) -> bool:
+            return honoured(path) or any(f"{path}.".startswith(prefix) for prefix in metrics)
+
+        found = unfusible_attributes(modules, ids=ids, handled=handled)
         if not found:
             return None
         return FusionMismatchError(unfusible_error_text(self.name, type(modules[0]).__name__, found))
@@ -109,32 +119,43 @@ class VmapBackend(Backend):
         """The module whose code runs for every row (subclasses convert it, e.g. into fused operators)."""
         return self.group.modules[0]
 
+    def extra_buffers(self) -> dict[str, Tensor]:
+        """Per-row ``[B, ...]`` tensors mapped with the stacked buffers, by the template's buffer names.
+
+        None here; the padded backend maps each row's width mask this way.
+        """
+        return {}
+
     @override
     def rebind(self) -> None:
         self._caller = None
+        self._recorder = None
 
     @override
     def run(self, method: str, *args: Any) -> StepOutputs:
         template = self.template()  # every call: subclasses keep their template in step with the trials
         if self._caller is None or self._caller.module is not template:
             self._caller = MethodCaller(template)
-        caller = self._caller
+            self._recorder = MetricRecorder(template)
+        caller, recorder = self._caller, self._recorder
+        assert recorder is not None
         params: dict[str, Tensor] = {f"module.{name}": p for name, p in self.group.params.items()}
         buffers = {f"module.{name}": b for name, b in self.group.buffers.items()}
+        buffers.update({f"module.{name}": b for name, b in self.extra_buffers().items()})
         side: dict[str, Any] = {}
 
-        def per_trial(p: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[Any, tuple[Tensor, ...]]:
-            with capture_logs(template) as calls:
+        def per_trial(p: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[Any, tuple[Tensor, ...], tuple[Tensor, ...]]:
+            with capture_logs(template) as calls, recorder.recording():
                 out = functional_call(caller, (p, b), (method, *args))
             side["calls"] = calls
             encoded, side["kind"] = _encode(out, method)
-            return encoded, tuple(c.value for c in calls if isinstance(c.value, Tensor))
+            return encoded, tuple(c.value for c in calls if isinstance(c.value, Tensor)), recorder.tensors()
 
         try:
             with _without_mha_fast_path():
-                encoded, logged = vmap(per_trial, in_dims=(0, 0), randomness="different", chunk_size=self.chunk_size)(
-                    params, buffers
-                )
+                encoded, logged, metric_args = vmap(
+                    per_trial, in_dims=(0, 0), randomness="different", chunk_size=self.chunk_size
+                )(params, buffers)
         except FusionError:
             raise
         except (RuntimeError, ValueError, TypeError, IndexError) as err:
@@ -144,13 +165,32 @@ class VmapBackend(Backend):
                 raise explained from err
             raise
         output = None if side["kind"] == "none" else encoded
-        return StepOutputs(output=output, logs=self._stack_logs(side["calls"], list(logged), method))
+        # each trial's own torchmetrics metrics, called with its row of what the step passed to the template's
+        logged_values = {c.value.call for c in side["calls"] if isinstance(c.value, DeferredValue)}
+        replayed = recorder.replay(metric_args, self.group.modules, needed=logged_values)
+        self.deferred_metrics = recorder.metric_names
+        logs = self._stack_logs(
+            side["calls"],
+            list(logged),
+            method,
+            lambda value: recorder.per_row_value(value, replayed, self.group.modules),
+        )
+        return StepOutputs(output=output, logs=logs)
 
-    def _stack_logs(self, calls: list[LogCall], logged: list[Tensor], method: str) -> list[StackedLog]:
+    def _stack_logs(
+        self, calls: list[LogCall], logged: list[Tensor], method: str, per_row: Callable[[Any], Any]
+    ) -> list[StackedLog]:
         rows = self.group.size
         logs: list[StackedLog] = []
         tensors = iter(logged)
         for call in calls:
+            values = per_row(call.value)  # a metric object or the value metric(...) returned, per trial
+            if isinstance(values, list) and values and isinstance(values[0], nn.Module):
+                logs.append(StackedLog(call.name, values, call.options))
+                continue
+            if values is not None:
+                logs.append(StackedLog(call.name, stack_values(values, self.group.device), call.options))
+                continue
             if isinstance(call.value, Tensor):
                 values = next(tensors).detach().reshape(rows, -1)
                 if values.shape[1] != 1:
@@ -165,7 +205,7 @@ class VmapBackend(Backend):
             else:
                 raise FusionError(
                     f"backend={self.name!r}: {method} logs {call.name!r} as a {type(call.value).__name__}; under "
-                    "vmap only tensors and numbers can be logged per trial. Use backend='loop' to log "
-                    "torchmetrics Metric objects, or log metric(preds, target) values instead."
+                    "vmap only tensors, numbers and the module's own torchmetrics metrics can be logged per trial. "
+                    "Log a tensor, or use backend='loop'."
                 )
         return logs

@@ -46,9 +46,9 @@ from lightning_hydro.backends import (
     make_backend,
 )
 from lightning_hydro.backends.auto import choose_backend
+from lightning_hydro.backends.deferred_metrics import deferred_note, preserved_metric_states
 from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments
-from lightning_hydro.fused.stateful_metrics import updated_metrics
 from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_book import TrialBook
 from lightning_hydro.fused.trial_callbacks import per_trial_callbacks, refuse_module_callbacks
@@ -56,6 +56,7 @@ from lightning_hydro.fused.trial_clipping import clip_trial_gradients
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
 from lightning_hydro.fused.trial_specs import module_spec, rebuild_trials
 from lightning_hydro.fused.verify import FusionMismatchError, verify_fusion
+from lightning_hydro.fused.width_padding import width_optimizer_path
 from lightning_hydro.optim.group_optimizer import (
     OptimizerPath,
     StepReport,
@@ -122,6 +123,10 @@ class FusedLightningModule(L.LightningModule):
             always correct) or ``"auto"`` (time each on the first batch, keep the fastest; a group that early
             stopping leaves with one trial runs it on the loop until another trial joins). The backend in
             use is recorded in ``results[id]["backend"]`` and in checkpoints (a resumed run reuses it).
+        pad_widths: allow trials that differ in hidden sizes (Linear features, conv channels, a Transformer
+            layer's feed-forward width): they are zero-padded to the group's largest shapes, each trial keeping
+            its own width (its module, optimizer and ``unfuse`` copy). Checked by a width plan that names any
+            module it refuses; each trial's own optimizer steps it (see :mod:`.width_padding`).
         deterministic: with ``backend="auto"``, choose without timing (timings, and so the choice and the
             arithmetic, change with machine load): the first of hfta, vmap, loop that runs the model.
         trial_ids: one integer id per trial (default ``0..B-1``).
@@ -158,13 +163,15 @@ class FusedLightningModule(L.LightningModule):
         mode: Literal["min", "max"] = "min",
         trial_factory: Callable[[int], L.LightningModule | None] | None = None,
         deterministic: bool = False,
+        pad_widths: bool = False,
     ) -> None:
         super().__init__()
         trials = list(trials)
         ids = list(range(len(trials))) if trial_ids is None else [int(t) for t in trial_ids]
         check_fused_arguments(trials, ids, backend, max_slots, optimizer_path, mode)
         self.stacked = nn.Module()  # holds the stacked tensors, so that .to(), state_dict() and Lightning see them
-        self._group = StackedState(self.stacked, trials, ids)
+        optimizer_path = width_optimizer_path(trials, ids, pad_widths=pad_widths, optimizer_path=optimizer_path)
+        self._group = StackedState(self.stacked, trials, ids, pad_widths=pad_widths)
         self._book = TrialBook(ids)
         self._retired: dict[int, L.LightningModule] = {}
         self._backend_name = backend
@@ -182,7 +189,6 @@ class FusedLightningModule(L.LightningModule):
         self._verify_enabled = verify
         self._verify_ids: set[int] = set(ids) if verify else set()
         self._eval_fallback: dict[str, Backend] = {}
-        self._metric_updates: dict[str, list[str]] = {}
         self.max_slots = max_slots if max_slots is not None else len(trials)
         self.summary = summary
         self.monitor = monitor
@@ -292,6 +298,7 @@ class FusedLightningModule(L.LightningModule):
     def unfuse(self, trial_id: int) -> L.LightningModule:
         """A standalone copy of the trial's module with its trained weights and buffers."""
         module = copy.deepcopy(self.trial_module(trial_id))
+        self._group.detach(module)  # its own compact tensors, not a copy of the whole stacked storage
         for param in module.parameters():
             param.grad = None
         return module
@@ -595,32 +602,20 @@ class FusedLightningModule(L.LightningModule):
             torch.where(torch.isfinite(loss.detach()), loss, torch.zeros_like(loss)).sum().backward()
 
     def _resolve_backend(self, batch: Any, batch_idx: int) -> Backend:
-        metrics = self._metrics_block_fusion("training_step", batch, batch_idx)
-        if self._backend is not None and metrics and not isinstance(self._backend, LoopBackend):
-            raise FusionError(
-                f"backend={self._backend.name!r} cannot fuse {type(self._first()).__name__}.training_step: it updates "
-                f"torchmetrics metrics ({', '.join(metrics)}), whose state vmap cannot keep per trial. Use "
-                "backend='loop', or update those metrics in validation_step only (validation then runs per trial)."
-            )
         if self._backend is None:
-            names = ("loop",) if metrics else ("hfta", "vmap", "loop")
-            if metrics:
-                rank_zero_info(
-                    f"FusedLightningModule: training_step updates torchmetrics metrics ({', '.join(metrics)}), whose "
-                    "state vmap cannot keep per trial; backend='auto' uses 'loop'."
-                )
             candidates: list[tuple[str, Callable[[], Backend]]] = [
-                (name, partial(make_backend, name, self._group)) for name in names
+                (name, partial(make_backend, name, self._group)) for name in ("hfta", "vmap", "loop")
             ]
-            choice = choose_backend(
-                self._group,
-                candidates,
-                lambda b: self._training_forward_backward(b, batch, batch_idx),
-                timed=not self.deterministic,
-            )
+            with preserved_metric_states(self._group.modules):  # timing steps must not count in torchmetrics
+                choice = choose_backend(
+                    self._group,
+                    candidates,
+                    lambda b: self._training_forward_backward(b, batch, batch_idx),
+                    timed=not self.deterministic,
+                )
             self._backend = choice.backend
             self._book.set_backend(self._group.trial_ids, choice.backend.name)
-            self.backend_report = f"FusedLightningModule: {choice.describe()}."
+            self.backend_report = f"FusedLightningModule: {choice.describe()}{deferred_note(choice.backend)}."
             rank_zero_info(self.backend_report)
         return self._backend
 
@@ -628,24 +623,19 @@ class FusedLightningModule(L.LightningModule):
         ids = [tid for tid in self._group.trial_ids if tid in self._verify_ids]
         # the loop runs each trial's own code: nothing to check; otherwise a skipped batch checks the next one
         try:
-            if (
-                ids
-                and not isinstance(backend, LoopBackend)
-                and not verify_fusion(self._group, backend, ids, batch, batch_idx)
-            ):
-                return
+            with preserved_metric_states(self._group.modules):  # the checked steps must not count in torchmetrics
+                if (
+                    ids
+                    and not isinstance(backend, LoopBackend)
+                    and not verify_fusion(self._group, backend, ids, batch, batch_idx)
+                ):
+                    return
         except FusionMismatchError as err:
             if self._backend_name != "auto":
                 raise
             rank_zero_warn(f"FusedLightningModule: backend='auto' runs the group on 'loop' from now on: {err}")
             self._backend, self._parked = make_backend("loop", self._group), None
         self._verify_ids.difference_update(ids)
-
-    def _metrics_block_fusion(self, method: str, *args: Any) -> list[str]:
-        """The torchmetrics metrics that ``method`` updates (cached per method; see :mod:`.stateful_metrics`)."""
-        if method not in self._metric_updates:
-            self._metric_updates[method] = updated_metrics(self._first(), method, args, trainer=self._trainer)
-        return self._metric_updates[method]
 
     def _record_logs(self, phase: str, hook: str, logs: list[StackedLog], batch: Any) -> None:
         batch_size: int | None = None
@@ -698,12 +688,6 @@ class FusedLightningModule(L.LightningModule):
         if not self._group.trial_ids:
             return StepOutputs(output=None, per_row=[])
         backend = self._eval_backend(method)
-        if not isinstance(backend, LoopBackend) and (metrics := self._metrics_block_fusion(method, *args)):
-            rank_zero_info(
-                f"FusedLightningModule: {method} updates torchmetrics metrics ({', '.join(metrics)}), whose state "
-                f"vmap cannot keep per trial, so {method} runs per trial with backend='loop' (training is unaffected)."
-            )
-            backend = self._eval_fallback[method] = make_backend("loop", self._group)
         try:
             return backend.run(method, *args)
         except FusionError as err:
@@ -916,7 +900,8 @@ class FusedLightningModule(L.LightningModule):
         live = list(data["trial_ids"])
         for module in self._group.modules:
             self._group.detach(module)
-        self._group = StackedState(self.stacked, [known[tid] for tid in live], live)
+        padded = self._group.pad_widths
+        self._group = StackedState(self.stacked, [known[tid] for tid in live], live, pad_widths=padded)
         self._retired = {tid: m for tid, m in known.items() if tid not in live}
         for tid, state in data["retired"].items():
             self._retired[tid].load_state_dict(state)

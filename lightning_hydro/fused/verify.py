@@ -199,7 +199,12 @@ def _float64_fused_run(
     default = torch.get_default_dtype()
     try:
         torch.set_default_dtype(torch.float64)
-        twin = StackedState(nn.Module(), [copy.deepcopy(m).double() for m in group.modules], group.trial_ids)
+        twin = StackedState(
+            nn.Module(),
+            [copy.deepcopy(m).double() for m in group.modules],
+            group.trial_ids,
+            pad_widths=group.pad_widths,
+        )
         result = make_backend(backend.name, twin).run("training_step", _to_double(batch), batch_idx)
         loss = result.loss()
         if loss is None:
@@ -219,13 +224,18 @@ def _persists_in_float64(
     ref_loss: Tensor | None,
     ref_grads: Sequence[Tensor | None],
     reduction: int,
+    group: StackedState,
 ) -> list[Comparison]:
-    """The comparisons in which the float64 fused run differs from the trial's own float64 run."""
+    """The comparisons in which the float64 fused run differs from the trial's own float64 run.
+
+    ``group`` cuts each padded row to the trial's own width (the float64 twin has the same shapes).
+    """
     loss, grads = fused64
     found = [] if ref_loss is None else [compare("loss (float64)", loss[row], ref_loss, None, reduction=reduction)]
     for name, f, r in zip(names, grads, ref_grads):
         if f is not None and r is not None:
-            found.append(compare(f"gradient of {name} (float64)", f[row], r, None, reduction=reduction))
+            own_width = group.trial_view(name, row, f[row])
+            found.append(compare(f"gradient of {name} (float64)", own_width, r, None, reduction=reduction))
     return [c for c in found if c.differs]
 
 
@@ -296,7 +306,8 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
                 if (f is None) != (o is None):
                     unused.append(name)
                 elif f is not None and o is not None:
-                    found.append(compare(f"gradient of {name}", f[row], o, r, reduction=reduction))
+                    fused_grad = group.trial_view(name, row, f[row])  # the trial's own width of a padded row
+                    found.append(compare(f"gradient of {name}", fused_grad, o, r, reduction=reduction))
             differing = [c for c in found if c.differs]
             if differing and not unused and ref_loss is not None:
                 if fused64 is None:
@@ -304,7 +315,7 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
                 if isinstance(fused64, str):
                     why = f"{why}; {fused64}" if why else fused64
                 else:
-                    confirmed = _persists_in_float64(fused64, row, names, ref_loss, ref_grads, reduction)
+                    confirmed = _persists_in_float64(fused64, row, names, ref_loss, ref_grads, reduction, group)
                     if not confirmed:  # rounding flipped a discontinuity in one float32 run: not a mismatch
                         _log.info(
                             "First-batch check: trial %d's float32 difference (%s) vanishes when the fused step "

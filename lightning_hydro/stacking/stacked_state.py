@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from lightning_hydro.stacking.padding import Shape, pad_to, padded_shape, true_region
+
 __all__ = ["ArchitectureMismatchError", "StackedState", "check_same_architecture", "storage_key"]
 
 
@@ -65,6 +67,22 @@ def _mismatches(reference: _Signature, other: _Signature) -> list[str]:
                 problems.append(
                     f"{kind} {name!r} is {list(b.shape)} {b.dtype} requires_grad={b.requires_grad}, "
                     f"expected {list(a.shape)} {a.dtype} requires_grad={a.requires_grad}"
+                )
+    return problems
+
+
+def _paddable_mismatches(reference: _Signature, other: _Signature) -> list[str]:
+    """Like :func:`_mismatches`, but sizes may differ (width padding): names, ranks and dtypes must agree."""
+    problems: list[str] = []
+    for kind, ref, oth in (("parameter", reference[0], other[0]), ("buffer", reference[1], other[1])):
+        problems += [f"{kind} {name!r} is missing" for name in sorted(ref.keys() - oth.keys())]
+        problems += [f"{kind} {name!r} is extra" for name in sorted(oth.keys() - ref.keys())]
+        for name in sorted(ref.keys() & oth.keys()):
+            a, b = ref[name], oth[name]
+            if (len(a.shape), a.dtype, a.requires_grad) != (len(b.shape), b.dtype, b.requires_grad):
+                problems.append(
+                    f"{kind} {name!r} is {list(b.shape)} {b.dtype} requires_grad={b.requires_grad}, expected "
+                    f"{len(a.shape)} dimensions of any size, {a.dtype}, requires_grad={a.requires_grad}"
                 )
     return problems
 
@@ -110,18 +128,41 @@ class StackedState:
     cost less); appending a trial adds a row. The stacked Parameter objects registered on ``storage`` never
     change identity, only their ``.data``, so optimizers and Lightning keep valid references.
 
+    With ``pad_widths=True`` the trials' tensors may differ in size (hidden widths): each is zero-padded to
+    the group's elementwise largest shape (:mod:`.padding`) and each trial is bound to the leading corner of
+    its row (:meth:`region`), so that it keeps its own width. The padded shape follows the live trials: it
+    shrinks when the widest leaves and grows when a wider one joins.
+
     Args:
         storage: module on which the stacked parameters and buffers are registered (so that ``.to()``,
             ``state_dict()`` and Lightning see them).
         modules: the trial modules, one per slot, all of one architecture.
         trial_ids: one id per module.
+        pad_widths: allow tensors of different sizes (same names, ranks, dtypes), zero-padded.
     """
 
-    def __init__(self, storage: nn.Module, modules: Sequence[nn.Module], trial_ids: Sequence[int]) -> None:
+    def __init__(
+        self,
+        storage: nn.Module,
+        modules: Sequence[nn.Module],
+        trial_ids: Sequence[int],
+        *,
+        pad_widths: bool = False,
+    ) -> None:
         if not modules:
             raise ValueError("StackedState needs at least one trial module, got none.")
-        check_same_architecture(modules, ids=trial_ids)
+        self.pad_widths = pad_widths
+        if pad_widths:
+            reference_signature = _signature(modules[0])
+            for tid, module in zip(list(trial_ids)[1:], modules[1:]):
+                problems = _paddable_mismatches(reference_signature, _signature(module))
+                if problems:
+                    _raise_mismatch(tid, f"trial {trial_ids[0]}", problems)
+        else:
+            check_same_architecture(modules, ids=trial_ids)
         self._reference = _signature(modules[0])
+        # each row's own shape of every parameter and buffer (all equal to the stacked shape unless padded)
+        self.true_shapes: list[dict[str, Shape]] = [_shapes(m) for m in modules]
         self.storage = storage
         self.modules: list[nn.Module] = list(modules)
         self.trial_ids: list[int] = list(trial_ids)
@@ -131,12 +172,14 @@ class StackedState:
         first = modules[0]
         non_persistent = _non_persistent_buffer_names(first)
         for name, param in first.named_parameters():
-            rows = torch.stack([m.get_parameter(name).detach() for m in modules])
+            shape = padded_shape([shapes[name] for shapes in self.true_shapes])
+            rows = torch.stack([pad_to(m.get_parameter(name).detach(), shape) for m in modules])
             stacked = nn.Parameter(rows, requires_grad=param.requires_grad)
             storage.register_parameter(storage_key(name), stacked)
             self.params[name] = stacked
         for name, _ in first.named_buffers():
-            rows = torch.stack([m.get_buffer(name) for m in modules])
+            shape = padded_shape([shapes[name] for shapes in self.true_shapes])
+            rows = torch.stack([pad_to(m.get_buffer(name), shape) for m in modules])
             storage.register_buffer(storage_key(name), rows, persistent=name not in non_persistent)
             self.buffers[name] = rows
             self._persistent[name] = name not in non_persistent
@@ -151,6 +194,24 @@ class StackedState:
     def device(self) -> torch.device:
         """The device the stacked tensors live on."""
         return next(iter(self.params.values())).device
+
+    @property
+    def is_padded(self) -> bool:
+        """Whether some row's tensor is smaller than the stacked shape (trials of different widths)."""
+        return any(self.region(name, row) is not None for row in range(self.size) for name in self.true_shapes[row])
+
+    def region(self, name: str, row: int) -> tuple[slice, ...] | None:
+        """The index of row ``row``'s own tensor ``name`` inside its stacked row; None where it fills the row."""
+        if not self.pad_widths:
+            return None
+        stacked = self.params[name] if name in self.params else self.buffers[name]
+        true = self.true_shapes[row][name]
+        return None if true == tuple(stacked.shape[1:]) else true_region(true)
+
+    def trial_view(self, name: str, row: int, stacked_row: Tensor) -> Tensor:
+        """``stacked_row`` (row ``row`` of a stacked tensor, or of its gradient) cut to the trial's own shape."""
+        region = self.region(name, row)
+        return stacked_row if region is None else stacked_row[region]
 
     def row_of(self, trial_id: int) -> int:
         """The row (slot index) of a live trial."""
@@ -169,9 +230,9 @@ class StackedState:
         self.refresh_buffers()
         for row, module in enumerate(self.modules):
             for name, stacked in self.params.items():
-                module.get_parameter(name).data = stacked.data[row]
+                module.get_parameter(name).data = self.trial_view(name, row, stacked.data[row])
             for name, stacked_buffer in self.buffers.items():
-                _set_buffer(module, name, stacked_buffer[row])
+                _set_buffer(module, name, self.trial_view(name, row, stacked_buffer[row]))
 
     def distribute_grads(self, rows: Iterable[int] | None = None) -> None:
         """Set each trial parameter's ``.grad`` to the view ``stacked.grad[row]`` (None where it has none)."""
@@ -180,7 +241,7 @@ class StackedState:
             module = self.modules[row]
             for name, stacked in self.params.items():
                 grad = stacked.grad
-                module.get_parameter(name).grad = None if grad is None else grad[row]
+                module.get_parameter(name).grad = None if grad is None else self.trial_view(name, row, grad[row])
 
     def clear_trial_grads(self) -> None:
         """Drop the trials' gradient views (the stacked gradients are managed by the caller)."""
@@ -222,17 +283,22 @@ class StackedState:
 
     def append(self, module: nn.Module, trial_id: int) -> None:
         """Add a trial in a new last row, its tensors copied from the module, which is then bound."""
-        problems = _mismatches(self._reference, _signature(module))
+        check = _paddable_mismatches if self.pad_widths else _mismatches
+        problems = check(self._reference, _signature(module))
         if problems:
             _raise_mismatch(trial_id, "the group", problems)
+        self.true_shapes.append(_shapes(module))
+        self._repad()  # a wider newcomer widens the group first
         with torch.no_grad():
             for name, stacked in self.params.items():
                 row = module.get_parameter(name).detach().to(stacked.device, stacked.dtype)
-                stacked.data = torch.cat([stacked.data, row.unsqueeze(0)])
+                stacked.data = torch.cat([stacked.data, pad_to(row, stacked.shape[1:]).unsqueeze(0)])
                 stacked.grad = None
             for name, stacked_buffer in self.buffers.items():
                 row = module.get_buffer(name).to(stacked_buffer.device)
-                self._replace_buffer(name, torch.cat([stacked_buffer, row.unsqueeze(0)]))
+                self._replace_buffer(
+                    name, torch.cat([stacked_buffer, pad_to(row, stacked_buffer.shape[1:]).unsqueeze(0)])
+                )
         self.modules.append(module)
         self.trial_ids.append(trial_id)
         self.bind()
@@ -246,10 +312,40 @@ class StackedState:
             for name, stacked_buffer in self.buffers.items():
                 index = torch.as_tensor(list(rows), dtype=torch.long, device=stacked_buffer.device)
                 self._replace_buffer(name, stacked_buffer.index_select(0, index))
+        self.true_shapes = [self.true_shapes[r] for r in rows]
+        self._repad()
+
+    def _repad(self) -> None:
+        """Fit the stacked shapes to the largest of the rows' own shapes (only groups with ``pad_widths``)."""
+        if not self.pad_widths or not self.true_shapes:
+            return
+        with torch.no_grad():
+            for name, stacked in self.params.items():
+                resized = _resized(stacked.data, padded_shape([shapes[name] for shapes in self.true_shapes]))
+                if resized is not None:
+                    stacked.data, stacked.grad = resized, None
+            for name, stacked_buffer in self.buffers.items():
+                resized = _resized(stacked_buffer, padded_shape([shapes[name] for shapes in self.true_shapes]))
+                if resized is not None:
+                    self._replace_buffer(name, resized)
 
     def _replace_buffer(self, name: str, value: Tensor) -> None:
         self.storage.register_buffer(storage_key(name), value, persistent=self._persistent[name])
         self.buffers[name] = value
+
+
+def _shapes(module: nn.Module) -> dict[str, Shape]:
+    shapes = {name: tuple(p.shape) for name, p in module.named_parameters()}
+    shapes.update({name: tuple(b.shape) for name, b in module.named_buffers()})
+    return shapes
+
+
+def _resized(stacked: Tensor, shape: Shape) -> Tensor | None:
+    """``[B, ...]`` rows cut or zero-padded to ``[B, *shape]`` (None if already so); rows fit in ``shape``."""
+    if tuple(stacked.shape[1:]) == shape:
+        return None
+    common = tuple(min(have, want) for have, want in zip(stacked.shape[1:], shape))
+    return pad_to(stacked[(slice(None), *true_region(common))], (stacked.shape[0], *shape)).contiguous()
 
 
 def _non_persistent_buffer_names(module: nn.Module) -> set[str]:

@@ -21,6 +21,7 @@
       backend: auto
       optimizer_path: auto
       deterministic: false   # true: backend auto chooses without timing (reproducible numbers)
+      pad_widths: false      # true: trials whose hidden sizes differ fuse, zero-padded (docs/fused.md)
     scaling:                 # muP surrogates (optional): search at width / ratio, retrain at full size
       width: [hidden_dim]    # the model's width hyperparameters
       ratio: 4

@@ -51,11 +51,14 @@ class FusedSettings:
         optimizer_path: ``auto``, ``universal`` or ``fused``.
         deterministic: with ``auto``, choose the backend without timing (``FusedLightningModule``'s
             ``deterministic``), so that a rerun computes the same numbers on a busier machine.
+        pad_widths: fuse trials whose hidden sizes differ, zero-padded (``FusedLightningModule``'s
+            ``pad_widths``); refills of any width fit in.
     """
 
     backend: str = "auto"
     optimizer_path: str = "auto"
     deterministic: bool = False
+    pad_widths: bool = False
 
 
 class TrainerFactory(Protocol):
@@ -160,6 +163,7 @@ def _fit_fused(
         optimizer_path=settings.optimizer_path,  # type: ignore[arg-type]
         trial_factory=build_module,
         deterministic=settings.deterministic,
+        pad_widths=settings.pad_widths,
     )
     callbacks: list[Callback] = []
     overrides: dict[str, Any] = {}

@@ -76,7 +76,8 @@ class GroupSpec:
         early_stopping: the early-stopping settings of the group.
         probe: ``{"safety_margin": ..., "max_limit": ...}`` for a probe group, else empty.
         fused: ``FusedLightningModule`` options for a job whose own task function builds the group
-            (``backend``, ``optimizer_path``, ``deterministic``: the app config's ``fused`` section).
+            (``backend``, ``optimizer_path``, ``deterministic``, ``pad_widths``: the app config's ``fused``
+            section).
     """
 
     group_id: str

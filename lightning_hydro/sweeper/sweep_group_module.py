@@ -84,6 +84,7 @@ class SweepGroupModule(FusedLightningModule):
             backend=spec.fused.get("backend", "auto"),
             optimizer_path=spec.fused.get("optimizer_path", "auto"),
             deterministic=bool(spec.fused.get("deterministic", False)),
+            pad_widths=bool(spec.fused.get("pad_widths", False)),
             monitor=spec.early_stopping.metric,
             mode="max" if spec.early_stopping.mode == "max" else "min",
         )

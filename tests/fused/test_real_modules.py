@@ -101,10 +101,10 @@ def demo_loader(trainer: L.Trainer, module: L.LightningModule) -> None:
     trainer.fit(module, train_dataloaders=DataLoader(torch.randn(64, 32), batch_size=8))
 
 
-# (name, factory(lr), fit, backends): the template's training_step updates torchmetrics objects, which only
-# the loop backend keeps per trial today; the others run on every backend.
+# (name, factory(lr), fit, backends): every module runs on every backend (the template's torchmetrics objects
+# are replayed per trial under vmap and hfta: lightning_hydro/backends/deferred_metrics.py).
 CASES = [
-    ("template", template_module, digits_loader, ["loop"]),
+    ("template", template_module, digits_loader, ["loop", "vmap", "hfta"]),
     ("autoencoder", lambda lr: LitAutoEncoder(lr=lr), digits_loader, ["loop", "vmap", "hfta"]),
     ("boring", lambda lr: BoringModel(), boring_loader, ["loop", "vmap", "hfta"]),
     ("demo", lambda lr: DemoModel(learning_rate=lr), demo_loader, ["loop", "vmap", "hfta"]),
@@ -156,13 +156,17 @@ def test_first_step_gradients_of_published_modules_match_separate_runs(name: str
     assert max(errors) <= TOLERANCE, (name, backend, errors)
 
 
-@pytest.mark.parametrize("optimizer_path", ["universal", "auto"])
-def test_template_val_acc_after_two_epochs_is_within_one_validation_image(optimizer_path: str) -> None:
+@pytest.mark.parametrize(
+    ("backend", "optimizer_path"),
+    [("loop", "universal"), ("loop", "auto"), ("vmap", "universal"), ("hfta", "auto"), ("auto", "auto")],
+)
+def test_template_val_acc_after_two_epochs_is_within_one_validation_image(backend: str, optimizer_path: str) -> None:
     """The issue's measure: per-trial val/acc, fused vs separate, after 2 epochs (250 validation images).
 
     On the loop backend each trial's own torch optimizer (``"universal"``) is bitwise a separate run; the fused
-    Adam update (``"auto"`` picks it for all-Adam groups) rounds differently, which moved one image of two
-    trials when measured (docs/fused.md).
+    Adam update (``"auto"`` picks it for all-Adam groups) and the vmap/hfta kernels round differently, which
+    may move one image (docs/fused.md). Under vmap and hfta the template's torchmetrics objects (``val/acc``,
+    ``val/loss``, ``val/acc_best``) are replayed per trial.
     """
     trials = []
     for seed, lr in enumerate((1e-3, 3e-3, 1e-2)):
@@ -177,12 +181,17 @@ def test_template_val_acc_after_two_epochs_is_within_one_validation_image(optimi
 
     alone = [val_acc(copy.deepcopy(m))["val/acc"] for m in trials]
     fused = FusedLightningModule(
-        [copy.deepcopy(m) for m in trials], backend="loop", optimizer_path=optimizer_path, summary=False
+        [copy.deepcopy(m) for m in trials], backend=backend, optimizer_path=optimizer_path, summary=False
     )
     fused_metrics = val_acc(fused)
     images = [round(abs(fused_metrics[f"val/acc/trial_{tid}"] - acc) * 250, 3) for tid, acc in enumerate(alone)]
-    print(f"val/acc, fused ({optimizer_path}) vs separate, in images of 250:", images)
-    assert max(images) <= (0.0 if optimizer_path == "universal" else 1.0), images
+    print(f"val/acc, fused ({fused.backend}, {optimizer_path}) vs separate, in images of 250:", images)
+    exact = backend == "loop" and optimizer_path == "universal"
+    assert max(images) <= (0.0 if exact else 1.0), images
+    if backend != "loop":  # the best accuracy, tracked by each trial's own MaxMetric in on_validation_epoch_end
+        assert all(
+            fused_metrics[f"val/acc_best/trial_{tid}"] >= fused_metrics[f"val/acc/trial_{tid}"] for tid in range(3)
+        )
 
 
 class _OptimizerForms(L.LightningModule):

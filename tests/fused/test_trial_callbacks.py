@@ -25,7 +25,7 @@ from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsMLP
 from lightning_hydro.demos.template_mnist import DigitsMNISTDataModule, MNISTLitModule, SimpleDenseNet
 from lightning_hydro.fused.trial_callbacks import CallbackNotPerTrialError, per_trial_callbacks
-from tests.helpers import fit_digits, make_trainer
+from tests.helpers import fit_digits, make_trainer, relative_difference
 
 NET = dict(lin1_size=32, lin2_size=32, lin3_size=16)
 
@@ -80,17 +80,24 @@ def logged_column(root: Path, column: str) -> list[float]:
         return [float(row[column]) for row in csv.DictReader(handle) if row.get(column)]
 
 
+def flat_state(module: L.LightningModule) -> torch.Tensor:
+    return torch.cat([v.flatten().double() for v in module.state_dict().values() if v.is_floating_point()])
+
+
 def load(path: str) -> MNISTLitModule:
     # the template's hparams hold optimizer partials: torch.load needs weights_only=False, fused or not
     return MNISTLitModule.load_from_checkpoint(path, net=SimpleDenseNet(**NET), weights_only=False)
 
 
-def test_template_callbacks_act_per_trial_as_in_separate_runs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["loop", "vmap"])
+def test_template_callbacks_act_per_trial_as_in_separate_runs(tmp_path: Path, backend: str) -> None:
+    """On loop (each trial's own torch optimizer) a trial is bitwise its separate run; on vmap, whose kernels round
+    differently, the template's torchmetrics (val/acc, which the callbacks monitor) are replayed per trial and
+    the decisions are the same, the weights equal to float rounding."""
     trials = template_trials()
     separate = [fit_template(copy.deepcopy(m), tmp_path / f"alone_{i}") for i, m in enumerate(trials)]
-    # the loop backend with each trial's own torch optimizer is bitwise a separate run
     fused = FusedLightningModule(
-        [copy.deepcopy(m) for m in trials], backend="loop", optimizer_path="universal", summary=False
+        [copy.deepcopy(m) for m in trials], backend=backend, optimizer_path="universal", summary=False
     )
     trainer = fit_template(fused, tmp_path / "fused")
 
@@ -112,14 +119,20 @@ def test_template_callbacks_act_per_trial_as_in_separate_runs(tmp_path: Path) ->
         assert sorted(os.listdir(own_dir)) == sorted(os.listdir(tmp_path / f"alone_{tid}" / "checkpoints"))
         mine, theirs = checkpoints.trial_callbacks[tid], alone.checkpoint_callback
         assert os.path.basename(mine.best_model_path) == os.path.basename(theirs.best_model_path)
-        assert float(mine.best_model_score) == float(theirs.best_model_score)
+        if backend == "loop":
+            assert float(mine.best_model_score) == float(theirs.best_model_score)
+        else:  # within one of the 250 validation images
+            assert abs(float(mine.best_model_score) - float(theirs.best_model_score)) <= 1 / 250 + 1e-6
         for name in ("best", "last"):
             path_mine = mine.best_model_path if name == "best" else mine.last_model_path
             path_theirs = theirs.best_model_path if name == "best" else theirs.last_model_path
             loaded, expected = load(path_mine), load(path_theirs)
             assert loaded.hparams["optimizer"].keywords == expected.hparams["optimizer"].keywords
-            for key, value in expected.state_dict().items():
-                assert torch.equal(loaded.state_dict()[key], value), (tid, name, key)  # the loop backend is bitwise
+            if backend == "loop":  # the loop backend is bitwise
+                for key, value in expected.state_dict().items():
+                    assert torch.equal(loaded.state_dict()[key], value), (tid, name, key)
+            else:  # over all weights at once: Linear biases feeding BatchNorm carry only Adam-amplified rounding
+                assert relative_difference(flat_state(loaded), flat_state(expected)) <= 1e-2, (tid, name)
         # LearningRateMonitor: the trial's own learning rates (ReduceLROnPlateau on its own val/loss)
         assert logged_column(tmp_path / "fused", f"lr-Adam/trial_{tid}") == logged_column(
             tmp_path / f"alone_{tid}", "lr-Adam"

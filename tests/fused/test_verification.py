@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -10,7 +11,6 @@ import torch.nn.functional as F
 import torchmetrics
 
 from lightning_hydro import FusedLightningModule, FusionError, FusionMismatchError
-from lightning_hydro.backends import LoopBackend
 from lightning_hydro.demos import DigitsMLP
 from tests.helpers import fit_digits, make_trainer, max_state_difference, seeded, train_fused, train_separately
 
@@ -75,14 +75,14 @@ class MetricMLP(DigitsMLP):
         self.log("val_acc", self.accuracy)
 
 
-def test_torchmetrics_in_validation_run_per_trial_while_training_stays_fused():
+def test_torchmetrics_in_validation_stay_fused_and_per_trial():
     trials = [seeded(lambda lr=lr: MetricMLP(hidden_dim=16, lr=lr), [i])[0] for i, lr in enumerate([0.05, 0.2])]
     separate = train_separately(trials, fit_digits, max_epochs=2, limit_train_batches=5)
     fused = FusedLightningModule(trials, backend="vmap", summary=False)
     trainer = make_trainer(max_epochs=2, limit_train_batches=5)
     fit_digits(trainer, fused)
-    assert isinstance(fused._eval_backend("validation_step"), LoopBackend)
-    assert fused.backend == "vmap"  # training stayed fused
+    assert fused._eval_backend("validation_step").name == "vmap"  # validation fused too, metrics replayed per trial
+    assert fused.backend == "vmap"
     for tid, module in enumerate(separate):
         expected = module.trainer.callback_metrics["val_acc"].item()
         assert trainer.callback_metrics[f"val_acc/trial_{tid}"].item() == pytest.approx(expected)
@@ -121,18 +121,28 @@ class TrainMetricMLP(DigitsMLP):
         return F.cross_entropy(logits, y)
 
 
-def test_torchmetrics_updated_in_training_step_are_refused_under_vmap():
-    fused = FusedLightningModule([TrainMetricMLP(hidden_dim=8), TrainMetricMLP(hidden_dim=8)], backend="vmap")
-    with pytest.raises(FusionError, match=r"it updates torchmetrics metrics \(train_acc\).*Use backend='loop'"):
-        fit_digits(make_trainer(max_steps=1), fused)
+@pytest.mark.parametrize("backend", ["vmap", "hfta", "loop"])
+def test_torchmetrics_updated_in_training_step_run_fused_per_trial(backend):
+    fused = train_fused(
+        [TrainMetricMLP(hidden_dim=8), TrainMetricMLP(hidden_dim=8)],
+        fit_digits,
+        fused_kwargs={"backend": backend},
+        max_steps=2,
+    )
+    assert fused.backend == backend
+    # each trial's own metric, updated once per step (the first-batch check's extra steps do not count)
+    assert [fused.trial_module(tid).train_acc.update_count for tid in (0, 1)] == [2, 2]
 
 
-def test_auto_runs_training_step_metrics_per_trial():
+def test_auto_times_the_fused_backends_for_training_step_metrics_and_says_so():
     fused = train_fused(
         [TrainMetricMLP(hidden_dim=8), TrainMetricMLP(hidden_dim=8)],
         fit_digits,
         fused_kwargs={"backend": "auto"},
         max_steps=2,
     )
-    assert fused.backend == "loop"
-    assert fused.trial_module(1).train_acc.update_count == 2  # each trial's own metric, updated per step
+    assert re.search(r"hfta [\d.]+ ms.*|vmap [\d.]+ ms", fused.backend_report), fused.backend_report
+    assert "skipped" not in fused.backend_report
+    if fused.backend != "loop":
+        assert "torchmetrics train_acc run per trial after each fused step" in fused.backend_report
+    assert fused.trial_module(1).train_acc.update_count == 2  # the timing steps do not count

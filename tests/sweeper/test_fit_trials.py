@@ -156,3 +156,34 @@ def test_a_deterministic_auto_group_records_the_backend_it_chose_without_timing(
     results = fit(tmp_path, lrs, fused=FusedSettings(backend="auto", deterministic=True))
     assert {r["backend"] for r in results.values()} == {"hfta"}  # the first of hfta, vmap, loop that runs
     assert json.loads((tmp_path / "fused_0" / "group_fit.json").read_text())["0"]["backend"] == "hfta"
+
+
+def test_a_group_of_different_widths_fuses_padded_with_asha_and_refills(tmp_path):
+    widths = {20: 8, 21: 32, 22: 16, 23: 24, 24: 40}
+    spec = EarlyStoppingSpec(name="asha", metric="val_acc", mode="max", reduction_factor=3, min_budget=1, max_budget=3)
+    results = fit_trials(
+        lambda tid: DigitsMLP(hidden_dim=widths[tid], lr=0.05),
+        list(widths),
+        slots=3,
+        datamodule=DigitsDataModule(batch_size=32),
+        trainer_factory=ConfigTrainerFactory({**TRAINER, "max_epochs": 3}),
+        workdir=tmp_path,
+        early_stopping=spec,
+        fused=FusedSettings(backend="vmap", pad_widths=True),
+    )
+    assert sorted(results) == list(widths)
+    assert {r["backend"] for r in results.values()} == {"vmap"}
+    assert all(r["budget"] >= 1 for r in results.values())  # refills of other widths took freed slots
+
+
+def test_without_pad_widths_a_group_of_different_widths_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"cannot be fused .* put trials whose shapes differ"):
+        fit_trials(
+            lambda tid: DigitsMLP(hidden_dim=8 * (tid + 1), lr=0.05),
+            [0, 1],
+            slots=2,
+            datamodule=DigitsDataModule(batch_size=32),
+            trainer_factory=ConfigTrainerFactory(TRAINER),
+            workdir=tmp_path,
+            fused=FusedSettings(backend="vmap"),
+        )

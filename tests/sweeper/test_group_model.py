@@ -79,3 +79,15 @@ def test_the_group_module_takes_the_configs_fused_settings(tmp_path: Path):
     module = SweepGroupModule.for_group(spec, lambda tid: DigitsMLP(hidden_dim=8), job_dir=tmp_path)
     assert module.backend == "vmap"
     assert module.deterministic is True
+
+
+def test_the_group_module_pads_widths_when_the_config_says_so(tmp_path: Path):
+    from lightning_hydro.demos import DigitsMLP
+
+    spec = GroupSpec("group_0000", "search", 2, (TrialSpec(0), TrialSpec(1)), fused={"pad_widths": True})
+    module = SweepGroupModule.for_group(spec, lambda tid: DigitsMLP(hidden_dim=8 * (tid + 1)), job_dir=tmp_path)
+    assert module.unfuse(1).hparams["hidden_dim"] == 16
+    assert module.stacked.get_parameter("head__weight").shape[-1] == 16
+    plain = GroupSpec("group_0001", "search", 2, (TrialSpec(0), TrialSpec(1)))
+    with pytest.raises(ValueError, match=r"Trial 1 cannot be fused with trial 0"):
+        SweepGroupModule.for_group(plain, lambda tid: DigitsMLP(hidden_dim=8 * (tid + 1)), job_dir=tmp_path)

@@ -20,6 +20,7 @@ from typing import Literal
 
 from torch import nn
 
+from lightning_hydro.backends.deferred_metrics import metric_paths
 from lightning_hydro.backends.hfta.errors import ConversionError
 from lightning_hydro.backends.hfta.fused_module import FusedModule, TrialAnchor
 from lightning_hydro.backends.hfta.per_trial import values_equal
@@ -193,8 +194,13 @@ def plan_conversion(template: nn.Module, trials: Sequence[nn.Module]) -> Convers
         raise ValueError("plan_conversion expects at least one trial module, got an empty sequence")
     decisions: list[ModuleDecision] = []
     unverified: list[str] = []
-    atomic_prefixes: list[str] = []
+    # torchmetrics metrics never run under the fused backends (their calls are replayed on each trial's own
+    # metric afterwards: lightning_hydro/backends/deferred_metrics.py), so they are neither fused nor compared
+    atomic_prefixes: list[str] = [f"{path}." for path in metric_paths(template).values()]
+    skipped = set(metric_paths(template).values())
     for path, module in template.named_modules():
+        if path in skipped:
+            continue
         if any(path.startswith(prefix) for prefix in atomic_prefixes):
             continue  # inside a fused module (e.g. attention's out_proj): fused with it
         type_name = type(module).__name__
