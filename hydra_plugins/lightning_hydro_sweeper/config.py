@@ -15,23 +15,30 @@ from hydra.core.config_store import ConfigStore
 class SchedulerConf:
     """Early stopping inside each trial group (``hydra.sweeper.scheduler``).
 
+    The names are those of the callbacks in ``lightning_hydro.callbacks`` (``grace_period``, ``max_t``,
+    ``Deadline``).
+
     Attributes:
-        name: ``none``, ``asha``, ``successive_halving``, ``hyperband`` or ``hypersched``.
+        name: ``none``, ``asha``, ``successive_halving``, ``hyperband`` or ``deadline`` (HyperSched).
         reduction_factor: keep the best 1/reduction_factor of trials at each rung (> 1).
-        min_budget: epochs a trial trains before its first stop decision (>= 1).
-        max_budget: epochs at the top rung; ``null`` takes the app's ``trainer.max_epochs``.
+        grace_period: epochs a trial trains before its first stop decision (>= 1).
+        max_t: epochs at the top rung; ``null`` takes the app's ``trainer.max_epochs``.
         refill: start pending trials of the same partition in slots that stopped trials free
             (each partition then runs as one job); ``false`` splits partitions into groups of at most
             the fusion limit, one job each.
-        options: further keyword arguments of the scheduler (e.g. ``deadline_s`` for hypersched).
+        options: further keyword arguments of the callback (e.g. ``deadline`` in seconds for ``deadline``).
+        min_budget: deprecated name of ``grace_period`` (a DeprecationWarning; removed in the next release).
+        max_budget: deprecated name of ``max_t`` (a DeprecationWarning; removed in the next release).
     """
 
     name: str = "none"
     reduction_factor: float = 3.0
-    min_budget: int = 1
-    max_budget: int | None = None
+    grace_period: int = 1
+    max_t: int | None = None
     refill: bool = True
     options: dict[str, Any] = field(default_factory=dict)
+    min_budget: int | None = None
+    max_budget: int | None = None
 
 
 @dataclass

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import uuid
 
+import lightning as L
+
 from lightning_hydro.schedulers import RungStore, StoreOpenError, StoreSpec, open_store
 
-__all__ = ["check_arguments", "default_trial_id", "hydra_job_number", "open_storage"]
+__all__ = [
+    "check_arguments",
+    "check_steps_limit",
+    "default_trial_id",
+    "hydra_job_number",
+    "open_storage",
+    "resolve_max_t",
+]
 
 
 def check_arguments(
@@ -100,3 +109,40 @@ def default_trial_id() -> str:
     """``"job{n}"`` in a Hydra multirun job, else a random id."""
     number = hydra_job_number()
     return f"job{number}" if number is not None else uuid.uuid4().hex[:12]
+
+
+def resolve_max_t(name: str, max_t: int | None, grace_period: int, time_attr: str, trainer: L.Trainer) -> int:
+    """``max_t``, or the Trainer's ``max_epochs`` / ``max_steps`` when it is None; raise if no trial could reach it."""
+    limit, limit_name = (
+        (trainer.max_epochs, "max_epochs") if time_attr == "epochs" else (trainer.max_steps, "max_steps")
+    )
+    bounded = limit is not None and limit >= 0
+    if max_t is None:
+        if limit is None or not bounded:
+            raise ValueError(
+                f"{name}: max_t is not set and the Trainer has no {limit_name} limit, so no budget would mark a "
+                f"trial complete. Pass max_t=..., e.g. {name}(..., max_t=27)."
+            )
+        if limit < grace_period:
+            raise ValueError(
+                f"{name}: max_t defaults to the Trainer's {limit_name}={limit}, which is below "
+                f"grace_period={grace_period}: no trial would ever be judged. Lower grace_period or raise {limit_name}."
+            )
+        return int(limit)
+    if bounded and limit is not None and max_t > limit:
+        raise ValueError(
+            f"{name}: max_t={max_t} {time_attr} is beyond the Trainer's {limit_name}={limit}, so no trial could "
+            f"reach max_t. Lower max_t to at most {limit}, or raise the Trainer's {limit_name}."
+        )
+    return max_t
+
+
+def check_steps_limit(name: str, max_t: int, trainer: L.Trainer) -> None:
+    """Raise if ``max_t`` steps are more than the optimizer steps the Trainer will take."""
+    limit = trainer.estimated_stepping_batches
+    if limit != float("inf") and max_t > limit:
+        raise ValueError(
+            f"{name}: max_t={max_t} steps is beyond the {int(limit)} optimizer steps this Trainer will take "
+            "(max_steps, or max_epochs times the batches per epoch), so no trial could reach max_t. Lower max_t to "
+            f"at most {int(limit)}, or train longer."
+        )

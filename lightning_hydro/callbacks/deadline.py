@@ -12,19 +12,19 @@ import lightning as L
 from typing_extensions import override
 
 from lightning_hydro.callbacks.asha import ASHA
-from lightning_hydro.callbacks.halving_callback import TimeAttr, _Report
+from lightning_hydro.callbacks.halving_callback import TimeAttr
 from lightning_hydro.callbacks.refill_source import RefillSpec
 from lightning_hydro.callbacks.trial_outcome import TrialOutcome
-from lightning_hydro.fused import FusedLightningModule
 from lightning_hydro.schedulers import (
     DeadlinePolicy,
+    HalvingConfig,
     LinearCost,
     Mode,
-    SecondsPerUnit,
     StoreSpec,
     TrialId,
     TrialProgress,
 )
+from lightning_hydro.schedulers.deadline_policy import SecondsPerUnit
 
 __all__ = ["Deadline"]
 
@@ -121,6 +121,7 @@ class Deadline(ASHA):
         self._interval: tuple[float, int, int] | None = None  # (time, units done, group size) at its start
         self._admission_checked = False
         self._deadline_passed = False
+        self._values: dict[TrialId, float | None] = {}  # the monitored values of the last decision
 
     def time_left(self) -> float:
         """Seconds until the deadline (``inf`` before training starts a relative deadline)."""
@@ -139,7 +140,7 @@ class Deadline(ASHA):
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.measurements, self._deadline_at, self._interval = [], None, None
+        self.measurements, self._deadline_at, self._interval, self._values = [], None, None, {}
         self._admission_checked, self._deadline_passed = False, False
         super().setup(trainer, pl_module, stage)
 
@@ -148,11 +149,10 @@ class Deadline(ASHA):
         if self._deadline_at is None:
             if self._wall_clock_at is not None:
                 self._deadline_at = self._wall_clock_at
-            else:
-                assert self._duration_s is not None
+            elif self._duration_s is not None:
                 self._deadline_at = self.clock() + self._duration_s
         super().on_train_start(trainer, pl_module)
-        self._start_interval(trainer, pl_module)  # a resumed run does not count the time it was down
+        self._start_interval()  # a resumed run does not count the time it was down
 
     @override
     def on_train_batch_end(
@@ -178,24 +178,23 @@ class Deadline(ASHA):
     # -- decisions ----------------------------------------------------------------------------------------------
 
     @override
-    def _decide(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super()._decide(trainer, pl_module)
-        self._start_interval(trainer, pl_module)
+    def _decide(self, trainer: L.Trainer, pl_module: L.LightningModule, *, epoch_end: bool) -> None:
+        super()._decide(trainer, pl_module, epoch_end=epoch_end)
+        self._start_interval()
 
     @override
-    def _extra_stops(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, reports: list[_Report], stopping: set[TrialId]
-    ) -> list[TrialOutcome]:
-        self._measure(trainer)
-        live = [progress for progress in self._progress(trainer, pl_module) if progress.trial_id not in stopping]
+    def _extra_stops(self, values: Mapping[TrialId, float | None], stopping: set[TrialId]) -> list[TrialOutcome]:
+        self._measure()
+        self._values = dict(values)
+        live = [progress for progress in self._progress() if progress.trial_id not in stopping]
         if self.time_left() <= 0:
             self._deadline_passed = True
             return [TrialOutcome(p.trial_id, "stopped", p.budget, "deadline reached", value=p.value) for p in live]
         speed = self.seconds_per_unit()
         if speed is None or not live:
             return []
-        policy = DeadlinePolicy(self.config)  # type: ignore[arg-type]
-        if not self._fused:
+        policy = DeadlinePolicy(self._config)
+        if not self._trials.together:  # one trial per process: can it finish? (asked once)
             if self._admission_checked:
                 return []
             self._admission_checked = True
@@ -207,14 +206,14 @@ class Deadline(ASHA):
         return [self._cannot_finish(p) for p in live if p.trial_id not in plan.keep]
 
     @override
-    def _admissions(self, trainer: L.Trainer, pl_module: FusedLightningModule, free_slots: int) -> int:
+    def _admissions(self, free_slots: int) -> int:
         if self.time_left() <= 0:
             return 0
         speed = self.seconds_per_unit()
         if speed is None:
             return free_slots  # nothing measured yet: the first group starts full
-        policy = DeadlinePolicy(self.config)  # type: ignore[arg-type]
-        kept = self._progress(trainer, pl_module)
+        policy = DeadlinePolicy(self._config)
+        kept = self._progress()
         admitted = 0
         while admitted < free_slots:
             newcomers = [TrialProgress(f"<new {index}>", 0) for index in range(admitted)]
@@ -244,35 +243,26 @@ class Deadline(ASHA):
         reason = "cannot reach the top rung before the deadline"
         return TrialOutcome(trial.trial_id, "stopped", trial.budget, reason, value=trial.value)
 
-    def _progress(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[TrialProgress]:
-        if self._fused:
-            assert isinstance(pl_module, FusedLightningModule)
-            results = pl_module.results
-            return [
-                TrialProgress(tid, self._record_budget(results[tid]), results[tid]["metrics"].get(self.monitor))
-                for tid in pl_module.trial_ids
-            ]
-        if self.status != "running":
-            return []
-        assert self._trial_key is not None
-        value = trainer.callback_metrics.get(self.monitor)
-        budget = self._trial_budget(trainer, pl_module, self._trial_key)
-        return [TrialProgress(self._trial_key, budget, None if value is None else float(value))]
+    @property
+    def _config(self) -> HalvingConfig:
+        if self.config is None:
+            raise RuntimeError("Deadline: used before Trainer.fit set it up.")
+        return self.config
 
-    def _units_done(self, trainer: L.Trainer) -> int:
-        return self._epochs if self.time_attr == "epochs" else int(trainer.global_step)
+    def _progress(self) -> list[TrialProgress]:
+        """Each running trial's budget and the monitored value the last decision saw (new trials: none)."""
+        view = self._trials
+        return [TrialProgress(tid, view.budget(tid), self._values.get(tid)) for tid in view.running()]
 
-    def _group_size(self, pl_module: L.LightningModule) -> int:
-        return len(pl_module.trial_ids) if isinstance(pl_module, FusedLightningModule) else 1
+    def _start_interval(self) -> None:
+        view = self._trials
+        self._interval = (self.clock(), view.units_done(), len(view.running()))
 
-    def _start_interval(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._interval = (self.clock(), self._units_done(trainer), self._group_size(pl_module))
-
-    def _measure(self, trainer: L.Trainer) -> None:
+    def _measure(self) -> None:
         if self._interval is None:
             return
         started, units_before, size = self._interval
-        units = self._units_done(trainer) - units_before
+        units = self._trials.units_done() - units_before
         elapsed = self.clock() - started
         if units > 0 and size > 0 and elapsed > 0:
             self.measurements = [*self.measurements, (size, elapsed / units)][-_KEPT_MEASUREMENTS:]

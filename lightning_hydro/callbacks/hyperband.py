@@ -8,17 +8,11 @@ import lightning as L
 from typing_extensions import override
 
 from lightning_hydro.callbacks.callback_arguments import hydra_job_number
-from lightning_hydro.callbacks.halving_callback import HalvingCallback, TimeAttr
+from lightning_hydro.callbacks.halving_callback import HalvingCallback
 from lightning_hydro.callbacks.refill_source import RefillSpec
-from lightning_hydro.schedulers import (
-    BracketOrder,
-    HalvingConfig,
-    Mode,
-    RungStore,
-    StoreSpec,
-    TrialId,
-)
-from lightning_hydro.schedulers import Hyperband as HyperbandRule
+from lightning_hydro.fused import FusedLightningModule
+from lightning_hydro.schedulers import HalvingConfig, HyperbandRule, Mode, RungStore, StoreSpec, TimeAttr, TrialId
+from lightning_hydro.schedulers.hyperband import BracketOrder
 
 __all__ = ["Hyperband"]
 
@@ -107,7 +101,7 @@ class Hyperband(HalvingCallback):
     @override
     def _check_module(self, pl_module: L.LightningModule) -> None:
         super()._check_module(pl_module)
-        if not self._fused and self._position() is None:
+        if not isinstance(pl_module, FusedLightningModule) and self._position() is None:
             raise ValueError(
                 "Hyperband: with one trial per process, each process needs its place in the sweep to choose the "
                 "trial's bracket; pass position=<job number> (or an integer trial_id), or run under a Hydra multirun, "
@@ -127,7 +121,7 @@ class Hyperband(HalvingCallback):
 
     @override
     def _on_trial_started(self, key: TrialId) -> None:
-        self.rule.add_trial(key, position=None if self._fused else self._position())
+        self.rule.add_trial(key, position=None if self._trials.together else self._position())
 
     @override
     def _bracket_of(self, key: TrialId) -> int | None:

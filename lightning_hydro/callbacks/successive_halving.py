@@ -7,9 +7,18 @@ from typing import Any
 import lightning as L
 from typing_extensions import override
 
-from lightning_hydro.callbacks.halving_callback import HalvingCallback, TimeAttr
-from lightning_hydro.schedulers import Decision, HalvingConfig, Mode, Rounding, RungStore, TrialReport
-from lightning_hydro.schedulers import SuccessiveHalving as SuccessiveHalvingRule
+from lightning_hydro.callbacks.halving_callback import HalvingCallback
+from lightning_hydro.fused import FusedLightningModule
+from lightning_hydro.schedulers import (
+    Decision,
+    HalvingConfig,
+    Mode,
+    RungStore,
+    SuccessiveHalvingRule,
+    TimeAttr,
+    TrialReport,
+)
+from lightning_hydro.schedulers.halving_config import Rounding
 
 __all__ = ["SuccessiveHalving"]
 
@@ -89,7 +98,7 @@ class SuccessiveHalving(HalvingCallback):
 
     @override
     def _check_module(self, pl_module: L.LightningModule) -> None:
-        if not self._fused:
+        if not isinstance(pl_module, FusedLightningModule):
             raise ValueError(
                 f"SuccessiveHalving needs a FusedLightningModule (a group of trials that train together), got a "
                 f"{type(pl_module).__name__}. For one trial per process use ASHA(..., storage='asha.db'): the "

@@ -5,15 +5,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any
 
-from lightning_hydro.schedulers import TrialId, summarize_budget
+from lightning_hydro.schedulers import TrialId, TrialStatus, summarize_budget
 
-__all__ = ["OutcomeStatus", "TrialOutcome", "format_summary"]
-
-OutcomeStatus = Literal["completed", "stopped", "diverged"]
-"""``completed``: reached ``max_t``; ``stopped``: cut at a rung, by a deadline or by the end of fit;
-``diverged``: its monitored value was NaN or infinite."""
+__all__ = ["TrialOutcome", "format_summary"]
 
 
 @dataclass(frozen=True)
@@ -22,7 +18,8 @@ class TrialOutcome:
 
     Attributes:
         trial_id: The trial (a fused slot's trial id, or the process's trial id).
-        status: ``"completed"``, ``"stopped"`` or ``"diverged"``.
+        status: ``"completed"`` (reached ``max_t``), ``"stopped"`` (cut at a rung, by a deadline or by the end of
+            fit) or ``"diverged"`` (its monitored value was NaN or infinite).
         budget: Epochs or steps the trial had trained when it ended (counted from when it entered its slot).
         reason: One line for logs and the results table.
         rung: The rung it was stopped or completed at (0 = first), or None if not at a rung.
@@ -31,7 +28,7 @@ class TrialOutcome:
     """
 
     trial_id: TrialId
-    status: OutcomeStatus
+    status: TrialStatus
     budget: int
     reason: str
     rung: int | None = None
@@ -79,7 +76,7 @@ def format_summary(
         ASHA: 3 trials: 1 completed, 1 stopped (rung 0: 1), 1 diverged.
         Budget: 14 of 27 trial-epochs (51.9%) against training every trial to max_t=9.
     """
-    final = {tid: outcomes[tid].status if tid in outcomes else "running" for tid in budgets}
+    final: dict[TrialId, str] = {tid: outcomes[tid].status if tid in outcomes else "running" for tid in budgets}
     final.update(statuses or {})
     counts = Counter(final.values())
     rungs = Counter(

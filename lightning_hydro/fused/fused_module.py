@@ -11,7 +11,7 @@ Example::
     ...                     enable_checkpointing=False, enable_model_summary=False)
     >>> trainer.fit(fused, datamodule=DigitsDataModule())
     >>> fused.trial_ids, sorted(fused.results[0])
-    ([0, 1, 2], ['backend', 'budget', 'epochs', 'history', 'metrics', 'reason', 'status', 'steps'])
+    ([0, 1, 2], ['backend', 'budget', 'budget_unit', 'epochs', 'history', 'metrics', 'reason', 'status', 'steps'])
     >>> fused.results[2]["status"], fused.results[2]["budget"], fused.results[2]["backend"]
     ('completed', 1, 'vmap')
     >>> best = fused.unfuse(1)  # a standalone DigitsMLP with trial 1's trained weights
@@ -47,7 +47,6 @@ from lightning_hydro.backends.compiled_step import CompileSetting, check_compile
 from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments
 from lightning_hydro.fused.backend_policy import BackendPolicy
 from lightning_hydro.fused.group_checkpoint import CHECKPOINT_KEY, group_state, restore_group
-from lightning_hydro.fused.results import TrialStatus, format_results_table
 from lightning_hydro.fused.row_health import HealthReadback, RowHealth
 from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_callbacks import per_trial_callbacks, refuse_module_callbacks
@@ -64,6 +63,13 @@ from lightning_hydro.optim.group_optimizer import (
     TrialGroupOptimizer,
 )
 from lightning_hydro.optim.trial_optimization import TrialOptimization, parse_optimizer_config
+from lightning_hydro.schedulers.trial_record import (
+    TimeAttr,
+    TrialRecord,
+    TrialResult,
+    TrialStatus,
+    format_results_table,
+)
 from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = ["FusedLightningModule"]
@@ -265,13 +271,36 @@ class FusedLightningModule(L.LightningModule):
         return self._policy.name
 
     @property
-    def results(self) -> dict[int, dict[str, Any]]:
+    def results(self) -> dict[int, TrialResult]:
         """Every trial ever in the group: ``{id: {"status", "budget", "epochs", "steps", "metrics", ...}}``.
 
         Steps and divergences are read back from the device at the points :mod:`.row_health` lists; call
         :meth:`read_health` first for counts exact to the last step.
         """
         return self._slots.book.results()
+
+    def count_budget_in(self, unit: TimeAttr) -> None:
+        """Give each trial's ``results[...]["budget"]`` in ``unit`` (a callback that counts steps sets ``"steps"``)."""
+        self._slots.book.count_budget_in(unit)
+
+    def trial_record(self, trial_id: int) -> TrialRecord:
+        """The trial's live record (not a copy, unlike ``results``): read it, do not change it."""
+        if trial_id not in self._slots.book:
+            raise KeyError(f"trial_record: no trial {trial_id}; known trials: {sorted(self._slots.book.records)}.")
+        return self._slots.book.records[trial_id]
+
+    def training_epoch_values(self) -> dict[int, dict[str, float]]:
+        """Each running trial's latest values, with this training epoch's values so far.
+
+        What the module publishes in its ``on_train_epoch_end``, for callbacks, whose ``on_train_epoch_end``
+        Lightning runs before the module's.
+        """
+        latest = {tid: dict(self._slots.book.records[tid].metrics) for tid in self._group.trial_ids}
+        for source in (self._metrics.step_values(), self._metrics.epoch_so_far("train")):
+            for tid, values in source.items():
+                if tid in latest:
+                    latest[tid].update(values)
+        return latest
 
     def trial_module(self, trial_id: int) -> L.LightningModule:
         """The trial's own module (bound to the stacked state while it runs)."""

@@ -22,7 +22,7 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lightning_hydro.fused.results import TRIAL_STATUSES, TrialRecord, TrialStatus
+from lightning_hydro.schedulers.trial_record import TRIAL_STATUSES, TimeAttr, TrialRecord, TrialResult, TrialStatus
 
 __all__ = ["TrialBook"]
 
@@ -41,13 +41,20 @@ class TrialBook:
         self._epoch_metrics: dict[int, dict[str, float]] = {}
         self._epoch: int | None = None  # the open epoch's index (None before the first)
         self._ended = False  # its history entries are written
+        self._unit: TimeAttr = "epochs"
 
     def __contains__(self, trial_id: int) -> bool:
         return trial_id in self.records
 
     def add(self, trial_id: int) -> None:
         """Open a record for a trial that joins the group."""
-        self.records[trial_id] = TrialRecord(trial_id)
+        self.records[trial_id] = TrialRecord(trial_id, budget_unit=self._unit)
+
+    def count_budget_in(self, unit: TimeAttr) -> None:
+        """Every record's budget (those of trials still to come included) counts ``unit``."""
+        self._unit = unit
+        for record in self.records.values():
+            record.budget_unit = unit
 
     def next_id(self) -> int:
         """The smallest id above every known one."""
@@ -129,7 +136,7 @@ class TrialBook:
             counts[record.status] += 1
         return counts
 
-    def results(self) -> dict[int, dict[str, Any]]:
+    def results(self) -> dict[int, TrialResult]:
         """Every record in its public form, by id."""
         return {tid: record.as_dict() for tid, record in sorted(self.records.items())}
 

@@ -206,16 +206,25 @@ class TrialMetrics:
         options.update({name: opts for name, (opts, _) in self._objects.get(phase, {}).items()})
         return options
 
-    def finish_epoch(self, phase: str) -> dict[int, dict[str, float]]:
-        """The per-trial epoch values of ``phase``; resets that phase's accumulation."""
+    def epoch_so_far(self, phase: str) -> dict[int, dict[str, float]]:
+        """The per-trial epoch values of ``phase`` so far, the accumulation left running."""
         out: dict[int, dict[str, float]] = {}
-        for name, accumulator in self._epoch.pop(phase, {}).items():
+        for name, accumulator in self._epoch.get(phase, {}).items():
             for tid, value in accumulator.result().items():
                 out.setdefault(tid, {})[name] = value
-        for name, (_, objects) in self._objects.pop(phase, {}).items():
+        for name, (_, objects) in self._objects.get(phase, {}).items():
             for tid, metric in objects.items():
                 out.setdefault(tid, {})[name] = float(metric.compute())
-                metric.reset()
-        for tid, values in self._epoch_values.pop(phase, {}).items():
+        for tid, values in self._epoch_values.get(phase, {}).items():
             out.setdefault(tid, {}).update(values)
+        return out
+
+    def finish_epoch(self, phase: str) -> dict[int, dict[str, float]]:
+        """The per-trial epoch values of ``phase``; resets that phase's accumulation."""
+        out = self.epoch_so_far(phase)
+        self._epoch.pop(phase, None)
+        for _, objects in self._objects.pop(phase, {}).values():
+            for metric in objects.values():
+                metric.reset()
+        self._epoch_values.pop(phase, None)
         return out

@@ -26,10 +26,10 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from lightning_hydro.fused.results import TRIAL_STATUSES, TrialStatus
 from lightning_hydro.fused.trial_book import TrialBook
 from lightning_hydro.optim.group_optimizer import TrialGroupOptimizer
 from lightning_hydro.optim.trial_optimization import TrialOptimization
+from lightning_hydro.schedulers.trial_record import ENDED_STATUSES, TrialStatus
 from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = ["TrialSlots"]
@@ -86,7 +86,7 @@ class TrialSlots:
 
     def check_stop(self, trial_id: int, status: TrialStatus) -> None:
         """Raise the error :meth:`stop` would raise for these arguments, if any."""
-        if status not in TRIAL_STATUSES or status == "running":
+        if status not in ENDED_STATUSES:
             raise ValueError(f"stop_trial: status must be 'stopped', 'completed' or 'diverged', got {status!r}.")
         if trial_id not in self.group.trial_ids:
             raise KeyError(f"stop_trial: trial {trial_id} is not running; running trials: {self.group.trial_ids}.")

@@ -1,33 +1,34 @@
-"""Per-trial optimization of a fused group: the group optimizer, the fused fast path, per-trial clipping."""
+"""Per-trial optimization of a fused group: the group optimizer, the fused fast path, per-trial clipping.
+
+Users meet this package through ``FusedLightningModule(optimizer_path=...)``; the names below are what they
+may need. The group optimizer (:mod:`~lightning_hydro.optim.group_optimizer`), the fused updates
+(:mod:`~lightning_hydro.optim.fused_update`, which are not ``torch.optim.Optimizer``s) and the parsing of
+``configure_optimizers`` (:mod:`~lightning_hydro.optim.trial_optimization`) stay importable from their modules.
+"""
+
+import warnings
+from typing import Any
 
 from lightning_hydro.optim.clipping import clip_grad_norm_per_trial, clip_grad_value_per_trial
-from lightning_hydro.optim.fused_update import FusedAdam, FusedSGD, FusedUpdate, select_fused_update
-from lightning_hydro.optim.group_optimizer import (
-    OptimizerPath,
-    StepReport,
-    TrialGroupOptimizer,
-    TrialScheduler,
-)
-from lightning_hydro.optim.trial_optimization import (
-    OptimizerConfigError,
-    SchedulerSpec,
-    TrialOptimization,
-    parse_optimizer_config,
-)
+from lightning_hydro.optim.group_optimizer import OptimizerPath
+from lightning_hydro.optim.trial_optimization import OptimizerConfigError
 
-__all__ = [
-    "FusedAdam",
-    "FusedSGD",
-    "FusedUpdate",
-    "OptimizerConfigError",
-    "OptimizerPath",
-    "SchedulerSpec",
-    "StepReport",
-    "TrialGroupOptimizer",
-    "TrialOptimization",
-    "TrialScheduler",
-    "clip_grad_norm_per_trial",
-    "clip_grad_value_per_trial",
-    "parse_optimizer_config",
-    "select_fused_update",
-]
+__all__ = ["OptimizerConfigError", "OptimizerPath", "clip_grad_norm_per_trial", "clip_grad_value_per_trial"]
+
+# Old names, kept for one release: they read as torch optimizers, which they are not.
+_RENAMED = {"FusedAdam": "FusedAdamUpdate", "FusedSGD": "FusedSGDUpdate"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RENAMED:
+        new = _RENAMED[name]
+        warnings.warn(
+            f"lightning_hydro.optim.{name} is renamed lightning_hydro.optim.fused_update.{new}: it is the fused "
+            "fast path's update, not a torch.optim.Optimizer. The old name will be removed in the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        from lightning_hydro.optim import fused_update
+
+        return getattr(fused_update, new)
+    raise AttributeError(f"module 'lightning_hydro.optim' has no attribute {name!r}")

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.optim import SGD, Adam, AdamW, Optimizer
 from typing_extensions import override
 
-__all__ = ["FusedAdam", "FusedSGD", "FusedUpdate", "SkipRows", "select_fused_update"]
+__all__ = ["FusedAdamUpdate", "FusedSGDUpdate", "FusedUpdate", "SkipRows", "select_fused_update"]
 
 # rows not to update: row indices known on the host, or a [B] bool mask on the device (no host sync)
 SkipRows = Sequence[int] | Tensor
@@ -51,8 +51,6 @@ class FusedUpdate(ABC):
     Args:
         params: the stacked parameters, in the order of each trial's optimizer param group.
     """
-
-    optimizer_classes: ClassVar[tuple[type[Optimizer], ...]]
 
     def __init__(self, params: Sequence[nn.Parameter], group_of: Sequence[int | None] | None = None) -> None:
         self.params = list(params)
@@ -169,10 +167,11 @@ def _row_mask(mask: Tensor, like: Tensor) -> Tensor:
     return mask.view(-1, *([1] * (like.dim() - 1)))
 
 
-class FusedSGD(FusedUpdate):
-    """``torch.optim.SGD`` (momentum, dampening, nesterov, weight decay) for all rows at once."""
+class FusedSGDUpdate(FusedUpdate):
+    """The update of ``torch.optim.SGD`` (momentum, dampening, nesterov, weight decay) for all rows at once.
 
-    optimizer_classes = (SGD,)
+    Not a ``torch.optim.Optimizer``: the group optimizer calls it in place of B trials' SGD optimizers.
+    """
 
     @override
     @torch.no_grad()
@@ -290,10 +289,11 @@ class FusedSGD(FusedUpdate):
             initialized[row] = True
 
 
-class FusedAdam(FusedUpdate):
-    """``torch.optim.Adam`` / ``AdamW`` (L2 or decoupled weight decay, amsgrad) for all rows at once."""
+class FusedAdamUpdate(FusedUpdate):
+    """The update of ``torch.optim.Adam`` / ``AdamW`` (L2 or decoupled weight decay, amsgrad) for all rows at once.
 
-    optimizer_classes = (Adam, AdamW)
+    Not a ``torch.optim.Optimizer``: the group optimizer calls it in place of B trials' Adam or AdamW optimizers.
+    """
 
     def __init__(
         self,
@@ -432,10 +432,10 @@ def select_fused_update(
     if any(s != structures[0] for s in structures[1:]):
         return "the trials' optimizers group their parameters differently"
     if kind is SGD:
-        return FusedSGD(stacked, structures[0])
+        return FusedSGDUpdate(stacked, structures[0])
     groups = [g for opt in optimizers for g in opt.param_groups]
     amsgrad = {bool(g["amsgrad"]) for g in groups}
     decoupled = {bool(g.get("decoupled_weight_decay", kind is AdamW)) for g in groups}
     if len(amsgrad) != 1 or len(decoupled) != 1:
         return "the trials differ in amsgrad or decoupled weight decay"
-    return FusedAdam(stacked, structures[0], amsgrad=amsgrad.pop(), decoupled=decoupled.pop())
+    return FusedAdamUpdate(stacked, structures[0], amsgrad=amsgrad.pop(), decoupled=decoupled.pop())

@@ -9,42 +9,21 @@ Example::
     >>> target = s.build(hidden_dim=256, lr=0.1, ratio=1)                      # full size, same lr
 """
 
-from lightning_hydro.scaling.coord_check import (
-    ActivationSize,
-    CoordCheck,
-    activation_sizes,
-    coord_check,
-    per_model_update,
-    plot_coord_checks,
-)
-from lightning_hydro.scaling.multipliers import DEFAULT_RULES, Multipliers, OptimizerRule
-from lightning_hydro.scaling.rank_fidelity import Interval, rank_fidelity, rank_fidelity_difference
+from lightning_hydro.scaling.coord_check import CoordCheck, coord_check, plot_coord_checks
+from lightning_hydro.scaling.multipliers import Multipliers
+from lightning_hydro.scaling.rank_fidelity import rank_fidelity
 from lightning_hydro.scaling.readout import ReadoutScale
 from lightning_hydro.scaling.surrogate import Surrogate
-from lightning_hydro.scaling.width_scaling import (
-    WidthScaling,
-    configure_scaled_optimizers,
-    fold_multipliers,
-    width_scaling_of,
-)
+from lightning_hydro.scaling.width_scaling import WidthScaling, configure_scaled_optimizers
 
 __all__ = [
-    "DEFAULT_RULES",
-    "ActivationSize",
     "CoordCheck",
-    "Interval",
     "Multipliers",
-    "OptimizerRule",
     "ReadoutScale",
     "Surrogate",
     "WidthScaling",
-    "activation_sizes",
     "configure_scaled_optimizers",
     "coord_check",
-    "fold_multipliers",
-    "per_model_update",
     "plot_coord_checks",
     "rank_fidelity",
-    "rank_fidelity_difference",
-    "width_scaling_of",
 ]

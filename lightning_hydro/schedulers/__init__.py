@@ -1,48 +1,28 @@
-"""Pure decision logic for stopping trials early: no torch, no Lightning.
+"""Pure decision logic for stopping trials early, and the vocabulary of a trial: no torch, no Lightning.
 
-Rules: synchronous successive halving, ASHA (per trial or per batch), Hyperband brackets, a
-HyperSched-style deadline policy, and Fluid-style group sizing. Rung records live in a
-:class:`RungStore`: in memory (a fused group), a SQLite file (processes of one machine) or a database
-server (several machines). Callbacks in :mod:`lightning_hydro.callbacks` apply these decisions in a Trainer.
+Rules: synchronous successive halving, ASHA (per trial or per batch), Hyperband brackets and a HyperSched-style
+deadline policy. Rung records live in a :class:`RungStore`: in memory (a fused group), a SQLite file (processes
+of one machine) or a database server (several machines). A trial's status, record and results
+(:data:`TrialStatus`, :class:`TrialRecord`, :class:`TrialResult`) are shared by the fused module, the callbacks
+in :mod:`lightning_hydro.callbacks` (which apply these decisions in a Trainer) and the sweeper.
+
+The names below are the public API; helpers (cutoffs, bracket arithmetic, store records, group sizing) stay
+importable from their modules.
 """
 
+import warnings
+from typing import Any
+
 from lightning_hydro.schedulers.async_successive_halving import AsyncSuccessiveHalving, TrialReport
-from lightning_hydro.schedulers.budget_accounting import (
-    BudgetSummary,
-    HalvingBudget,
-    successive_halving_budget,
-    summarize_budget,
-)
-from lightning_hydro.schedulers.cutoff import judge_against_quantile, judge_against_top_k
-from lightning_hydro.schedulers.deadline_policy import (
-    DeadlinePlan,
-    DeadlinePolicy,
-    SecondsPerUnit,
-    TrialProgress,
-)
-from lightning_hydro.schedulers.decision import Action, Decision, Reason
-from lightning_hydro.schedulers.group_sizing import (
-    GroupSizePlan,
-    LinearCost,
-    PredictionCheck,
-    check_prediction,
-    plan_group_size,
-)
-from lightning_hydro.schedulers.halving_config import HalvingConfig, Mode, Rounding, TrialId, keep_count
-from lightning_hydro.schedulers.hyperband import (
-    BracketOrder,
-    Hyperband,
-    HyperbandBracket,
-    HyperbandRung,
-    assign_to_brackets,
-    bracket_for_position,
-    hyperband_brackets,
-)
+from lightning_hydro.schedulers.budget_accounting import BudgetSummary, successive_halving_budget, summarize_budget
+from lightning_hydro.schedulers.deadline_policy import DeadlinePolicy, TrialProgress
+from lightning_hydro.schedulers.decision import Decision
+from lightning_hydro.schedulers.group_sizing import LinearCost
+from lightning_hydro.schedulers.halving_config import HalvingConfig, Mode, TrialId
+from lightning_hydro.schedulers.hyperband import HyperbandRule, hyperband_brackets
 from lightning_hydro.schedulers.memory_rung_store import MemoryRungStore
 from lightning_hydro.schedulers.open_store import StoreSpec, open_store
-from lightning_hydro.schedulers.rung_record import RungEntry, RungRecord
 from lightning_hydro.schedulers.rung_store import (
-    AppendResult,
     RungStore,
     RungStoreError,
     StoreOpenError,
@@ -50,52 +30,52 @@ from lightning_hydro.schedulers.rung_store import (
 )
 from lightning_hydro.schedulers.sqlalchemy_rung_store import SqlAlchemyRungStore
 from lightning_hydro.schedulers.sqlite_rung_store import SqliteRungStore
-from lightning_hydro.schedulers.successive_halving import SuccessiveHalving
+from lightning_hydro.schedulers.successive_halving import SuccessiveHalvingRule
+from lightning_hydro.schedulers.trial_record import TimeAttr, TrialRecord, TrialResult, TrialStatus
 
 __all__ = [
-    "Action",
-    "AppendResult",
     "AsyncSuccessiveHalving",
-    "BracketOrder",
     "BudgetSummary",
-    "DeadlinePlan",
     "DeadlinePolicy",
     "Decision",
-    "GroupSizePlan",
-    "HalvingBudget",
     "HalvingConfig",
-    "Hyperband",
-    "HyperbandBracket",
-    "HyperbandRung",
+    "HyperbandRule",
     "LinearCost",
     "MemoryRungStore",
     "Mode",
-    "PredictionCheck",
-    "Reason",
-    "Rounding",
-    "RungEntry",
-    "RungRecord",
     "RungStore",
     "RungStoreError",
-    "SecondsPerUnit",
     "SqlAlchemyRungStore",
     "SqliteRungStore",
     "StoreOpenError",
     "StoreSettingsMismatchError",
     "StoreSpec",
-    "SuccessiveHalving",
+    "SuccessiveHalvingRule",
+    "TimeAttr",
     "TrialId",
     "TrialProgress",
+    "TrialRecord",
     "TrialReport",
-    "assign_to_brackets",
-    "bracket_for_position",
-    "check_prediction",
+    "TrialResult",
+    "TrialStatus",
     "hyperband_brackets",
-    "judge_against_quantile",
-    "judge_against_top_k",
-    "keep_count",
     "open_store",
-    "plan_group_size",
     "successive_halving_budget",
     "summarize_budget",
 ]
+
+# Old names, kept for one release: the rules shared their names with the callbacks of lightning_hydro.callbacks.
+_RENAMED = {"SuccessiveHalving": "SuccessiveHalvingRule", "Hyperband": "HyperbandRule"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RENAMED:
+        new = _RENAMED[name]
+        warnings.warn(
+            f"lightning_hydro.schedulers.{name} is renamed {new} (lightning_hydro.callbacks.{name} is the callback); "
+            f"import {new} instead. The old name will be removed in the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return globals()[new]
+    raise AttributeError(f"module 'lightning_hydro.schedulers' has no attribute {name!r}")

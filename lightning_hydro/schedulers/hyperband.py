@@ -64,7 +64,7 @@ def hyperband_brackets(config: HalvingConfig, *, rounding: Rounding = "ceil") ->
     ``r`` up. Budgets are anchored on the milestones ``grace_period * eta**k``: when ``max_t`` is not one
     of them, the top rung is the last milestone below it and the survivors then train on to ``max_t``.
     ``n_i`` follows ``rounding``: ``"floor"`` gives the paper's ``floor(n / eta**i)``; the default
-    ``"ceil"`` is what :class:`Hyperband`'s ASHA brackets keep when a bracket's trials report together.
+    ``"ceil"`` is what :class:`HyperbandRule`'s ASHA brackets keep when a bracket's trials report together.
 
     Example::
 
@@ -149,7 +149,7 @@ def assign_to_brackets(
     return assigned
 
 
-class Hyperband:
+class HyperbandRule:
     """Hyperband with asynchronous brackets: each trial joins a bracket, where ASHA judges it.
 
     Each bracket is an :class:`AsyncSuccessiveHalving` over its own rungs (``bracket=s`` in the shared
@@ -163,7 +163,7 @@ class Hyperband:
 
     Example::
 
-        >>> hyperband = Hyperband(HalvingConfig("max", 1, 3, 9), order="interleaved")
+        >>> hyperband = HyperbandRule(HalvingConfig("max", 1, 3, 9), order="interleaved")
         >>> [hyperband.add_trial(trial).s for trial in ("a", "b", "c", "d")]
         [2, 1, 2, 0]
         >>> hyperband.report("b", budget=3, value=0.7).reason       # bracket 1 starts at budget 3
@@ -206,10 +206,10 @@ class Hyperband:
         Raises:
             ValueError: If the trial was already added.
         """
-        trial_id = check_trial_id(trial_id, where="Hyperband.add_trial")
+        trial_id = check_trial_id(trial_id, where="HyperbandRule.add_trial")
         if trial_id in self._assignments:
             raise ValueError(
-                f"Hyperband.add_trial: trial {trial_id!r} is already in bracket "
+                f"HyperbandRule.add_trial: trial {trial_id!r} is already in bracket "
                 f"{self._assignments[trial_id]}. "
                 "Add each trial once; give a refilled slot's new trial a new id."
             )
@@ -253,7 +253,7 @@ class Hyperband:
         """
         if dict(state["config"]) != self.config.to_dict() or state["order"] != self.order:
             raise ValueError(
-                f"Hyperband.load_state_dict: the checkpoint was made with {dict(state['config'])} and "
+                f"HyperbandRule.load_state_dict: the checkpoint was made with {dict(state['config'])} and "
                 f"order={state['order']!r}, but this scheduler has {self.config.to_dict()} and "
                 f"order={self.order!r}. Resume with the settings the run started with."
             )
@@ -265,7 +265,7 @@ class Hyperband:
     def _assignment(self, trial_id: TrialId, *, where: str) -> int:
         if trial_id not in self._assignments:
             raise ValueError(
-                f"Hyperband.{where}: trial {trial_id!r} has no bracket. Call add_trial({trial_id!r}) "
+                f"HyperbandRule.{where}: trial {trial_id!r} has no bracket. Call add_trial({trial_id!r}) "
                 "when the trial starts."
             )
         return self._assignments[trial_id]

@@ -21,7 +21,7 @@ from lightning_hydro.schedulers.memory_rung_store import MemoryRungStore
 from lightning_hydro.schedulers.rung_record import RungEntry, RungRecord
 
 
-class SuccessiveHalving:
+class SuccessiveHalvingRule:
     """Synchronous successive halving (Jamieson and Talwalkar 2016) over one cohort of trials.
 
     All live trials of the cohort report at the same budget (a fused group trains them in lockstep).
@@ -43,7 +43,7 @@ class SuccessiveHalving:
 
     Example::
 
-        >>> halving = SuccessiveHalving(HalvingConfig("min", grace_period=1, reduction_factor=3, max_t=9))
+        >>> halving = SuccessiveHalvingRule(HalvingConfig("min", grace_period=1, reduction_factor=3, max_t=9))
         >>> losses = {trial: 0.1 * trial for trial in range(9)}
         >>> decisions = halving.report_rung(losses, budget=1)
         >>> [trial for trial, decision in decisions.items() if decision.action == "continue"]
@@ -76,7 +76,7 @@ class SuccessiveHalving:
         Raises:
             ValueError: If a reported trial is not alive in the cohort.
         """
-        where = "SuccessiveHalving.report_rung"
+        where = "SuccessiveHalvingRule.report_rung"
         budget = check_budget(budget, where=where)
         for trial in values:
             check_trial_id(trial, where=where)
@@ -120,7 +120,7 @@ class SuccessiveHalving:
         """
         if dict(state["config"]) != self.config.to_dict() or state["rounding"] != self.rounding:
             raise ValueError(
-                "SuccessiveHalving.load_state_dict: the checkpoint was made with "
+                "SuccessiveHalvingRule.load_state_dict: the checkpoint was made with "
                 f"{dict(state['config'])} and "
                 f"rounding={state['rounding']!r}, but this scheduler has {self.config.to_dict()} and "
                 f"rounding={self.rounding!r}. Resume with the settings the run started with."

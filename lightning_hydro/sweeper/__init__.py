@@ -7,8 +7,9 @@ everything else here runs in the sweeper: search spaces, samplers, trial groups,
 results and plots.
 """
 
+from lightning_hydro.schedulers import TrialResult
 from lightning_hydro.sweeper.fit_from_config import apply_overrides, fit_from_config
-from lightning_hydro.sweeper.fit_trials import TrainerFactory, TrialResult, fit_trials
+from lightning_hydro.sweeper.fit_trials import TrainerFactory, fit_trials
 from lightning_hydro.sweeper.fusion_limit import FusionProbe, fusion_limit_from_probe, measure_fusion_limit
 from lightning_hydro.sweeper.json_files import CorruptStateFile
 from lightning_hydro.sweeper.metric_history import MetricHistory

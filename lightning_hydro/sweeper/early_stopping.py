@@ -25,19 +25,20 @@ SWEEP_TRIAL_PREFIX = "sweep"
 """Every group's callback names its trials ``"sweep/<trial_id>"`` in the shared store: sweep ids are unique."""
 
 # Schedulers whose callback takes new trials into freed slots (synchronous successive halving cannot).
-REFILLING = ("asha", "hyperband", "hypersched")
+REFILLING = ("asha", "hyperband", "deadline", "hypersched")
 
 
 def build_stopping_callback(
     spec: EarlyStoppingSpec, *, max_t: int, refill: RefillSpec | None = None, storage: RungStore | None = None
 ) -> L.Callback:
-    """The callback for ``spec.name`` (``asha``, ``successive_halving``, ``hyperband`` or ``hypersched``).
+    """The callback for ``spec.name`` (``asha``, ``successive_halving``, ``hyperband`` or ``deadline``).
 
-    ``spec.options`` go to the callback as keyword arguments (``hypersched`` needs ``deadline``, in seconds).
+    ``spec.options`` go to the callback as keyword arguments (``deadline`` needs ``deadline``, in seconds).
+    ``hypersched``, the old name of ``deadline``, is still read from group specs written by earlier sweeps.
     ``storage``: the sweep's shared rung store; its trials are then named ``"sweep/<trial_id>"`` there.
 
     Raises:
-        ValueError: an unknown scheduler, a reduction factor that is not a whole number, ``hypersched``
+        ValueError: an unknown scheduler, a reduction factor that is not a whole number, ``deadline``
             without a deadline.
     """
     from lightning_hydro.callbacks import ASHA, Deadline, Hyperband, SuccessiveHalving
@@ -46,6 +47,7 @@ def build_stopping_callback(
         "asha": ASHA,
         "successive_halving": SuccessiveHalving,
         "hyperband": Hyperband,
+        "deadline": Deadline,
         "hypersched": Deadline,
     }
     if spec.name not in classes:
@@ -58,9 +60,9 @@ def build_stopping_callback(
             f"hydra.sweeper.scheduler.reduction_factor must be a whole number (budgets are whole epochs), got "
             f"{spec.reduction_factor}. Fix: e.g. hydra.sweeper.scheduler.reduction_factor=3."
         )
-    if spec.name == "hypersched" and "deadline" not in spec.options:
+    if classes[spec.name] is Deadline and "deadline" not in spec.options:
         raise ValueError(
-            "hydra.sweeper.scheduler.name=hypersched needs a deadline in seconds. Fix: "
+            f"hydra.sweeper.scheduler.name={spec.name} needs a deadline in seconds. Fix: "
             "+hydra.sweeper.scheduler.options.deadline=600."
         )
     kwargs: dict[str, Any] = dict(

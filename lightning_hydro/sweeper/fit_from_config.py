@@ -28,6 +28,7 @@ import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from lightning_hydro.schedulers import TrialResult
 from lightning_hydro.sweeper.app_config import (
     CALLBACKS_KEY,
     DATA_KEY,
@@ -39,7 +40,7 @@ from lightning_hydro.sweeper.app_config import (
     TRAINER_KEY,
 )
 from lightning_hydro.sweeper.backend_cache import BACKEND_FILE, BackendCache
-from lightning_hydro.sweeper.fit_trials import FusedSettings, TrialResult, fit_trials
+from lightning_hydro.sweeper.fit_trials import FusedSettings, fit_trials
 from lightning_hydro.sweeper.fusion_limit import measure_fusion_limit
 from lightning_hydro.sweeper.group_model import restore_model_node
 from lightning_hydro.sweeper.group_search import GroupSearch

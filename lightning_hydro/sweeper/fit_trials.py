@@ -20,13 +20,14 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NotRequired, Protocol, TypedDict
+from typing import Any, Protocol
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from lightning_hydro.schedulers import TrialResult, TrialStatus
 from lightning_hydro.sweeper.backend_cache import BackendCache, model_signature
 from lightning_hydro.sweeper.early_stopping import REFILLING, build_stopping_callback
 from lightning_hydro.sweeper.group_search import GroupSearch, group_stopping
@@ -34,11 +35,10 @@ from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec
 from lightning_hydro.sweeper.json_files import read_json_or_redo, write_json_atomic
 from lightning_hydro.sweeper.metric_history import MetricHistory, scalar_metrics
 
-__all__ = ["FusedSettings", "TrainerFactory", "TrialResult", "TrialStatus", "fit_trials", "trial_dir"]
+__all__ = ["FusedSettings", "TrainerFactory", "fit_trials", "trial_dir"]
 
 log = logging.getLogger(__name__)
 
-TrialStatus = Literal["completed", "stopped", "diverged", "running", "failed"]
 TRIAL_RESULT_FILE = "trial_result.json"
 ROUND_RESULT_FILE = "group_fit.json"
 _REDO = "its trials train again (from their last checkpoint, if it is readable)"
@@ -63,28 +63,6 @@ class FusedSettings:
     deterministic: bool = False
     compile: bool | str = False
     pad_widths: bool = False
-
-
-class TrialResult(TypedDict):
-    """One trial's outcome (the format of the fused core's ``fused.results[trial_id]``, plus history).
-
-    Attributes:
-        status: ``completed`` (trained to the end), ``stopped`` (early stopping), ``diverged``
-            (non-finite loss), ``running`` (interrupted) or ``failed`` (its module could not be built).
-        budget: epochs trained.
-        metrics: the latest value of each scalar metric the trial logged.
-        history: one dict per epoch: ``epoch`` and each metric (the learning curve).
-        backend: the backend the trial's fused group ran on (``backend=`` pins it in a rerun); ``""``
-            for an unfused run; absent for a trial that failed before training.
-        error: why a ``failed`` trial failed (the exception's type and message).
-    """
-
-    status: TrialStatus
-    budget: int
-    metrics: dict[str, float]
-    history: list[dict[str, float]]
-    backend: NotRequired[str]
-    error: NotRequired[str]
 
 
 class TrainerFactory(Protocol):
@@ -236,7 +214,12 @@ def _fit_fused(
     trainer.fit(fused, datamodule=datamodule, ckpt_path=checkpoint)
     results = {
         tid: TrialResult(
-            status=r["status"], budget=r["budget"], metrics=r["metrics"], history=r["history"], backend=r["backend"]
+            status=r["status"],
+            budget=r["budget"],
+            budget_unit=r.get("budget_unit", "epochs"),
+            metrics=r["metrics"],
+            history=r["history"],
+            backend=r.get("backend", ""),
         )
         for tid, r in fused.results.items()
     }
@@ -293,6 +276,7 @@ def _fit_one(
     result = TrialResult(
         status=_status(trainer, guard),
         budget=int(trainer.current_epoch),
+        budget_unit="epochs",
         metrics=metrics,
         history=history.of(trial_id),
         backend="",

@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -26,20 +27,33 @@ from lightning_hydro.sweeper.study_channel import is_learning_sampler
 
 __all__ = ["SCHEDULERS", "ProbeSettings", "RetrainSettings", "SchedulerSettings", "SweepSettings"]
 
-SCHEDULERS = ("none", "asha", "successive_halving", "hyperband", "hypersched")
+SCHEDULERS = ("none", "asha", "successive_halving", "hyperband", "deadline")
+# Old names of hydra.sweeper.scheduler settings, accepted for one release with a DeprecationWarning.
+_RENAMED_SETTINGS = {"min_budget": "grace_period", "max_budget": "max_t"}
+_RENAMED_SCHEDULERS = {"hypersched": "deadline"}
 _P = "lightning_hydro sweeper"
 
 
 @dataclass(frozen=True)
 class SchedulerSettings:
-    """``hydra.sweeper.scheduler``: early stopping inside each group."""
+    """``hydra.sweeper.scheduler``: early stopping inside each group (named as the callbacks name it)."""
 
     name: str = "none"
     reduction_factor: float = 3.0
-    min_budget: int = 1
-    max_budget: int | None = None
+    grace_period: int = 1
+    max_t: int | None = None
     refill: bool = True
     options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def min_budget(self) -> int:
+        """The group spec's name of :attr:`grace_period` (``EarlyStoppingSpec.min_budget``)."""
+        return self.grace_period
+
+    @property
+    def max_budget(self) -> int | None:
+        """The group spec's name of :attr:`max_t` (``EarlyStoppingSpec.max_budget``)."""
+        return self.max_t
 
 
 @dataclass(frozen=True)
@@ -243,6 +257,33 @@ def _flatten(tree: Mapping[str, Any], prefix: str) -> dict[str, Any]:
 
 
 def _scheduler(raw: dict[str, Any]) -> SchedulerSettings:
+    raw = dict(raw)
+    for old, new in _RENAMED_SETTINGS.items():
+        value = raw.pop(old, None)
+        if value is None:
+            continue
+        warnings.warn(
+            f"{_P}: hydra.sweeper.scheduler.{old} is renamed {new} (the callbacks' name); use "
+            f"hydra.sweeper.scheduler.{new}={value}. The old name will be removed in the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        default = SchedulerSettings.__dataclass_fields__[new].default
+        if raw.get(new, default) not in (default, value):
+            raise ValueError(
+                f"{_P}: hydra.sweeper.scheduler.{old}={value} and {new}={raw[new]} disagree; {old} is the old name "
+                f"of {new}. Fix: set only hydra.sweeper.scheduler.{new}."
+            )
+        raw[new] = value
+    name = raw.get("name")
+    if name in _RENAMED_SCHEDULERS:
+        raw["name"] = _RENAMED_SCHEDULERS[name]
+        warnings.warn(
+            f"{_P}: hydra.sweeper.scheduler.name={name} is renamed {raw['name']} (the Deadline callback); use "
+            f"hydra.sweeper.scheduler.name={raw['name']}. The old name will be removed in the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     settings = SchedulerSettings(**raw)
     if settings.name not in SCHEDULERS:
         raise ValueError(
@@ -255,12 +296,15 @@ def _scheduler(raw: dict[str, Any]) -> SchedulerSettings:
             f"of its trials), got {settings.reduction_factor}. Fix: e.g. "
             "hydra.sweeper.scheduler.reduction_factor=3."
         )
-    if settings.min_budget < 1:
-        raise ValueError(f"{_P}: hydra.sweeper.scheduler.min_budget must be >= 1 epoch, got {settings.min_budget}.")
-    if settings.max_budget is not None and settings.max_budget < settings.min_budget:
+    if settings.grace_period < 1:
         raise ValueError(
-            f"{_P}: hydra.sweeper.scheduler.max_budget ({settings.max_budget}) must be >= min_budget "
-            f"({settings.min_budget}), or null to use trainer.max_epochs."
+            f"{_P}: hydra.sweeper.scheduler.grace_period must be >= 1 epoch, got {settings.grace_period}. Fix: e.g. "
+            "hydra.sweeper.scheduler.grace_period=1."
+        )
+    if settings.max_t is not None and settings.max_t < settings.grace_period:
+        raise ValueError(
+            f"{_P}: hydra.sweeper.scheduler.max_t ({settings.max_t}) must be >= grace_period "
+            f"({settings.grace_period}), or null to use trainer.max_epochs."
         )
     return settings
 

@@ -31,8 +31,6 @@ from lightning_hydro.sweeper.group_spec import GroupSpec, read_group_result, wri
 
 __all__ = ["GroupResultWriter", "SweepGroupModule"]
 
-_RESULT_KEYS = ("status", "budget", "metrics", "history")
-
 
 class SweepGroupModule(FusedLightningModule):
     """A :class:`~lightning_hydro.FusedLightningModule` that records its sweep group's results itself.
@@ -86,7 +84,7 @@ class SweepGroupModule(FusedLightningModule):
                 f"lightning_hydro sweeper: group {spec.group_id} has {len(ids)} trials for {spec.slots} slots, "
                 f"and scheduler {stopping!r} does not start waiting trials in freed slots; one trainer.fit of "
                 "your task function cannot train them in rounds. Fix: hydra.sweeper.scheduler.refill=false "
-                "(groups of at most fusion_limit trials), or a refilling scheduler (asha, hyperband, hypersched)."
+                "(groups of at most fusion_limit trials), or a refilling scheduler (asha, hyperband, deadline)."
             )
         first = ids[: spec.slots]
         modules = [build_trial(t) for t in first]
@@ -164,7 +162,15 @@ class GroupResultWriter(Callback):
             if search is not None:  # trials the job asked of the sweep's sampler: seeded as the sweeper seeds
                 seeds.update({tid: search.seed(tid) for tid in results if tid not in seeds})
             trials = {
-                str(tid): {**{k: r[k] for k in _RESULT_KEYS}, "seed": seeds.get(tid)} for tid, r in results.items()
+                str(tid): {
+                    "status": r["status"],
+                    "budget": r["budget"],
+                    "budget_unit": r.get("budget_unit", "epochs"),
+                    "metrics": r["metrics"],
+                    "history": r["history"],
+                    "seed": seeds.get(tid),
+                }
+                for tid, r in results.items()
             }
         elif previous is not None:
             # test/validate after fit (perhaps from a checkpoint, whose records are older): keep what fit

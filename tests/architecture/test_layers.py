@@ -19,7 +19,7 @@ ALLOWED = {
     "demos": set(),
     "backends": {"stacking"},
     "optim": {"stacking"},
-    "fused": {"stacking", "backends", "optim", "scaling"},
+    "fused": {"stacking", "backends", "optim", "scaling", "schedulers"},
     "callbacks": {"stacking", "backends", "optim", "scaling", "fused", "schedulers"},
     "sweeper": {"stacking", "backends", "optim", "scaling", "fused", "schedulers", "callbacks", "demos"},
 }

@@ -62,3 +62,14 @@ def test_epoch_values_from_hooks_and_empty_means():
     out = metrics.finish_epoch("validate")
     assert out[4]["custom"] == 0.25
     assert math.isnan(out[4]["m"])
+
+
+def test_the_epoch_so_far_is_read_without_ending_the_epoch():
+    metrics = TrialMetrics()
+    options = MetricOptions(on_step=False, on_epoch=True)
+    metrics.record("train", "loss", torch.tensor([1.0, 3.0]), options, trial_ids=[0, 1], batch_size=2)
+    assert metrics.epoch_so_far("train") == {0: {"loss": 1.0}, 1: {"loss": 3.0}}
+    metrics.record("train", "loss", torch.tensor([3.0, 5.0]), options, trial_ids=[0, 1], batch_size=2)
+    assert metrics.epoch_so_far("train") == {0: {"loss": 2.0}, 1: {"loss": 4.0}}
+    assert metrics.finish_epoch("train") == {0: {"loss": 2.0}, 1: {"loss": 4.0}}
+    assert metrics.epoch_so_far("train") == {}

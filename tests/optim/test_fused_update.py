@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_hydro.optim import FusedAdam, FusedSGD, select_fused_update
+from lightning_hydro.optim.fused_update import FusedAdamUpdate, FusedSGDUpdate, select_fused_update
 
 ROWS = 4
 
@@ -77,7 +77,7 @@ def test_rows_match_separate_torch_optimizers(kind, settings):
 
 def test_amsgrad_matches():
     fused, stacked, trials, _ = run("adam", ADAM_SETTINGS, steps=6, amsgrad=True)
-    assert isinstance(fused, FusedAdam)
+    assert isinstance(fused, FusedAdamUpdate)
     assert fused.amsgrad
     for row, params in enumerate(trials):
         torch.testing.assert_close(stacked[0].detach()[row], params[0].detach(), rtol=1e-6, atol=1e-7)
@@ -103,7 +103,7 @@ def test_state_round_trips_through_torchs_format(kind, settings):
             assert mine.keys() == {k for k in theirs if theirs[k] is not None}
             for key in mine:
                 torch.testing.assert_close(mine[key].float(), theirs[key].float(), rtol=1e-6, atol=1e-7)
-    clone = type(fused)(stacked) if kind == "sgd" else FusedAdam(stacked)
+    clone = type(fused)(stacked) if kind == "sgd" else FusedAdamUpdate(stacked)
     for row in range(ROWS):
         clone.import_row(row, fused.export_row(row))
     for row in range(ROWS):
@@ -113,7 +113,7 @@ def test_state_round_trips_through_torchs_format(kind, settings):
 
 def test_momentum_zero_rows_keep_no_buffer():
     fused, _, _, _optimizers = run("sgd", SGD_SETTINGS, steps=2)
-    assert isinstance(fused, FusedSGD)
+    assert isinstance(fused, FusedSGDUpdate)
     assert fused.export_row(1) == [{}, {}]  # momentum 0: torch keeps no buffer either
     assert "momentum_buffer" in fused.export_row(0)[0]
 
@@ -146,7 +146,7 @@ def test_several_param_groups_with_per_group_hyperparameters():
         for r, t in enumerate(trials)
     ]
     fused = select_fused_update(optimizers, trials, stacked)
-    assert isinstance(fused, FusedSGD)
+    assert isinstance(fused, FusedSGDUpdate)
     assert fused.group_of == [0, 1]
     for step in range(3):
         g = torch.Generator().manual_seed(step)
@@ -167,7 +167,7 @@ def test_parameters_outside_every_group_are_not_updated():
     stacked, trials = make_stacked()
     optimizers = [torch.optim.Adam(t[:1], lr=0.1) for t in trials]  # the bias-like parameter is frozen
     fused = select_fused_update(optimizers, trials, stacked)
-    assert isinstance(fused, FusedAdam)
+    assert isinstance(fused, FusedAdamUpdate)
     before = stacked[1].detach().clone()
     for p in stacked:
         p.grad = torch.ones_like(p)

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_hydro.optim import OptimizerConfigError, parse_optimizer_config
+from lightning_hydro.optim import OptimizerConfigError
+from lightning_hydro.optim.trial_optimization import parse_optimizer_config
 
 model = nn.Linear(3, 2)
 

@@ -3,7 +3,8 @@ import torch
 import torch.nn.functional as F
 
 from lightning_hydro.demos.digits import DigitsMLP, load_digits_tensors
-from lightning_hydro.scaling import Surrogate, activation_sizes, coord_check, plot_coord_checks
+from lightning_hydro.scaling import Surrogate, coord_check, plot_coord_checks
+from lightning_hydro.scaling.coord_check import activation_sizes
 
 from .stacking import StackedTrials
 

@@ -9,7 +9,8 @@ import pytest
 
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsMLP
-from lightning_hydro.scaling import Surrogate, width_scaling_of
+from lightning_hydro.scaling import Surrogate
+from lightning_hydro.scaling.width_scaling import width_scaling_of
 from tests.helpers import fit_digits, make_trainer, max_state_difference, seeded, train_fused, train_separately
 
 

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_hydro.demos.digits import DigitsMLP
-from lightning_hydro.scaling import ReadoutScale, Surrogate, fold_multipliers
+from lightning_hydro.scaling import ReadoutScale, Surrogate
+from lightning_hydro.scaling.width_scaling import fold_multipliers
 
 from .stacking import StackedTrials, vmapped_forward
 

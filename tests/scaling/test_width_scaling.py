@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from lightning_hydro.demos.digits import DigitsDataModule, DigitsMLP
-from lightning_hydro.scaling import Surrogate, WidthScaling, fold_multipliers, width_scaling_of
+from lightning_hydro.scaling import Surrogate, WidthScaling
 from lightning_hydro.scaling.multipliers import Multipliers
+from lightning_hydro.scaling.width_scaling import fold_multipliers, width_scaling_of
 
 
 def build(**hp) -> DigitsMLP:

@@ -14,7 +14,7 @@ from lightning_hydro.schedulers import (
     MemoryRungStore,
     SqliteRungStore,
     StoreSettingsMismatchError,
-    SuccessiveHalving,
+    SuccessiveHalvingRule,
     TrialId,
 )
 
@@ -182,7 +182,7 @@ finite_or_diverged = st.one_of(
 def test_a_batch_on_an_empty_rung_decides_like_synchronous_halving(values: list[float], eta: int, mode: str) -> None:
     config = HalvingConfig(mode, 1, eta, eta**3)  # type: ignore[arg-type]
     cohort = dict(enumerate(values))
-    synchronous = SuccessiveHalving(config).report_rung(cohort, budget=1)
+    synchronous = SuccessiveHalvingRule(config).report_rung(cohort, budget=1)
     batch = AsyncSuccessiveHalving(config).report_batch([(t, 1, v) for t, v in cohort.items()])
     assert [d.action for d in batch] == [synchronous[t].action for t in cohort]
     assert [d.reason for d in batch] == [synchronous[t].reason for t in cohort]
@@ -195,7 +195,7 @@ def test_a_fused_group_reporting_in_batches_equals_synchronous_halving_at_every_
 ) -> None:
     config = HalvingConfig("max", 1, eta, eta**2 + 1)
     generator = random.Random(seed)
-    synchronous, asha = SuccessiveHalving(config), AsyncSuccessiveHalving(config)
+    synchronous, asha = SuccessiveHalvingRule(config), AsyncSuccessiveHalving(config)
     alive: list[TrialId] = list(range(n_trials))
     for budget in range(1, config.max_t + 1):
         values = {t: float(generator.randint(0, 5)) for t in alive}  # small range: many ties

@@ -5,15 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_hydro.schedulers import (
-    BracketOrder,
-    HalvingConfig,
-    Hyperband,
-    SuccessiveHalving,
-    assign_to_brackets,
-    bracket_for_position,
-    hyperband_brackets,
-)
+from lightning_hydro.schedulers import HalvingConfig, HyperbandRule, SuccessiveHalvingRule, hyperband_brackets
+from lightning_hydro.schedulers.hyperband import BracketOrder, assign_to_brackets, bracket_for_position
 
 R81 = HalvingConfig("max", grace_period=1, reduction_factor=3, max_t=81)
 
@@ -67,15 +60,15 @@ def test_sequential_and_interleaved_dealing_give_each_bracket_its_n_per_iteratio
 
 def test_order_is_checked() -> None:
     with pytest.raises(ValueError, match=r"order must be 'sequential' or 'interleaved', got 'random'"):
-        Hyperband(R81, order="random")  # type: ignore[arg-type]
+        HyperbandRule(R81, order="random")  # type: ignore[arg-type]
 
 
 def test_trials_must_be_added_once_before_they_report() -> None:
-    hyperband = Hyperband(R81)
+    hyperband = HyperbandRule(R81)
     hyperband.add_trial("a")
     with pytest.raises(ValueError, match=r"trial 'a' is already in bracket 4\. Add each trial once"):
         hyperband.add_trial("a")
-    with pytest.raises(ValueError, match=r"Hyperband.report: trial 'b' has no bracket\. Call add_trial\('b'\)"):
+    with pytest.raises(ValueError, match=r"HyperbandRule.report: trial 'b' has no bracket\. Call add_trial\('b'\)"):
         hyperband.report("b", 1, 0.5)
     assert hyperband.add_trial("b", position=81).s == 3  # a process passes its job number
     assert hyperband.assignments == {"a": 4, "b": 3}
@@ -83,18 +76,18 @@ def test_trials_must_be_added_once_before_they_report() -> None:
 
 def test_a_bracket_reporting_together_runs_synchronous_halving() -> None:
     config = HalvingConfig("max", 1, 3, 9)
-    hyperband = Hyperband(config)
+    hyperband = HyperbandRule(config)
     trials = [f"t{i}" for i in range(9)]
     for trial in trials:
         assert hyperband.add_trial(trial).s == 2
     values = {t: random.Random(t).random() for t in trials}
-    expected = SuccessiveHalving(config).report_rung(values, 1)
+    expected = SuccessiveHalvingRule(config).report_rung(values, 1)
     decisions = hyperband.report_batch([(t, 1, v) for t, v in values.items()])
     assert [d.action for d in decisions] == [expected[t].action for t in trials]
 
 
 def test_report_batch_spans_brackets_and_keeps_input_order(tmp_path: Path) -> None:
-    hyperband = Hyperband(HalvingConfig("min", 1, 3, 9), tmp_path / "hb.db", order="interleaved")
+    hyperband = HyperbandRule(HalvingConfig("min", 1, 3, 9), tmp_path / "hb.db", order="interleaved")
     for trial in "abcd":
         hyperband.add_trial(trial)  # brackets 2, 1, 2, 0
     decisions = hyperband.report_batch([("a", 3, 1.0), ("b", 3, 2.0), ("c", 1, 3.0), ("d", 3, 4.0)])
@@ -107,7 +100,7 @@ def test_resume_from_state_dict_gives_the_uninterrupted_decisions() -> None:
     generator = random.Random(7)
     events = [(f"t{i}", budget, generator.random()) for budget in (1, 3, 9) for i in range(17)]
 
-    def run(hyperband: Hyperband, events: list[tuple[str, int, float]]) -> list[str]:
+    def run(hyperband: HyperbandRule, events: list[tuple[str, int, float]]) -> list[str]:
         actions: list[str] = []
         for trial, budget, value in events:
             if trial not in hyperband.assignments:
@@ -115,18 +108,18 @@ def test_resume_from_state_dict_gives_the_uninterrupted_decisions() -> None:
             actions.append(hyperband.report(trial, budget, value).action)
         return actions
 
-    uninterrupted = run(Hyperband(config), events)
-    first = Hyperband(config)
+    uninterrupted = run(HyperbandRule(config), events)
+    first = HyperbandRule(config)
     head = run(first, events[:20])
-    resumed = Hyperband(config)
+    resumed = HyperbandRule(config)
     resumed.load_state_dict(copy.deepcopy(first.state_dict()))
     assert resumed.assignments == first.assignments
     assert head + run(resumed, events[20:]) == uninterrupted
 
 
 def test_load_state_dict_rejects_other_settings() -> None:
-    state = Hyperband(R81).state_dict()
+    state = HyperbandRule(R81).state_dict()
     with pytest.raises(
-        ValueError, match=r"Hyperband.load_state_dict: the checkpoint was made with .*order='sequential'"
+        ValueError, match=r"HyperbandRule.load_state_dict: the checkpoint was made with .*order='sequential'"
     ):
-        Hyperband(R81, order="interleaved").load_state_dict(state)
+        HyperbandRule(R81, order="interleaved").load_state_dict(state)

@@ -36,3 +36,26 @@ def test_importing_needs_no_torch_lightning_or_sqlalchemy() -> None:
     )
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert output.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("old", "new"), [("SuccessiveHalving", "SuccessiveHalvingRule"), ("Hyperband", "HyperbandRule")]
+)
+def test_old_rule_names_still_work_with_a_deprecation_warning(old: str, new: str) -> None:
+    with pytest.warns(DeprecationWarning, match=rf"lightning_hydro.schedulers.{old} is renamed {new} .*import {new}"):
+        rule = getattr(schedulers, old)
+    assert rule is getattr(schedulers, new)
+    missing = "Hyperbands"
+    with pytest.raises(AttributeError, match=r"has no attribute 'Hyperbands'"):
+        getattr(schedulers, missing)
+
+
+def test_the_trial_vocabulary_is_one_set_of_names() -> None:
+    trial_outcome = importlib.import_module("lightning_hydro.callbacks.trial_outcome")
+    fused_module = importlib.import_module("lightning_hydro.fused.fused_module")
+    fit_trials = importlib.import_module("lightning_hydro.sweeper.fit_trials")
+
+    assert fused_module.TrialStatus is schedulers.TrialStatus
+    assert trial_outcome.TrialStatus is schedulers.TrialStatus
+    assert fit_trials.TrialStatus is schedulers.TrialStatus
+    assert fit_trials.TrialResult is schedulers.TrialResult

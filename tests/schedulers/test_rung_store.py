@@ -7,13 +7,13 @@ import pytest
 
 from lightning_hydro.schedulers import (
     MemoryRungStore,
-    RungEntry,
     RungStore,
     SqlAlchemyRungStore,
     SqliteRungStore,
     StoreOpenError,
     StoreSettingsMismatchError,
 )
+from lightning_hydro.schedulers.rung_record import RungEntry
 
 pytest.importorskip("sqlalchemy")
 

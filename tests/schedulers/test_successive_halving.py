@@ -5,20 +5,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_hydro.schedulers import (
-    Action,
-    HalvingConfig,
-    SuccessiveHalving,
-    TrialId,
-    keep_count,
-    summarize_budget,
-)
+from lightning_hydro.schedulers import HalvingConfig, SuccessiveHalvingRule, TrialId, summarize_budget
+from lightning_hydro.schedulers.decision import Action
+from lightning_hydro.schedulers.halving_config import keep_count
 
 CONFIG = HalvingConfig("min", grace_period=1, reduction_factor=3, max_t=9)
 
 
 def test_27_trials_hand_computed() -> None:
-    halving = SuccessiveHalving(CONFIG)
+    halving = SuccessiveHalvingRule(CONFIG)
     used: dict[int, int] = {}
     at_rung_1 = halving.report_rung({trial: float(trial) for trial in range(27)}, budget=1)
     assert [t for t, d in at_rung_1.items() if d.action == "continue"] == list(range(9))
@@ -40,7 +35,7 @@ def test_27_trials_hand_computed() -> None:
 
 
 def test_top_rung_below_max_t_cuts_then_survivors_complete() -> None:
-    halving = SuccessiveHalving(HalvingConfig("max", 1, 2, 5))  # milestones 1, 2, 4
+    halving = SuccessiveHalvingRule(HalvingConfig("max", 1, 2, 5))  # milestones 1, 2, 4
     halving.report_rung({"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}, budget=1)
     assert halving.report_rung({"c": 1.0, "d": 2.0}, budget=2)["d"].action == "continue"
     assert halving.report_rung({"d": 0.5}, budget=4)["d"].reason == "at_or_above_cutoff"
@@ -49,31 +44,31 @@ def test_top_rung_below_max_t_cuts_then_survivors_complete() -> None:
 
 
 def test_ties_at_the_boundary_are_all_kept() -> None:
-    decisions = SuccessiveHalving(CONFIG).report_rung({"a": 1.0, "b": 2.0, "c": 2.0, "d": 2.0, "e": 5.0}, budget=1)
+    decisions = SuccessiveHalvingRule(CONFIG).report_rung({"a": 1.0, "b": 2.0, "c": 2.0, "d": 2.0, "e": 5.0}, budget=1)
     assert [t for t, d in decisions.items() if d.action == "continue"] == ["a", "b", "c", "d"]
 
 
 def test_diverged_trials_count_in_n_but_are_never_kept() -> None:
     values = {0: math.nan, 1: math.inf, 2: 3.0, 3: math.nan}
-    decisions = SuccessiveHalving(CONFIG).report_rung(values, budget=1)  # keep ceil(4/3) = 2
+    decisions = SuccessiveHalvingRule(CONFIG).report_rung(values, budget=1)  # keep ceil(4/3) = 2
     assert {t: d.reason for t, d in decisions.items()} == {
         0: "diverged", 1: "diverged", 2: "at_or_above_cutoff", 3: "diverged",
     }  # fmt: skip
 
 
 def test_a_diverged_value_between_rungs_stops_the_trial() -> None:
-    halving = SuccessiveHalving(CONFIG)
+    halving = SuccessiveHalvingRule(CONFIG)
     halving.report_rung({"a": 1.0, "b": 2.0}, budget=1)
     assert halving.report_rung({"a": math.nan}, budget=2)["a"].reason == "diverged"
 
 
 def test_floor_rounding() -> None:
-    decisions = SuccessiveHalving(CONFIG, rounding="floor").report_rung({t: float(t) for t in range(10)}, 1)
+    decisions = SuccessiveHalvingRule(CONFIG, rounding="floor").report_rung({t: float(t) for t in range(10)}, 1)
     assert sum(d.action == "continue" for d in decisions.values()) == 3
 
 
 def test_rung_skipped_by_sparse_validation_is_judged_at_the_next_report() -> None:
-    halving = SuccessiveHalving(CONFIG)
+    halving = SuccessiveHalvingRule(CONFIG)
     first = halving.report_rung({t: float(t) for t in range(9)}, budget=2)  # validated every 2 epochs
     assert first[0].milestone == 1
     assert sum(d.action == "continue" for d in first.values()) == 3
@@ -81,7 +76,7 @@ def test_rung_skipped_by_sparse_validation_is_judged_at_the_next_report() -> Non
 
 
 def test_only_alive_trials_may_report_and_missing_ones_leave_the_cohort() -> None:
-    halving = SuccessiveHalving(CONFIG)
+    halving = SuccessiveHalvingRule(CONFIG)
     halving.report_rung({t: float(t) for t in range(9)}, budget=1)
     with pytest.raises(ValueError, match=r"trials \[5\] are not alive in this cohort .*Report only the alive trials"):
         halving.report_rung({0: 1.0, 5: 1.0}, budget=3)
@@ -91,10 +86,10 @@ def test_only_alive_trials_may_report_and_missing_ones_leave_the_cohort() -> Non
 
 def test_rounding_is_checked() -> None:
     with pytest.raises(ValueError, match=r"rounding must be 'ceil' or 'floor', got 'up'"):
-        SuccessiveHalving(CONFIG, rounding="up")  # type: ignore[arg-type]
+        SuccessiveHalvingRule(CONFIG, rounding="up")  # type: ignore[arg-type]
 
 
-def _drive(halving: SuccessiveHalving, budgets: list[int]) -> list[dict[TrialId, Action]]:
+def _drive(halving: SuccessiveHalvingRule, budgets: list[int]) -> list[dict[TrialId, Action]]:
     """Report every alive trial (all 27 at first) at each budget; values depend on trial and budget."""
     actions = []
     for budget in budgets:
@@ -105,11 +100,11 @@ def _drive(halving: SuccessiveHalving, budgets: list[int]) -> list[dict[TrialId,
 
 
 def test_resume_from_state_dict_gives_the_uninterrupted_decisions() -> None:
-    uninterrupted = _drive(SuccessiveHalving(CONFIG), [1, 2, 3, 4, 9])
-    first = SuccessiveHalving(CONFIG)
+    uninterrupted = _drive(SuccessiveHalvingRule(CONFIG), [1, 2, 3, 4, 9])
+    first = SuccessiveHalvingRule(CONFIG)
     head = _drive(first, [1, 2, 3])
     state = copy.deepcopy(first.state_dict())
-    resumed = SuccessiveHalving(CONFIG)
+    resumed = SuccessiveHalvingRule(CONFIG)
     resumed.load_state_dict(state)
     assert resumed.records() == first.records()
     assert resumed.alive == first.alive
@@ -117,11 +112,11 @@ def test_resume_from_state_dict_gives_the_uninterrupted_decisions() -> None:
 
 
 def test_load_state_dict_rejects_other_settings() -> None:
-    state = SuccessiveHalving(CONFIG).state_dict()
+    state = SuccessiveHalvingRule(CONFIG).state_dict()
     with pytest.raises(
         ValueError, match=r"checkpoint was made with .*'max_t': 9.* but this scheduler has .*'max_t': 27"
     ):
-        SuccessiveHalving(HalvingConfig("min", 1, 3, 27)).load_state_dict(state)
+        SuccessiveHalvingRule(HalvingConfig("min", 1, 3, 27)).load_state_dict(state)
 
 
 distinct_values = st.lists(
@@ -134,11 +129,11 @@ distinct_values = st.lists(
 def test_properties_best_kept_fraction_promoted_and_determinism(values: list[float], eta: int, mode: str) -> None:
     config = HalvingConfig(mode, 1, eta, eta**3)  # type: ignore[arg-type]
     cohort = dict(enumerate(values))
-    decisions = SuccessiveHalving(config).report_rung(cohort, budget=1)
+    decisions = SuccessiveHalvingRule(config).report_rung(cohort, budget=1)
     best = (min if mode == "min" else max)(cohort, key=cohort.__getitem__)
     assert decisions[best].action == "continue"
     promoted = [t for t, d in decisions.items() if d.action == "continue"]
     assert len(promoted) == keep_count(len(values), eta) == math.ceil(len(values) / eta)
-    floor_promoted = SuccessiveHalving(config, rounding="floor").report_rung(cohort, budget=1)
+    floor_promoted = SuccessiveHalvingRule(config, rounding="floor").report_rung(cohort, budget=1)
     assert sum(d.action == "continue" for d in floor_promoted.values()) == max(1, len(values) // eta)
-    assert SuccessiveHalving(config).report_rung(cohort, budget=1) == decisions
+    assert SuccessiveHalvingRule(config).report_rung(cohort, budget=1) == decisions

@@ -73,7 +73,7 @@ def test_the_request_ignores_ranking_and_retrain():
             {"n_trials": 4, "scheduler": {"name": "median"}},
             (
                 r"unknown scheduler 'median'; expected one of "
-                r"\['none', 'asha', 'successive_halving', 'hyperband', 'hypersched'\]\. Fix"
+                r"\['none', 'asha', 'successive_halving', 'hyperband', 'deadline'\]\. Fix"
             ),
         ),
         (
@@ -81,10 +81,14 @@ def test_the_request_ignores_ranking_and_retrain():
             r"reduction_factor must be > 1 \(each rung keeps 1/reduction_factor of its trials\), got 1\. Fix",
         ),
         ({"n_trials": 4, "scheduler": {"reduction_factor": 0.5}}, r"reduction_factor must be > 1 .*got 0\.5"),
-        ({"n_trials": 4, "scheduler": {"min_budget": 0}}, r"min_budget must be >= 1 epoch, got 0"),
+        ({"n_trials": 4, "scheduler": {"grace_period": 0}}, r"grace_period must be >= 1 epoch, got 0\. Fix: e\.g\."),
         (
-            {"n_trials": 4, "scheduler": {"min_budget": 3, "max_budget": 2}},
-            r"max_budget \(2\) must be >= min_budget \(3\)",
+            {"n_trials": 4, "scheduler": {"grace_period": 3, "max_t": 2}},
+            r"max_t \(2\) must be >= grace_period \(3\)",
+        ),
+        (
+            {"n_trials": 4, "scheduler": {"grace_period": 2, "min_budget": 3}},
+            r"scheduler.min_budget=3 and grace_period=2 disagree; min_budget is the old name of grace_period\. Fix",
         ),
         (
             {"n_trials": 4, "probe": {"safety_margin": 1.5}},
@@ -163,3 +167,14 @@ def test_width_padding_settings():
         SweepSettings.from_config(n_trials=4, pad_widths="yes")
     with pytest.raises(ValueError, match=r"max_padding_overhead must be a number >= 0 .* got -0\.5\. Fix: e\.g\."):
         SweepSettings.from_config(n_trials=4, max_padding_overhead=-0.5)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "value"),
+    [("min_budget", "grace_period", 2), ("max_budget", "max_t", 9), ("name", "name", "hypersched")],
+)
+def test_old_scheduler_names_still_work_with_a_deprecation_warning(old, new, value):
+    with pytest.warns(DeprecationWarning, match=rf"hydra.sweeper.scheduler.{old}.* is renamed .*removed in the next"):
+        settings = SweepSettings.from_config(n_trials=4, scheduler={old: value})
+    expected = "deadline" if value == "hypersched" else value
+    assert getattr(settings.scheduler, new) == expected

@@ -4,7 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from lightning_hydro.backends.hfta import FusedLeakyReLU, FusedPReLU, TrialGroupedModule
+from lightning_hydro.backends.hfta.activations import FusedLeakyReLU, FusedPReLU
+from lightning_hydro.backends.hfta.trial_groups import TrialGroupedModule
 
 from .fusion_check import check_fused_matches_trials, stacked_or_shared
 

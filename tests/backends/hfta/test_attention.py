@@ -5,7 +5,8 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from lightning_hydro.backends.hfta import FusedMultiheadAttention, convert_to_fused
+from lightning_hydro.backends.hfta import convert_to_fused
+from lightning_hydro.backends.hfta.attention import FusedMultiheadAttention
 
 from .fusion_check import IN_DIMS, WithAnchor, check_fused_matches_trials
 

@@ -5,13 +5,8 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from lightning_hydro.backends.hfta import (
-    FusedBatchNorm1d,
-    FusedBatchNorm2d,
-    FusedBatchNorm3d,
-    FusedCallError,
-    convert_to_fused,
-)
+from lightning_hydro.backends.hfta import FusedCallError, convert_to_fused
+from lightning_hydro.backends.hfta.batch_norm import FusedBatchNorm1d, FusedBatchNorm2d, FusedBatchNorm3d
 
 from .fusion_check import check_fused_matches_trials, stacked_or_shared
 

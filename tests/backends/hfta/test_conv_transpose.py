@@ -3,7 +3,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from lightning_hydro.backends.hfta import FusedConvTranspose1d, FusedConvTranspose2d, FusedConvTranspose3d
+from lightning_hydro.backends.hfta.conv_transpose import (
+    FusedConvTranspose1d,
+    FusedConvTranspose2d,
+    FusedConvTranspose3d,
+)
 
 from .fusion_check import check_fused_matches_trials, stacked_or_shared
 

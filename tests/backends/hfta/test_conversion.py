@@ -8,13 +8,13 @@ from torch.func import functional_call, stack_module_state, vmap
 from lightning_hydro.backends.hfta import (
     ConversionError,
     FusedCallError,
-    FusedConv2d,
-    FusedLinear,
-    TrialGroupedModule,
     convert_to_fused,
     plan_conversion,
     select_trials,
 )
+from lightning_hydro.backends.hfta.convolution import FusedConv2d
+from lightning_hydro.backends.hfta.linear import FusedLinear
+from lightning_hydro.backends.hfta.trial_groups import TrialGroupedModule
 
 from .fusion_check import assert_close
 

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from lightning_hydro.backends.hfta import FusedConv1d, FusedConv2d, FusedConv3d
+from lightning_hydro.backends.hfta.convolution import FusedConv1d, FusedConv2d, FusedConv3d
 
 from .fusion_check import check_fused_matches_trials, stacked_or_shared
 

@@ -5,14 +5,8 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from lightning_hydro.backends.hfta import (
-    FusedCallError,
-    FusedDropout,
-    FusedDropout1d,
-    FusedDropout2d,
-    FusedDropout3d,
-    convert_to_fused,
-)
+from lightning_hydro.backends.hfta import FusedCallError, convert_to_fused
+from lightning_hydro.backends.hfta.dropout import FusedDropout, FusedDropout1d, FusedDropout2d, FusedDropout3d
 
 from .fusion_check import WithAnchor
 

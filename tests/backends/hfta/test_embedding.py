@@ -4,7 +4,8 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from lightning_hydro.backends.hfta import FusedEmbedding, convert_to_fused
+from lightning_hydro.backends.hfta import convert_to_fused
+from lightning_hydro.backends.hfta.embedding import FusedEmbedding
 
 from .fusion_check import IN_DIMS, check_fused_matches_trials
 

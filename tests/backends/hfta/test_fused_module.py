@@ -3,8 +3,15 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from lightning_hydro.backends.hfta import FusedCallError, FusedLinear, TrialAnchor, convert_to_fused
-from lightning_hydro.backends.hfta.fused_module import logical_shape, random_uniform, trials_at, trials_first
+from lightning_hydro.backends.hfta import FusedCallError, convert_to_fused
+from lightning_hydro.backends.hfta.fused_module import (
+    TrialAnchor,
+    logical_shape,
+    random_uniform,
+    trials_at,
+    trials_first,
+)
+from lightning_hydro.backends.hfta.linear import FusedLinear
 
 
 def test_fuse_only_takes_the_exact_torch_class() -> None:

@@ -2,7 +2,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from lightning_hydro.backends.hfta import FusedGroupNorm
+from lightning_hydro.backends.hfta.group_norm import FusedGroupNorm
 
 from .fusion_check import check_fused_matches_trials, stacked_or_shared
 

@@ -4,7 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from lightning_hydro.backends.hfta import FusedCallError, FusedLinear
+from lightning_hydro.backends.hfta import FusedCallError
+from lightning_hydro.backends.hfta.linear import FusedLinear
 
 from .fusion_check import check_fused_matches_trials, stacked_or_shared
 

@@ -2,8 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_hydro.backends.hfta import PerTrial
-from lightning_hydro.backends.hfta.per_trial import values_equal
+from lightning_hydro.backends.hfta.per_trial import PerTrial, values_equal
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,8 @@ import torch
 from torch import nn
 from torch.func import vmap
 
-from lightning_hydro.backends.hfta import FusedCallError, TrialGroupedModule
-from lightning_hydro.backends.hfta.trial_groups import group_trials
+from lightning_hydro.backends.hfta import FusedCallError
+from lightning_hydro.backends.hfta.trial_groups import TrialGroupedModule, group_trials
 
 
 def test_group_trials_keeps_first_appearance_order() -> None:

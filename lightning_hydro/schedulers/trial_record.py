@@ -1,4 +1,8 @@
-"""Per-trial results of a fused run: status, budget used, metrics, and the table printed at the end of fit.
+"""One vocabulary for a trial: its status, its record, its results, and the table printed at the end of a fit.
+
+The fused module keeps a :class:`TrialRecord` per trial and hands out :class:`TrialResult` dicts
+(``FusedLightningModule.results``); the callbacks end trials with a :class:`TrialStatus`; the sweeper writes
+the same dicts per trial. Pure Python: no torch, no Lightning.
 
 Example::
 
@@ -14,13 +18,51 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal, NotRequired, TypedDict
 
-__all__ = ["TrialRecord", "TrialStatus", "best_trial", "format_results_table"]
+__all__ = ["TimeAttr", "TrialRecord", "TrialResult", "TrialStatus", "best_trial", "format_results_table"]
 
-TrialStatus = Literal["running", "completed", "stopped", "diverged"]
-TRIAL_STATUSES: tuple[TrialStatus, ...] = ("running", "completed", "stopped", "diverged")
+TrialStatus = Literal["running", "completed", "stopped", "diverged", "failed"]
+"""``running``: in a slot (or interrupted); ``completed``: trained to the end (``max_t``); ``stopped``: ended early
+by a decision, a deadline or the end of fit; ``diverged``: non-finite loss, gradients or monitored value;
+``failed``: a sweep could not build or train it (the sweeper records the error)."""
+
+TRIAL_STATUSES: tuple[TrialStatus, ...] = ("running", "completed", "stopped", "diverged", "failed")
+ENDED_STATUSES: tuple[TrialStatus, ...] = ("completed", "stopped", "diverged")
+"""The statuses a trial can leave its slot with."""
+
+TimeAttr = Literal["epochs", "steps"]
+"""What a budget counts: training epochs, or optimizer steps."""
+
+
+class TrialResult(TypedDict):
+    """One trial's results: ``FusedLightningModule.results[trial_id]``, and a sweep's per-trial result.
+
+    Attributes:
+        status: See :data:`TrialStatus`.
+        budget: What the trial trained, in ``budget_unit``.
+        budget_unit: ``"epochs"``, or ``"steps"`` when an early-stopping callback counts steps.
+        epochs: Training epochs completed since the trial entered its slot.
+        steps: Optimizer steps taken.
+        metrics: The latest value of everything it logged (epoch values where there are any).
+        reason: Why it ended, if it did.
+        history: One dict of epoch metrics per epoch (``{"epoch": e, name: value, ...}``): the learning curve.
+        backend: The backend its group trained on (``""`` for an unfused run); absent for a trial that failed
+            before training.
+        error: Why a ``failed`` trial failed (the exception's type and message).
+    """
+
+    status: TrialStatus
+    budget: int
+    budget_unit: NotRequired[TimeAttr]
+    epochs: NotRequired[int]
+    steps: NotRequired[int]
+    metrics: dict[str, float]
+    reason: NotRequired[str]
+    history: list[dict[str, float]]
+    backend: NotRequired[str]
+    error: NotRequired[str]
 
 
 @dataclass
@@ -38,6 +80,7 @@ class TrialRecord:
         history: one dict of epoch metrics per completed epoch (``{"epoch": e, name: value, ...}``).
         backend: the backend its group trains on (``"vmap"``, ``"hfta"`` or ``"loop"``; what ``backend="auto"``
             chose, which ``backend=`` pins in a rerun); ``""`` until the choice is made.
+        budget_unit: what its budget counts (an early-stopping callback that counts steps sets ``"steps"``).
     """
 
     trial_id: int
@@ -48,13 +91,26 @@ class TrialRecord:
     reason: str = ""
     history: list[dict[str, float]] = field(default_factory=list)
     backend: str = ""
+    budget_unit: TimeAttr = "epochs"
 
-    def as_dict(self) -> dict[str, Any]:
-        """The public form used by ``FusedLightningModule.results`` (``budget`` is the epochs trained)."""
-        out = asdict(self)
-        del out["trial_id"]
-        out["budget"] = self.epochs
-        return out
+    @property
+    def budget(self) -> int:
+        """What the trial trained, in :attr:`budget_unit`."""
+        return self.epochs if self.budget_unit == "epochs" else self.steps
+
+    def as_dict(self) -> TrialResult:
+        """The public form used by ``FusedLightningModule.results`` (``budget`` in ``budget_unit``)."""
+        return TrialResult(
+            status=self.status,
+            budget=self.budget,
+            budget_unit=self.budget_unit,
+            epochs=self.epochs,
+            steps=self.steps,
+            metrics=dict(self.metrics),
+            reason=self.reason,
+            history=[dict(entry) for entry in self.history],
+            backend=self.backend,
+        )
 
     @classmethod
     def from_dict(cls, trial_id: int, data: Mapping[str, Any]) -> TrialRecord:
@@ -68,6 +124,7 @@ class TrialRecord:
             reason=str(data.get("reason", "")),
             history=[dict(h) for h in data.get("history", [])],
             backend=str(data.get("backend", "")),
+            budget_unit=data.get("budget_unit", "epochs"),
         )
 
 
