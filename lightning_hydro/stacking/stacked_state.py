@@ -56,35 +56,30 @@ def _signature(module: nn.Module) -> _Signature:
     return params, buffers
 
 
-def _mismatches(reference: _Signature, other: _Signature) -> list[str]:
+def _mismatches(reference: _Signature, other: _Signature, *, sizes_may_differ: bool = False) -> list[str]:
+    """What differs between two signatures; with ``sizes_may_differ`` (width padding) only names, ranks, dtypes."""
+
+    def compared(spec: _TensorSpec) -> tuple[object, ...]:
+        return (len(spec.shape) if sizes_may_differ else spec.shape, spec.dtype, spec.requires_grad)
+
     problems: list[str] = []
     for kind, ref, oth in (("parameter", reference[0], other[0]), ("buffer", reference[1], other[1])):
         problems += [f"{kind} {name!r} is missing" for name in sorted(ref.keys() - oth.keys())]
         problems += [f"{kind} {name!r} is extra" for name in sorted(oth.keys() - ref.keys())]
         for name in sorted(ref.keys() & oth.keys()):
             a, b = ref[name], oth[name]
-            if a != b:
+            if compared(a) != compared(b):
+                size = f"{len(a.shape)} dimensions of any size," if sizes_may_differ else str(list(a.shape))
                 problems.append(
-                    f"{kind} {name!r} is {list(b.shape)} {b.dtype} requires_grad={b.requires_grad}, "
-                    f"expected {list(a.shape)} {a.dtype} requires_grad={a.requires_grad}"
+                    f"{kind} {name!r} is {list(b.shape)} {b.dtype} requires_grad={b.requires_grad}, expected "
+                    f"{size} {a.dtype}{',' if sizes_may_differ else ''} requires_grad={a.requires_grad}"
                 )
     return problems
 
 
 def _paddable_mismatches(reference: _Signature, other: _Signature) -> list[str]:
     """Like :func:`_mismatches`, but sizes may differ (width padding): names, ranks and dtypes must agree."""
-    problems: list[str] = []
-    for kind, ref, oth in (("parameter", reference[0], other[0]), ("buffer", reference[1], other[1])):
-        problems += [f"{kind} {name!r} is missing" for name in sorted(ref.keys() - oth.keys())]
-        problems += [f"{kind} {name!r} is extra" for name in sorted(oth.keys() - ref.keys())]
-        for name in sorted(ref.keys() & oth.keys()):
-            a, b = ref[name], oth[name]
-            if (len(a.shape), a.dtype, a.requires_grad) != (len(b.shape), b.dtype, b.requires_grad):
-                problems.append(
-                    f"{kind} {name!r} is {list(b.shape)} {b.dtype} requires_grad={b.requires_grad}, expected "
-                    f"{len(a.shape)} dimensions of any size, {a.dtype}, requires_grad={a.requires_grad}"
-                )
-    return problems
+    return _mismatches(reference, other, sizes_may_differ=True)
 
 
 def _raise_mismatch(trial_id: int, reference_id: int | str, problems: list[str]) -> None:

@@ -187,21 +187,13 @@ class TPESampler:
             direction="maximize" if mode == "max" else "minimize",
             sampler=optuna.samplers.TPESampler(seed=seed),
         )
-        self._distributions = {dim.key: self._distribution(dim) for dim in space.dimensions}
+        self._distributions = {dim.key: optuna_distribution(self._optuna, dim) for dim in space.dimensions}
         self._asked: dict[int, Any] = {}
 
     @property
     def max_trials(self) -> None:
         """Unbounded."""
         return None
-
-    def _distribution(self, dim: Choice | Interval) -> Any:
-        dists = self._optuna.distributions
-        if isinstance(dim, Choice):
-            return dists.CategoricalDistribution(list(dim.texts))
-        if dim.integer:
-            return dists.IntDistribution(math.ceil(dim.low), math.floor(dim.high), log=dim.log)
-        return dists.FloatDistribution(dim.low, dim.high, log=dim.log)
 
     def ask(self, trial_ids: Sequence[int]) -> list[Configuration]:
         """Ask Optuna for one configuration per trial id."""
@@ -247,6 +239,16 @@ class TPESampler:
                 intermediate_values=reported,
             )
         )
+
+
+def optuna_distribution(optuna: Any, dim: Choice | Interval) -> Any:
+    """The Optuna distribution of one search-space dimension (``optuna``: the imported module)."""
+    dists = optuna.distributions
+    if isinstance(dim, Choice):
+        return dists.CategoricalDistribution(list(dim.texts))
+    if dim.integer:
+        return dists.IntDistribution(math.ceil(dim.low), math.floor(dim.high), log=dim.log)
+    return dists.FloatDistribution(dim.low, dim.high, log=dim.log)
 
 
 def make_sampler(

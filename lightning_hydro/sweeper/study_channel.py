@@ -44,7 +44,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_hydro.sweeper.search_space import Choice, Configuration, Interval, SearchSpace, parse_search_space
+from lightning_hydro.sweeper.samplers import optuna_distribution
+from lightning_hydro.sweeper.search_space import Choice, Configuration, SearchSpace, parse_search_space
 
 __all__ = ["STUDY_NAME", "ChannelSpec", "StudyChannel", "is_learning_sampler"]
 
@@ -122,7 +123,7 @@ class StudyChannel:
         self.spec = spec
         self._optuna = optuna
         self._space: SearchSpace = parse_search_space(spec.space)
-        self._distributions = {dim.key: self._distribution(dim) for dim in self._space.dimensions}
+        self._distributions = {dim.key: optuna_distribution(optuna, dim) for dim in self._space.dimensions}
         self._sampler_class = _sampler_class(optuna, spec.sampler)
         self._storage = self._open_storage(spec.storage)
         self._study = optuna.create_study(
@@ -140,14 +141,6 @@ class StudyChannel:
         if _URL.match(storage):
             return storages.RDBStorage(storage)
         return storages.JournalStorage(storages.journal.JournalFileBackend(storage))
-
-    def _distribution(self, dim: Choice | Interval) -> Any:
-        dists = self._optuna.distributions
-        if isinstance(dim, Choice):
-            return dists.CategoricalDistribution(list(dim.texts))
-        if dim.integer:
-            return dists.IntDistribution(math.ceil(dim.low), math.floor(dim.high), log=dim.log)
-        return dists.FloatDistribution(dim.low, dim.high, log=dim.log)
 
     def ask(self, n: int, *, fixed: Mapping[str, str] | None = None) -> list[tuple[int, Configuration]]:
         """Ask ``n`` new configurations (with the keys of ``fixed`` set to those override texts).
