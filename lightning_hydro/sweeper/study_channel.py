@@ -150,7 +150,8 @@ class StudyChannel:
         """
         out = []
         for _ in range(n):
-            seed = self.spec.seed * 1_000_003 + len(self._study.get_trials(deepcopy=False))
+            # numpy's seeds are 32-bit; the sweep's seed may be any int (a drawn one where the config says null)
+            seed = (self.spec.seed * 1_000_003 + len(self._study.get_trials(deepcopy=False))) % 2**32
             sampler: Any = self._sampler_class(seed=seed)
             if fixed:
                 params = {key: self._raw(key, text) for key, text in fixed.items()}

@@ -89,6 +89,13 @@ def test_a_later_group_is_ranked_against_the_whole_sweep(tmp_path):
     assert keys == {f"sweep/{tid}" for tid in [*good, *bad]}
 
 
+@pytest.mark.parametrize("seed", [2**32 - 1, 3_000_000_000, -5])
+def test_any_sweep_seed_seeds_the_sampler(seed, tmp_path):
+    # a config with seed: null gets a drawn seed; numpy (under Optuna's TPE) takes only 0 .. 2**32 - 1
+    spec = ChannelSpec(storage=str(tmp_path / "s.journal"), sampler="tpe", seed=seed, mode="max", space=SPACE)
+    assert [tid for tid, _ in StudyChannel(spec).ask(2)] == [0, 1]
+
+
 def test_freed_slots_ask_the_sweeps_sampler_up_to_the_quota(tmp_path):
     channel = StudyChannel(channel_spec(tmp_path))
     planned = channel.ask(2, fixed={"data.batch_size": "32"})
