@@ -403,7 +403,14 @@ class FusedLightningModule(L.LightningModule):
         return self
 
     def _first(self) -> L.LightningModule:
-        return self._group.modules[0]  # type: ignore[return-value]
+        """A trial module for the hooks every trial shares (data, callbacks): a running one, else a retired one.
+
+        After early stopping has ended every trial (e.g. ``trainer.test`` after ``fit`` in a sweep job), the
+        group is empty but the user's class still provides the data hooks.
+        """
+        if self._group.modules:
+            return self._group.modules[0]  # type: ignore[return-value]
+        return next(iter(self._slots.retired.values()))  # type: ignore[return-value]
 
     @override
     def on_validation_model_eval(self) -> None:

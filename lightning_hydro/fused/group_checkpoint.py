@@ -56,6 +56,7 @@ def restore_group(
 
     Raises:
         KeyError: if the checkpoint was not written by a fused module.
+        ValueError: if every trial had ended when it was written (nothing to restore into the group).
     """
     if CHECKPOINT_KEY not in checkpoint:
         raise KeyError(
@@ -63,6 +64,14 @@ def restore_group(
             "load it into the trial module's own class instead."
         )
     data = checkpoint[CHECKPOINT_KEY]
+    if not data["trial_ids"]:
+        ended = ", ".join(str(tid) for tid in sorted(data["records"]))
+        raise ValueError(
+            f"This FusedLightningModule checkpoint holds no running trial (trials {ended} had all ended when it was "
+            "written), so there is no group to restore, e.g. for trainer.test(ckpt_path=...) after early stopping "
+            "ended every trial. Load each trial's own checkpoint (a per-trial ModelCheckpoint's file) with its "
+            "class, or test without ckpt_path."
+        )
     current: dict[int, nn.Module] = {**slots.retired, **dict(slots.running())}
     known = rebuild_trials(data["specs"], current, trial_factory)  # type: ignore[arg-type]
     slots.replace(known, list(data["trial_ids"]))  # type: ignore[arg-type]

@@ -88,3 +88,10 @@ def test_loading_a_checkpoint_of_a_plain_module_is_refused(tmp_path):
     fused = FusedLightningModule([DigitsMLP(hidden_dim=8)], backend="vmap")
     with pytest.raises(KeyError, match="not written by a FusedLightningModule"):
         fit_digits(make_trainer(max_steps=2), fused, ckpt_path=tmp_path / "plain.ckpt")
+
+
+def test_a_checkpoint_written_after_every_trial_ended_is_refused_with_the_reason():
+    fused = FusedLightningModule([DigitsMLP(hidden_dim=8), DigitsMLP(hidden_dim=8)], summary=False)
+    entry = {"trial_ids": [], "records": {0: {}, 1: {}}}
+    with pytest.raises(ValueError, match=r"holds no running trial \(trials 0, 1 had all ended when it was written\)"):
+        fused.on_load_checkpoint({"lightning_hydro": entry})
