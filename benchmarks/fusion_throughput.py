@@ -282,6 +282,36 @@ def time_lightning_vmap(count: int, width: int, steps: int, warmup: int, device:
     return statistics.median(timer.times)
 
 
+def _model_report(args: argparse.Namespace) -> str:
+    """The report of ``--model compile``, ``template_mnist``, ``resnet18`` or ``transformer``."""
+    if args.model == "compile":
+        from compile_step import compile_table  # benchmarks/ is on sys.path when this file runs
+
+        trials = args.trials if args.trials != [1, 4, 16, 64] else [4, 16, 64]
+        cases = [("digits", width, count) for width in args.widths for count in trials]
+        cases += [("template", 64, 16), ("transformer", 64, 4)]
+        lines = [
+            f"Device: {args.device}, torch threads: {args.threads}, torch {torch.__version__}, {args.steps} steps "
+            f"({args.warmup} warm-up), median of {args.repeats} repeats; backend vmap, eager vs compile=True.",
+            "",
+            *compile_table(cases, args.steps, args.warmup, args.repeats, args.device),
+        ]
+        return "\n".join(lines) + "\n"
+    if args.backends == ["vmap", "loop"]:
+        args.backends = ["vmap", "hfta", "loop"]
+    if args.model == "template_mnist":
+        from fusion_template import template_table  # next to this file (on sys.path when run as a script)
+
+        return "\n".join(template_table(args, StepTimer)) + "\n"
+    lines = [
+        f"Device: {args.device}, torch threads: {args.threads}, {args.steps} steps (the first excluded), median "
+        f"of {args.repeats} repeats.",
+        "",
+        *model_table(args),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -302,41 +332,8 @@ def main(argv: list[str] | None = None) -> str:
     output = args.output or Path(f"benchmarks/results/fusion_{args.model}.md")
     if args.trials is None:
         args.trials = [4, 16] if args.model == "template_mnist" else [1, 4, 16, 64]
-    if args.model == "compile":
-        from compile_step import compile_table  # benchmarks/ is on sys.path when this file runs
-
-        trials = args.trials if args.trials != [1, 4, 16, 64] else [4, 16, 64]
-        cases = [("digits", width, count) for width in args.widths for count in trials]
-        cases += [("template", 64, 16), ("transformer", 64, 4)]
-        lines = [
-            f"Device: {args.device}, torch threads: {args.threads}, torch {torch.__version__}, {args.steps} steps "
-            f"({args.warmup} warm-up), median of {args.repeats} repeats; backend vmap, eager vs compile=True.",
-            "",
-            *compile_table(cases, args.steps, args.warmup, args.repeats, args.device),
-        ]
-        text = "\n".join(lines) + "\n"
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text)
-        return text
-    if args.model == "template_mnist":
-        from fusion_template import template_table  # next to this file (on sys.path when run as a script)
-
-        if args.backends == ["vmap", "loop"]:
-            args.backends = ["vmap", "hfta", "loop"]
-        text = "\n".join(template_table(args, StepTimer)) + "\n"
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text)
-        return text
     if args.model != "mlp":
-        if args.backends == ["vmap", "loop"]:
-            args.backends = ["vmap", "hfta", "loop"]
-        lines = [
-            f"Device: {args.device}, torch threads: {args.threads}, {args.steps} steps (the first excluded), median "
-            f"of {args.repeats} repeats.",
-            "",
-            *model_table(args),
-        ]
-        text = "\n".join(lines) + "\n"
+        text = _model_report(args)
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(text)
         return text
