@@ -12,8 +12,8 @@ Lightning Trainer twice, eager and compiled, and reports:
   B-2); the step after each change minus the steady step.
 
 Cases: the digits MLP (widths 64 and 256, B = 4, 16, 64), the network of lightning-hydra-template's
-MNISTLitModule (SimpleDenseNet: Linear-BatchNorm1d-ReLU blocks; in a step without torchmetrics objects,
-which vmap cannot batch: the template's own step trains on the loop) and the small Transformer LM of
+MNISTLitModule (SimpleDenseNet: Linear-BatchNorm1d-ReLU blocks, in a step without the template's torchmetrics
+calls, so that the compiled graph is the network's alone) and the small Transformer LM of
 ``--model transformer``.
 """
 
@@ -26,6 +26,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from fusion_throughput import trainer_for  # next to this file (on sys.path when run as a script)
 
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsDataModule, DigitsMLP
@@ -99,18 +100,7 @@ def time_case(
     torch.compiler.reset()  # each case compiles from scratch (dynamo keeps at most 8 graphs per function)
     probe = Probe(steps, {first_stop: 1, second_stop: 2})
     fused = FusedLightningModule(_trials(case, count, width), backend="vmap", compile=compile, summary=False)
-    trainer = L.Trainer(
-        max_steps=steps,
-        accelerator=device,
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        callbacks=[probe],
-    )
+    trainer = trainer_for(steps, device, [probe])
     trainer.fit(fused, datamodule=_data(case))
     times = probe.times
     steady = [t for i, t in enumerate(times) if i >= warmup and i not in (first_stop, second_stop)]

@@ -71,8 +71,8 @@ def dense_net_cost(widths: dict[str, int]) -> float:
 class TensorLoggingLitModule(MNISTLitModule):
     """The template module, but its steps log plain tensors instead of updating torchmetrics objects.
 
-    vmap cannot keep a torchmetrics object's state per trial, so the template module itself trains on the loop
-    backend; this variant (``--model tensors``) shows what the vmap backend does with padded widths.
+    Written when torchmetrics calls could not run under vmap (the template module then trained on the loop); this
+    variant (``--model tensors``) shows the vmap backend with padded widths and no metric objects at all.
     """
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
