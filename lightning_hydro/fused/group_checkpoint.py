@@ -51,12 +51,17 @@ def restore_group(
     slots: TrialSlots,
     policy: BackendPolicy,
     trial_factory: Callable[[int], Any] | None,
+    *,
+    fitting: bool = True,
 ) -> dict[int, str]:
     """Load the group's entry into ``slots`` and ``policy``; returns the trials to stop as diverged on resume.
 
+    A checkpoint written after every trial had ended restores for evaluation (``fitting=False``: each trial's
+    weights come back in its retired module, and the group's rows are empty), not for a fit.
+
     Raises:
         KeyError: if the checkpoint was not written by a fused module.
-        ValueError: if every trial had ended when it was written (nothing to restore into the group).
+        ValueError: for a fit, if every trial had ended when it was written (nothing left to train).
     """
     if CHECKPOINT_KEY not in checkpoint:
         raise KeyError(
@@ -64,13 +69,13 @@ def restore_group(
             "load it into the trial module's own class instead."
         )
     data = checkpoint[CHECKPOINT_KEY]
-    if not data["trial_ids"]:
+    if not data["trial_ids"] and fitting:
         ended = ", ".join(str(tid) for tid in sorted(data["records"]))
         raise ValueError(
             f"This FusedLightningModule checkpoint holds no running trial (trials {ended} had all ended when it was "
-            "written), so there is no group to restore, e.g. for trainer.test(ckpt_path=...) after early stopping "
-            "ended every trial. Load each trial's own checkpoint (a per-trial ModelCheckpoint's file) with its "
-            "class, or test without ckpt_path."
+            "written), so a fit cannot resume from it: there is nothing left to train. Evaluate it with "
+            "trainer.test / trainer.validate / trainer.predict(ckpt_path=...) (every trial, with its own weights), "
+            "or start a new fit without ckpt_path."
         )
     current: dict[int, nn.Module] = {**slots.retired, **dict(slots.running())}
     known = rebuild_trials(data["specs"], current, trial_factory)  # type: ignore[arg-type]
