@@ -245,3 +245,32 @@ def test_a_second_fit_in_memory_after_a_test_equals_one_without_it():
     assert fused.trial_ids == untested.trial_ids == [0, 2]
     for tid in (0, 1, 2):
         assert max_state_difference(fused.unfuse(tid), untested.unfuse(tid)) == 0.0
+
+
+def test_trials_of_different_widths_are_evaluated_from_memory_and_from_their_checkpoint(tmp_path):
+    # pad_widths: the widest trial ends first, so the checkpoint's rowless tensors have the last trials' padding
+    def trials() -> list[MNISTLitModule]:
+        return [
+            seeded(
+                lambda width=width, lr=lr: MNISTLitModule(
+                    net=SimpleDenseNet(lin1_size=width, lin2_size=width, lin3_size=16),
+                    optimizer=functools.partial(torch.optim.Adam, lr=lr),
+                    scheduler=None,
+                ),
+                [i],
+            )[0]
+            for i, (width, lr) in enumerate(((32, 1e-3), (16, 1e-2), (24, 3e-2)))
+        ]
+
+    fused = FusedLightningModule(trials(), backend="vmap", pad_widths=True, summary=False)
+    callbacks = [EndTrials({0: [0], 1: [1, 2]}), ModelCheckpoint(dirpath=tmp_path, save_last=True)]
+    trainer = make_trainer(max_epochs=2, callbacks=callbacks, enable_checkpointing=True, **LIMITS)
+    datamodule = DigitsMNISTDataModule(batch_size=64)
+    trainer.fit(fused, datamodule=datamodule)
+    own = alone(fused, "test", datamodule)
+    assert_per_trial_metrics_equal(trainer.test(fused, datamodule=datamodule, verbose=False)[0], own)
+    fresh = FusedLightningModule(trials(), backend="vmap", pad_widths=True, summary=False)
+    metrics = make_trainer(**LIMITS).test(
+        fresh, datamodule=datamodule, ckpt_path=tmp_path / "last.ckpt", verbose=False, **TRUSTED
+    )
+    assert_per_trial_metrics_equal(metrics[0], own)
