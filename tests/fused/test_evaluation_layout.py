@@ -274,3 +274,22 @@ def test_trials_of_different_widths_are_evaluated_from_memory_and_from_their_che
         fresh, datamodule=datamodule, ckpt_path=tmp_path / "last.ckpt", verbose=False, **TRUSTED
     )
     assert_per_trial_metrics_equal(metrics[0], own)
+
+
+class FailOnTestBatch(L.Callback):
+    def on_test_batch_end(self, *args: Any) -> None:
+        raise RuntimeError("a failing test batch")
+
+
+def test_a_stage_that_raises_leaves_the_fit_layout_to_the_next_stage():
+    fused, trainer, datamodule = fit_group(ONE_TRIAL_ENDS)
+    failing = make_trainer(callbacks=[FailOnTestBatch()], **LIMITS)
+    with pytest.raises(RuntimeError, match="a failing test batch"):
+        failing.test(fused, datamodule=datamodule, verbose=False)
+    # Lightning calls no module hook after the error; the next stage's setup puts the fit layout back
+    torch.manual_seed(5)
+    make_trainer(max_epochs=1, **LIMITS).fit(fused, datamodule=datamodule)
+    assert fused.trial_ids == [0, 2]
+    assert_running_trials_bound(fused)
+    assert fused.results[1]["status"] == "stopped"
+    assert fused.results[0]["epochs"] == fused.results[2]["epochs"] == 3
