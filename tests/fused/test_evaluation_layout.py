@@ -282,7 +282,7 @@ class FailOnTestBatch(L.Callback):
 
 
 def test_a_stage_that_raises_leaves_the_fit_layout_to_the_next_stage():
-    fused, trainer, datamodule = fit_group(ONE_TRIAL_ENDS)
+    fused, _, datamodule = fit_group(ONE_TRIAL_ENDS)
     failing = make_trainer(callbacks=[FailOnTestBatch()], **LIMITS)
     with pytest.raises(RuntimeError, match="a failing test batch"):
         failing.test(fused, datamodule=datamodule, verbose=False)
