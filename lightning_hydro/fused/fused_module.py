@@ -346,6 +346,7 @@ class FusedLightningModule(L.LightningModule):
             reason: recorded in ``results`` and shown in the summary table.
             status: ``"stopped"`` (a decision), ``"completed"`` (reached its budget) or ``"diverged"``.
         """
+        self._refuse_during_evaluation("stop_trial")
         self._slots.check_stop(trial_id, status)
         self.read_health()  # rows are about to change; a trial found diverged leaves as such
         if trial_id not in self._slots.trial_ids:
@@ -363,6 +364,7 @@ class FusedLightningModule(L.LightningModule):
         """Put a new trial into a free slot, with fresh optimizer state; returns its id."""
         if not isinstance(module, L.LightningModule):
             raise TypeError(f"add_trial: expected a lightning.LightningModule, got {type(module).__name__}.")
+        self._refuse_during_evaluation("add_trial")
         if any(module is m for m in self._group.modules):
             raise ValueError("add_trial: this module is already in the group.")
         self.read_health()
@@ -421,6 +423,14 @@ class FusedLightningModule(L.LightningModule):
             self._evaluation = EvaluationLayout.enter(self._slots, self._policy)
             for tid, module in self._running():
                 attach_trainer(module, self.trainer, tid)
+
+    def _refuse_during_evaluation(self, what: str) -> None:
+        if self._evaluation is not None:
+            stage = self.trainer.state.fn.value
+            raise RuntimeError(
+                f"{what}: the group's slots change only while it fits; this runs during trainer.{stage}, which "
+                "evaluates every trial of the group as it is. Stop or add trials from a callback's fit hooks."
+            )
 
     def _leave_evaluation(self) -> None:
         layout, self._evaluation = self._evaluation, None

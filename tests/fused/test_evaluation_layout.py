@@ -293,3 +293,23 @@ def test_a_stage_that_raises_leaves_the_fit_layout_to_the_next_stage():
     assert_running_trials_bound(fused)
     assert fused.results[1]["status"] == "stopped"
     assert fused.results[0]["epochs"] == fused.results[2]["epochs"] == 3
+
+
+class ChangeSlotsDuringEvaluation(L.Callback):
+    def on_test_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        pl_module.stop_trial(0)
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        pl_module.add_trial(template_trials()[0])
+
+
+def test_slots_do_not_change_during_an_evaluation():
+    fused, _, datamodule = fit_group(ONE_TRIAL_ENDS)
+    before = snapshot(fused)
+    evaluating = make_trainer(callbacks=[ChangeSlotsDuringEvaluation()], **LIMITS)
+    with pytest.raises(RuntimeError, match=r"stop_trial: the group's slots change only while it fits; .* trainer.test"):
+        evaluating.test(fused, datamodule=datamodule, verbose=False)
+    with pytest.raises(RuntimeError, match=r"add_trial: .* trainer.validate, which evaluates every trial of the group"):
+        evaluating.validate(fused, datamodule=datamodule, verbose=False)
+    make_trainer(max_epochs=0, **LIMITS).fit(fused, datamodule=datamodule)  # setup puts the fit layout back
+    assert_same_snapshot(before, snapshot(fused))
