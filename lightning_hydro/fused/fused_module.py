@@ -426,7 +426,7 @@ class FusedLightningModule(L.LightningModule):
 
     def _refuse_during_evaluation(self, what: str) -> None:
         if self._evaluation is not None:
-            stage = self.trainer.state.fn.value
+            stage = getattr(self.trainer.state.fn, "value", "an evaluation")
             raise RuntimeError(
                 f"{what}: the group's slots change only while it fits; this runs during trainer.{stage}, which "
                 "evaluates every trial of the group as it is. Stop or add trials from a callback's fit hooks."
