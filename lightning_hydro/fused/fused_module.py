@@ -46,6 +46,7 @@ from lightning_hydro.backends.auto import choose_backend
 from lightning_hydro.backends.compiled_step import CompileSetting, check_compile_setting
 from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments
 from lightning_hydro.fused.backend_policy import BackendPolicy
+from lightning_hydro.fused.evaluation_layout import EvaluationLayout
 from lightning_hydro.fused.group_checkpoint import CHECKPOINT_KEY, group_state, restore_group
 from lightning_hydro.fused.row_health import HealthReadback, RowHealth
 from lightning_hydro.fused.trainer_view import attach_trainer
@@ -176,6 +177,7 @@ class FusedLightningModule(L.LightningModule):
         self._stepped = False  # an optimizer step ran in this batch (not only gradient accumulation)
         self._read_due = False  # the health schedule asks for a read-back at this batch's end
         self._modes = TrialModes()
+        self._evaluation: EvaluationLayout | None = None  # every trial, ended ones too, while test/validate/predict
         self.summary = summary
         self.monitor = monitor
         self.mode = mode
@@ -344,6 +346,7 @@ class FusedLightningModule(L.LightningModule):
             reason: recorded in ``results`` and shown in the summary table.
             status: ``"stopped"`` (a decision), ``"completed"`` (reached its budget) or ``"diverged"``.
         """
+        self._refuse_during_evaluation("stop_trial")
         self._slots.check_stop(trial_id, status)
         self.read_health()  # rows are about to change; a trial found diverged leaves as such
         if trial_id not in self._slots.trial_ids:
@@ -361,6 +364,7 @@ class FusedLightningModule(L.LightningModule):
         """Put a new trial into a free slot, with fresh optimizer state; returns its id."""
         if not isinstance(module, L.LightningModule):
             raise TypeError(f"add_trial: expected a lightning.LightningModule, got {type(module).__name__}.")
+        self._refuse_during_evaluation("add_trial")
         if any(module is m for m in self._group.modules):
             raise ValueError("add_trial: this module is already in the group.")
         self.read_health()
@@ -412,32 +416,59 @@ class FusedLightningModule(L.LightningModule):
             return self._group.modules[0]  # type: ignore[return-value]
         return next(iter(self._slots.retired.values()))  # type: ignore[return-value]
 
+    def _enter_evaluation(self) -> None:
+        """Outside a fit, evaluate every trial of the group, the ended ones too: see :mod:`.evaluation_layout`."""
+        self._leave_evaluation()
+        if self.trainer.state.fn != TrainerFn.FITTING:
+            self._evaluation = EvaluationLayout.enter(self._slots, self._policy)
+            for tid, module in self._running():
+                attach_trainer(module, self.trainer, tid)
+
+    def _refuse_during_evaluation(self, what: str) -> None:
+        if self._evaluation is not None:
+            stage = getattr(self.trainer.state.fn, "value", "an evaluation")
+            raise RuntimeError(
+                f"{what}: the group's slots change only while it fits; this runs during trainer.{stage}, which "
+                "evaluates every trial of the group as it is. Stop or add trials from a callback's fit hooks."
+            )
+
+    def _leave_evaluation(self) -> None:
+        layout, self._evaluation = self._evaluation, None
+        if layout is not None:
+            layout.leave()
+
     @override
     def on_validation_model_eval(self) -> None:
+        self._enter_evaluation()
         self._modes.capture(self, self._group.modules)
         super().on_validation_model_eval()
 
     @override
     def on_validation_model_train(self) -> None:
         self._modes.restore()
+        self._leave_evaluation()
 
     @override
     def on_test_model_eval(self) -> None:
+        self._enter_evaluation()
         self._modes.capture(self, self._group.modules)
         super().on_test_model_eval()
 
     @override
     def on_test_model_train(self) -> None:
         self._modes.restore()
+        self._leave_evaluation()
 
     @override
     def on_predict_model_eval(self) -> None:
+        self._enter_evaluation()
         self._modes.capture(self, self._group.modules)
         super().on_predict_model_eval()
 
     @override
     def on_predict_end(self) -> None:
         self._modes.restore()
+        self._leave_evaluation()
 
     @override
     def configure_callbacks(self) -> list[Callback]:
@@ -460,10 +491,13 @@ class FusedLightningModule(L.LightningModule):
                 "skip every trial's step whenever one trial overflows, coupling the trials. Use "
                 "precision='bf16-mixed' (no loss scaling needed), '32-true' or '16-true'."
             )
-        for tid, module in self._running():
-            attach_trainer(module, self.trainer, tid)
+        self._leave_evaluation()  # after a stage that raised
+        # test/validate/predict evaluate the ended trials too (see _enter_evaluation): they are set up as well
+        trials = self._running() if stage == "fit" else [*self._running(), *self._slots.retired.items()]
+        for tid, module in trials:
+            attach_trainer(module, self.trainer, tid)  # type: ignore[arg-type]
             if is_overridden("setup", module, L.LightningModule):
-                module.setup(stage)
+                module.setup(stage)  # type: ignore[operator]
 
     @override
     def train_dataloader(self) -> Any:
@@ -752,8 +786,11 @@ class FusedLightningModule(L.LightningModule):
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self._diverged_on_resume = restore_group(checkpoint, self._slots, self._policy, self.trial_factory)
+        fitting = self._trainer is None or self.trainer.state.fn == TrainerFn.FITTING
+        self._diverged_on_resume = restore_group(
+            checkpoint, self._slots, self._policy, self.trial_factory, fitting=fitting
+        )
         self._health.reset()
         if self._trainer is not None:
-            for tid, module in self._running():
-                attach_trainer(module, self.trainer, tid)
+            for tid, module in [*self._running(), *self._slots.retired.items()]:
+                attach_trainer(module, self.trainer, tid)  # type: ignore[arg-type]
