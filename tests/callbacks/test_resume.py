@@ -78,7 +78,7 @@ def test_resume_after_sigkill_gives_the_same_decisions_and_results(kind, tmp_pat
 
     resumed, resumed_callback = run(kind, directory, resume=True)
 
-    assert resumed_callback.outcomes == reference_callback.outcomes
+    assert resumed_callback.endings == reference_callback.endings
     assert [(r.trial_id, r.milestone, r.budget) for r in resumed_callback.rule.store.records()] == [
         (r.trial_id, r.milestone, r.budget) for r in reference_callback.rule.store.records()
     ]
@@ -123,7 +123,7 @@ def test_a_resumed_single_trial_keeps_its_id_and_budget(tmp_path):
 
     resumed = ASHA("val_loss", max_t=4, reduction_factor=2, storage=storage)
     trainer = fit_checkpointed(mlp(0.3), [resumed], directory, max_epochs=4, resume=True)
-    assert resumed._trial_key == first._trial_key  # the same trial in the shared store, not a new one
+    assert resumed._view.key == first._view.key  # the same trial in the shared store, not a new one
     assert (resumed.status, resumed.result["budget"], trainer.current_epoch) == ("completed", 4, 4)
     assert [r.milestone for r in resumed.rule.records()] == [1, 2, 4]
 
@@ -144,7 +144,7 @@ def test_interrupted_and_resumed_in_process_ends_as_uninterrupted(kind, tmp_path
     module, resumed = fused(LEARNING_RATES[:4]), make()
     fit_checkpointed(module, [resumed], directory, max_epochs=4, resume=True)
 
-    assert resumed.outcomes == reference.outcomes
+    assert resumed.endings == reference.endings
     assert {t: (r["status"], r["epochs"]) for t, r in module.results.items()} == {
         t: (r["status"], r["epochs"]) for t, r in reference_module.results.items()
     }
