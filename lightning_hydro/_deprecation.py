@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Renamed", "renamed_names"]
+__all__ = ["Renamed", "RenamedAttribute", "renamed_names"]
 
 
 @dataclass(frozen=True)
@@ -71,3 +71,42 @@ def renamed_names(module: str, renamed: Mapping[str, Renamed]) -> Callable[[str]
         return getattr(importlib.import_module(where), attribute)
 
     return __getattr__
+
+
+class RenamedAttribute:
+    """A class attribute that reads ``new`` (on the instance) under its old name, with a ``DeprecationWarning``.
+
+    Args:
+        new: The attribute's name now.
+        change: The warning's text after ``"{class}.{old name} "``: what changed and the fix.
+
+    Example::
+
+        >>> class Run:
+        ...     old = RenamedAttribute("new", "is renamed new; use .new")
+        ...     def __init__(self) -> None:
+        ...         self.new = 3
+        >>> import warnings
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore")
+        ...     Run().old
+        3
+    """
+
+    def __init__(self, new: str, change: str) -> None:
+        self.new = new
+        self.change = change
+        self.old = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.old = name
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        warnings.warn(
+            f"{type(instance).__name__}.{self.old} {self.change}. The old name will be removed in the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(instance, self.new)

@@ -10,7 +10,6 @@ made on global rank zero and broadcast to the other ranks; everything needed to 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -20,6 +19,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from lightning_hydro._deprecation import RenamedAttribute
 from lightning_hydro.callbacks.callback_arguments import check_arguments, check_steps_limit, open_storage, resolve_max_t
 from lightning_hydro.callbacks.refill_source import RefillSource, RefillSpec
 from lightning_hydro.callbacks.trial_ending import TrialEnding, format_summary
@@ -124,16 +124,7 @@ class HalvingCallback(Callback):
         """One trial per process: ``"running"``, ``"completed"``, ``"stopped"`` or ``"diverged"``."""
         return "running" if self._view is None else self._view.status
 
-    @property
-    def outcomes(self) -> dict[TrialId, TrialEnding]:
-        """Deprecated name of :attr:`endings`."""
-        warnings.warn(
-            f"{type(self).__name__}.outcomes is renamed endings (a TrialEnding per trial it ended); use .endings. "
-            "The old name will be removed in the next release.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.endings
+    outcomes = RenamedAttribute("endings", "is renamed endings (a TrialEnding per trial it ended); use .endings")
 
     # -- what subclasses provide -------------------------------------------------------------------------------
 
@@ -295,7 +286,7 @@ class HalvingCallback(Callback):
     def _judge_reports(self, reports: list[TrialReport], values: Mapping[TrialId, float | None]) -> list[TrialEnding]:
         view, name, max_t = self._trials, type(self).__name__, self._config.max_t
         by_key = {view.rule_key(report.trial_id): report.trial_id for report in reports}
-        keyed = [report._replace(trial_id=key) for key, report in zip(by_key, reports)]
+        keyed = [report._replace(trial_id=view.rule_key(report.trial_id)) for report in reports]
         decisions = [d for d in (self._judge(keyed, together=view.together) if keyed else []) if d.action != "continue"]
         endings = [
             TrialEnding.from_decision(by_key[d.trial_id], d, name, self.monitor, max_t, self._bracket_of(d.trial_id))
@@ -335,8 +326,8 @@ class HalvingCallback(Callback):
     def _finish(self) -> None:
         """End the trials still running (completed at max_t, else stopped), then log the summary."""
         view, max_t = self._trials, self._config.max_t
-        budgets = {tid: view.budget(tid) for tid in view.running()}
-        self._apply([TrialEnding.at_end_of_fit(t, b, max_t, self._end_reason(b)) for t, b in budgets.items()])
+        running = {tid: view.budget(tid) for tid in view.running()}
+        self._apply([TrialEnding.at_end_of_fit(t, b, max_t, self._end_reason(b)) for t, b in running.items()])
         budgets, statuses = view.ended()
         self.budget = summarize_budget(budgets, max_t)
         self.summary = format_summary(
