@@ -365,8 +365,8 @@ class LightningHydroSweeperImpl(Sweeper):
             metric=self.settings.metric,
             mode=self.settings.mode,
             reduction_factor=sched.reduction_factor,
-            min_budget=sched.min_budget,
-            max_budget=sched.max_budget,
+            grace_period=sched.grace_period,
+            max_t=sched.max_t,
             options=dict(sched.options),
             storage=self.rung_storage,  # one rung store per sweep: every decision ranks the whole sweep
             namespace=self.rung_namespace,

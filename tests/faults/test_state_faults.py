@@ -171,7 +171,7 @@ def fit_group(tmp_path: Path, optimizers: dict[int, str], *, slots: int, stoppin
     def build(trial_id: int) -> L.LightningModule:
         return DigitsMLP(hidden_dim=8, lr=0.1 + 0.05 * trial_id, optimizer=optimizers[trial_id])  # type: ignore[arg-type]
 
-    spec = EarlyStoppingSpec(name=stopping, metric="val_acc", mode="max", reduction_factor=2, max_budget=2)
+    spec = EarlyStoppingSpec(name=stopping, metric="val_acc", mode="max", reduction_factor=2, max_t=2)
     return fit_trials(
         build,
         list(optimizers),
