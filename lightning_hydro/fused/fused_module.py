@@ -36,11 +36,11 @@ from lightning_hydro.backends.auto import choose_backend
 from lightning_hydro.backends.compiled_step import CompileSetting, check_compile_setting
 from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments, check_precision
 from lightning_hydro.fused.backend_policy import BackendPolicy
+from lightning_hydro.fused.evaluation_steps import EvaluationSteps, predictions_by_trial
 from lightning_hydro.fused.group_checkpoint import CHECKPOINT_KEY, group_state, restore_group
 from lightning_hydro.fused.row_health import RowHealth
 from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_callbacks import per_trial_callbacks, refuse_module_callbacks
-from lightning_hydro.fused.trial_evaluation import TrialEvaluation, predictions_by_trial
 from lightning_hydro.fused.trial_hooks import forward_hook, hide_absent_hooks
 from lightning_hydro.fused.trial_metrics import TrialMetrics
 from lightning_hydro.fused.trial_modes import TrialModes
@@ -150,7 +150,7 @@ class FusedLightningModule(L.LightningModule):
         self._modes = TrialModes()
         self._optimizers = TrialOptimizers(self._slots, optimizer_path)
         self._roster = TrialRoster(self._policy, self._optimizers, self._metrics, self._health, self._modes)
-        self._evaluation = TrialEvaluation(self._policy)
+        self._eval_steps = EvaluationSteps(self._policy)
         self._publisher = TrialPublisher(self._slots, self._metrics)
         self._diverged_on_resume: dict[int, str] = {}
         self._open_batch: int | None = None
@@ -455,22 +455,22 @@ class FusedLightningModule(L.LightningModule):
     @override
     def forward(self, *args: Any) -> Any:
         """Every running trial's forward on the same input, stacked along a leading trial dimension."""
-        return self._evaluation.run("forward", *args).output
+        return self._eval_steps.run("forward", *args).output
 
     @override
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
-        out = self._evaluation.step("validation_step", self._first(), batch, batch_idx, dataloader_idx)
+        out = self._eval_steps.step("validation_step", self._first(), batch, batch_idx, dataloader_idx)
         self._publisher.record_step("validate", "validation_step", out.logs, batch)
 
     @override
     def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
-        out = self._evaluation.step("test_step", self._first(), batch, batch_idx, dataloader_idx)
+        out = self._eval_steps.step("test_step", self._first(), batch, batch_idx, dataloader_idx)
         self._publisher.record_step("test", "test_step", out.logs, batch)
 
     @override
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> dict[int, Any]:
         """Each running trial's prediction for the batch, by trial id."""
-        out = self._evaluation.step("predict_step", self._first(), batch, batch_idx, dataloader_idx)
+        out = self._eval_steps.step("predict_step", self._first(), batch, batch_idx, dataloader_idx)
         return predictions_by_trial(out, self._group.trial_ids)
 
     # -- per-batch and per-epoch bookkeeping ----------------------------------------------------------------------

@@ -82,7 +82,7 @@ def test_torchmetrics_in_validation_stay_fused_and_per_trial():
     trainer = make_trainer(max_epochs=2, limit_train_batches=5)
     fit_digits(trainer, fused)
     assert (
-        fused._evaluation.backend("validation_step").name == "vmap"
+        fused._eval_steps.backend("validation_step").name == "vmap"
     )  # validation fused too, metrics replayed per trial
     assert fused.backend == "vmap"
     for tid, module in enumerate(separate):

@@ -1,4 +1,4 @@
-"""``TrialEvaluation``: a fused group's ``forward`` and validation, test and predict steps, run for every trial.
+"""``EvaluationSteps``: a fused group's ``forward`` and validation, test and predict steps, run for every trial.
 
 Each evaluation method of the user's module runs for every running trial under the group's backend, chosen by
 the :class:`~lightning_hydro.fused.backend_policy.BackendPolicy`. A method that cannot run fused runs per trial
@@ -12,7 +12,7 @@ Example::
     >>> from lightning_hydro.demos import DigitsMLP
     >>> from lightning_hydro.fused.trial_slots import TrialSlots
     >>> slots = TrialSlots(nn.Module(), [DigitsMLP(hidden_dim=8) for _ in range(3)], [0, 1, 2], max_slots=3)
-    >>> evaluation = TrialEvaluation(BackendPolicy("vmap", slots, verify=False, deterministic=True))
+    >>> evaluation = EvaluationSteps(BackendPolicy("vmap", slots, verify=False, deterministic=True))
     >>> evaluation.run("forward", torch.zeros(5, 64)).output.shape  # 3 trials, 5 samples, 10 classes
     torch.Size([3, 5, 10])
 """
@@ -28,10 +28,10 @@ from torch import Tensor, nn
 from lightning_hydro.backends import Backend, FusionError, LoopBackend, StepOutputs
 from lightning_hydro.fused.backend_policy import BackendPolicy
 
-__all__ = ["TrialEvaluation", "predictions_by_trial"]
+__all__ = ["EvaluationSteps", "predictions_by_trial"]
 
 
-class TrialEvaluation:
+class EvaluationSteps:
     """Runs an evaluation method of every running trial, falling back to the loop where fusion cannot run it.
 
     Args:
