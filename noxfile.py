@@ -33,6 +33,7 @@ BENCHMARKS = {
             "--output",
             "benchmarks/results/sweep_vs_peers_128.md",
         ],
+        ["python", "benchmarks/sweep_profile.py"],
     ],
     "fidelity": [["python", "benchmarks/fidelity.py"]],
     "width_padding": [

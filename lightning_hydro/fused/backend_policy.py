@@ -66,6 +66,7 @@ class BackendPolicy:
         self.backend: Backend | None = None if requested == "auto" else self._make(requested)
         self.parked: Backend | None = None  # auto's choice, set aside while a lone trial runs on the loop
         self.eval_fallback: dict[str, Backend] = {}
+        self.unbuilt: str | None = None  # restored for a group with no running trial: no rows to build it on
         self.report = ""
         if self.backend is not None:
             slots.book.set_backend(slots.trial_ids, self.backend.name)
@@ -84,6 +85,8 @@ class BackendPolicy:
     @property
     def recorded_name(self) -> str | None:
         """The backend a resumed run should use: auto's timed choice, even while parked for a lone trial."""
+        if self.backend is None:
+            return self.unbuilt
         return self.name if self.parked is None else self.parked.name
 
     def _to_loop(self, reason: str) -> None:
@@ -210,7 +213,10 @@ class BackendPolicy:
         """After a checkpoint was loaded into new stacked state: use the recorded backend (no re-verification)."""
         self.verify_ids.clear()
         name = name or self.requested
-        self.backend = None if name == "auto" else self._make(name)
         self.parked = None
         self.eval_fallback.clear()
+        if not self.slots.group.size:  # every trial had ended: an evaluation builds it on the trials it stacks
+            self.backend, self.unbuilt = None, None if name == "auto" else name
+            return
+        self.backend, self.unbuilt = None if name == "auto" else self._make(name), None
         self.group_changed()

@@ -2,8 +2,9 @@
 
 Each evaluation method of the user's module runs for every running trial under the group's backend, chosen by
 the :class:`~lightning_hydro.fused.backend_policy.BackendPolicy`. A method that cannot run fused runs per trial
-on the loop from then on (said once, training unaffected); a group whose every trial has ended runs nothing.
-The fused module's hooks call it and book what the steps log.
+on the loop from then on (said once, training unaffected). During a fit a group whose every trial has ended
+runs nothing; test/validate/predict run every trial, the ended ones too (:mod:`.evaluation_layout`). The fused
+module's hooks call it and book what the steps log.
 
 Example::
 

@@ -149,9 +149,16 @@ class TrialSlots:
         return tid
 
     def replace(self, known: dict[int, nn.Module], live: Sequence[int]) -> None:
-        """Hold ``live`` (ids of ``known`` modules) in new stacked state; the rest of ``known`` is retired."""
+        """Hold ``live`` (ids of ``known`` modules) in new stacked state; the rest of ``known`` is retired.
+
+        With no ``live`` trial (a checkpoint written after every trial ended, restored for evaluation) the group
+        is empty: its stacked tensors keep the trials' shapes with no rows, as in the run that wrote it.
+        """
         for module in self.group.modules:
             self.group.detach(module)
         padded = self.group.pad_widths
-        self.group = StackedState(self.storage, [known[tid] for tid in live], live, pad_widths=padded)
+        rows = list(live) or sorted(known)  # an empty StackedState is one whose every row was removed
+        self.group = StackedState(self.storage, [known[tid] for tid in rows], rows, pad_widths=padded)
+        if not live:
+            self.group.reorder([])
         self.retired = {tid: m for tid, m in known.items() if tid not in live}

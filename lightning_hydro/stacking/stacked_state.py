@@ -25,7 +25,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -297,6 +297,29 @@ class StackedState:
         self.modules.append(module)
         self.trial_ids.append(trial_id)
         self.bind()
+
+    def reshape_empty(self, shapes: Mapping[str, Shape]) -> None:
+        """Give a group with no rows the stacked shapes ``shapes`` (``[0, ...]``, by parameter or buffer name).
+
+        With ``pad_widths``, a group whose every row was removed keeps the padded shape of its last rows; a group
+        rebuilt without rows (from a checkpoint written after every trial had left) takes the recorded shapes, so
+        that the recorded tensors load into it.
+
+        Raises:
+            ValueError: if the group has rows, or a shape has rows.
+        """
+        if self.size or any(shape[:1] != (0,) for shape in shapes.values()):
+            raise ValueError(
+                f"reshape_empty: only a group without rows takes new shapes; this one has {self.size} rows and the "
+                f"shapes asked for have {sorted({shape[0] for shape in shapes.values() if shape})} rows."
+            )
+        with torch.no_grad():
+            for name, stacked in self.params.items():
+                if name in shapes:
+                    stacked.data, stacked.grad = stacked.data.new_zeros(shapes[name]), None
+            for name, stacked_buffer in self.buffers.items():
+                if name in shapes:
+                    self._replace_buffer(name, stacked_buffer.new_zeros(shapes[name]))
 
     def _select_rows(self, rows: Sequence[int]) -> None:
         with torch.no_grad():

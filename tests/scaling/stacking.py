@@ -1,29 +1,33 @@
-"""A minimal stand-in for the fused core, as DESIGN.md section 3 specifies it, to test muP trials fused.
+"""muP trials trained fused through the library's own core, outside Lightning.
 
-Trials are stacked with ``torch.func.stack_module_state``; each trial parameter's ``.data`` is bound to its
-slice of the stacked tensor; the forward runs ``vmap(functional_call(...))`` over the stacked state; the
-loss is the sum of the trial losses; after backward each trial parameter's ``.grad`` is its slice of the
-stacked gradient; and each trial's own ``configure_optimizers()`` optimizer steps it.
+The pieces ``FusedLightningModule`` assembles for a training step, without a Trainer: the stacked storage
+with every trial bound to its row (:class:`~lightning_hydro.stacking.StackedState`), one vmapped forward of
+all rows (:class:`~lightning_hydro.backends.vmap_backend.VmapBackend`), the sum of the trial losses, and the
+group optimizer stepping each trial with its own ``configure_optimizers()`` optimizer
+(:class:`~lightning_hydro.optim.group_optimizer.TrialGroupOptimizer`; per-tensor muP learning rates are
+param-group options, so the fused update and the universal path both honour them).
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call, stack_module_state, vmap
 
-from lightning_hydro.scaling.param_groups import find_optimizers
+from lightning_hydro.backends.vmap_backend import VmapBackend
+from lightning_hydro.optim.group_optimizer import TrialGroupOptimizer
+from lightning_hydro.optim.trial_optimization import parse_optimizer_config
+from lightning_hydro.stacking import StackedState
 
 
 def vmapped_forward(models: Sequence[nn.Module], inputs: torch.Tensor) -> torch.Tensor:
     """Outputs ``[B, ...]`` of the stacked ``models`` on shared ``inputs``, through one vmapped call."""
-    params, buffers = stack_module_state(list(models))
-    template = copy.deepcopy(models[0]).to("meta")
-    return vmap(lambda p, b: functional_call(template, (p, b), (inputs,)))(params, buffers)
+    group = StackedState(nn.Module(), list(models), list(range(len(models))))
+    output = VmapBackend(group).run("forward", inputs).output
+    assert isinstance(output, torch.Tensor)
+    return output
 
 
 class StackedTrials:
@@ -32,21 +36,21 @@ class StackedTrials:
     def __init__(self, models: Sequence[nn.Module], loss: Callable[[torch.Tensor, Any], torch.Tensor]) -> None:
         self.models = list(models)
         self.loss = loss
-        self.params, self.buffers = stack_module_state(self.models)
-        self.template = copy.deepcopy(self.models[0]).to("meta")
-        for index, model in enumerate(self.models):
-            for name, param in model.named_parameters():
-                param.data = self.params[name].data[index]  # bound: the trial sees the stacked weights
-        self.optimizers = [find_optimizers(m.configure_optimizers())[0][0] for m in self.models]
+        ids = list(range(len(self.models)))
+        self.group = StackedState(nn.Module(), self.models, ids)
+        self.backend = VmapBackend(self.group)
+        trials = {
+            tid: parse_optimizer_config(m.configure_optimizers(), trial_id=tid, module=m)  # type: ignore[operator]
+            for tid, m in zip(ids, self.models)
+        }
+        self.optimizer = TrialGroupOptimizer(self.group, trials)
 
     def __call__(self, batch: Any) -> None:
-        inputs = batch[0]
-        outputs = vmap(lambda p, b: functional_call(self.template, (p, b), (inputs,)))(self.params, self.buffers)
-        total = sum(self.loss(outputs[i], batch) for i in range(len(self.models)))
-        for param in self.params.values():
-            param.grad = None
-        total.backward()  # type: ignore[union-attr]
-        for index, (model, optimizer) in enumerate(zip(self.models, self.optimizers)):
-            for name, param in model.named_parameters():
-                param.grad = self.params[name].grad[index]
-            optimizer.step()
+        def closure() -> None:
+            outputs = self.backend.run("forward", batch[0]).output
+            assert isinstance(outputs, torch.Tensor)
+            total = torch.stack([self.loss(outputs[i], batch) for i in range(len(self.models))]).sum()
+            total.backward()
+
+        self.optimizer.zero_grad()
+        self.optimizer.step(closure)

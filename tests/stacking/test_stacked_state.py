@@ -89,3 +89,18 @@ def test_architecture_checks_cover_requires_grad():
     frozen.weight.requires_grad_(False)
     with pytest.raises(ArchitectureMismatchError, match=r"requires_grad=False, expected .* requires_grad=True"):
         check_same_architecture([nn.Linear(2, 2), frozen])
+
+
+def test_a_group_without_rows_takes_recorded_shapes_and_grows_again():
+    storage = nn.Module()
+    state = StackedState(storage, [nn.Linear(3, 2), nn.Linear(3, 2)], trial_ids=[0, 1])
+    with pytest.raises(ValueError, match=r"reshape_empty: only a group without rows .* this one has 2 rows"):
+        state.reshape_empty({"weight": (0, 2, 3)})
+    state.remove([0, 1])
+    with pytest.raises(ValueError, match=r"the shapes asked for have \[1\] rows"):
+        state.reshape_empty({"weight": (1, 2, 3)})
+    state.reshape_empty({"weight": (0, 2, 3), "bias": (0, 2)})
+    assert storage.state_dict()["weight"].shape == (0, 2, 3)
+    newcomer = nn.Linear(3, 2)
+    state.append(newcomer, 5)
+    assert torch.equal(state.params["weight"][0], newcomer.weight)

@@ -75,6 +75,8 @@ def test_the_template_projects_own_train_py_asks_the_sweeps_sampler_for_freed_sl
     trials = read_json(sweep_dir / "results.json")["trials"]
     assert sorted(t["trial_id"] for t in trials) == list(range(6))
     assert all(isinstance(t["seed"], int) for t in trials)
+    # the template's trainer.test(ckpt_path=best) after fit tests every trial, those ASHA ended included
+    assert all("test/acc" in t["metrics"] for t in trials)
     plan = read_json(sweep_dir / "lightning_hydro" / "plan.json")
     asked = [
         tid

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_hydro.backends.hfta.errors import FusedCallError
-from lightning_hydro.backends.hfta.fused_module import (
+from lightning_hydro.backends.hfta.fused_operator import (
     FusedModule,
     InDims,
     TrialFunction,

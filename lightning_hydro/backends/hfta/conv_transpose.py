@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_hydro.backends.hfta.convolution import fold_trials, unfold_trials
-from lightning_hydro.backends.hfta.fused_module import (
+from lightning_hydro.backends.hfta.fused_operator import (
     FusedModule,
     InDims,
     TrialFunction,

@@ -22,7 +22,7 @@ from torch import nn
 
 from lightning_hydro.backends.deferred_metrics import metric_paths
 from lightning_hydro.backends.hfta.errors import ConversionError
-from lightning_hydro.backends.hfta.fused_module import FusedModule, TrialAnchor
+from lightning_hydro.backends.hfta.fused_operator import FusedModule, TrialAnchor
 from lightning_hydro.backends.hfta.per_trial import values_equal
 from lightning_hydro.backends.hfta.registry import (
     FUSED_CONTAINERS,

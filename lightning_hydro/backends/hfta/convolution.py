@@ -15,7 +15,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_hydro.backends.hfta.fused_module import (
+from lightning_hydro.backends.hfta.fused_operator import (
     FusedModule,
     InDims,
     TrialFunction,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lightning_hydro.backends.hfta.fused_module import (
+from lightning_hydro.backends.hfta.fused_operator import (
     FusedModule,
     InDims,
     TrialFunction,

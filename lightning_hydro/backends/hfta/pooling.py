@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from lightning_hydro.backends.hfta.fused_module import FusedModule, InDims, TrialFunction, VmapInfo
+from lightning_hydro.backends.hfta.fused_operator import FusedModule, InDims, TrialFunction, VmapInfo
 
 Pooled = Tensor | tuple[Tensor, Tensor]
 

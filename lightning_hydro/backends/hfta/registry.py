@@ -15,7 +15,7 @@ from lightning_hydro.backends.hfta.conv_transpose import (
 from lightning_hydro.backends.hfta.convolution import FusedConv1d, FusedConv2d, FusedConv3d
 from lightning_hydro.backends.hfta.dropout import FusedDropout, FusedDropout1d, FusedDropout2d, FusedDropout3d
 from lightning_hydro.backends.hfta.embedding import FusedEmbedding
-from lightning_hydro.backends.hfta.fused_module import FusedModule
+from lightning_hydro.backends.hfta.fused_operator import FusedModule
 from lightning_hydro.backends.hfta.group_norm import FusedGroupNorm
 from lightning_hydro.backends.hfta.layer_norm import FusedLayerNorm
 from lightning_hydro.backends.hfta.linear import FusedLinear

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_hydro.backends.hfta.fused_module import FusedModule
+from lightning_hydro.backends.hfta.fused_operator import FusedModule
 
 
 class _PythonPathOnly(FusedModule):

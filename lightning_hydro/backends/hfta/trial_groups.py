@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.func import vmap
 
 from lightning_hydro.backends.hfta.errors import FusedCallError
-from lightning_hydro.backends.hfta.fused_module import (
+from lightning_hydro.backends.hfta.fused_operator import (
     InDims,
     TrialAnchor,
     TrialFunction,

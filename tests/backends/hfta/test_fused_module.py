@@ -4,7 +4,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from lightning_hydro.backends.hfta import FusedCallError, convert_to_fused
-from lightning_hydro.backends.hfta.fused_module import (
+from lightning_hydro.backends.hfta.fused_operator import (
     TrialAnchor,
     logical_shape,
     random_uniform,
