@@ -1,5 +1,8 @@
 """``EvaluationSteps``: a fused group's ``forward`` and validation, test and predict steps, run for every trial.
 
+Outside a fit, each evaluation stage runs on an :class:`~lightning_hydro.fused.evaluation_layout.EvaluationLayout`
+holding every trial, the ended ones too, entered and left here; the group's slots do not change meanwhile.
+
 Each evaluation method of the user's module runs for every running trial under the group's backend, chosen by
 the :class:`~lightning_hydro.fused.backend_policy.BackendPolicy`. A method that cannot run fused runs per trial
 on the loop from then on (said once, training unaffected). During a fit a group whose every trial has ended
@@ -24,10 +27,14 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
+import lightning as L
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor, nn
 
 from lightning_hydro.backends import Backend, FusionError, LoopBackend, StepOutputs
 from lightning_hydro.fused.backend_policy import BackendPolicy
+from lightning_hydro.fused.evaluation_layout import EvaluationLayout
+from lightning_hydro.fused.trainer_view import attach_trainer
 
 __all__ = ["EvaluationSteps", "predictions_by_trial"]
 
@@ -41,6 +48,30 @@ class EvaluationSteps:
 
     def __init__(self, policy: BackendPolicy) -> None:
         self.policy = policy
+        self.layout: EvaluationLayout | None = None  # every trial, ended ones too, while test/validate/predict
+
+    def enter(self, trainer: L.Trainer) -> None:
+        """Outside a fit, evaluate every trial of the group, the ended ones too: see :mod:`.evaluation_layout`."""
+        self.leave()
+        if trainer.state.fn != TrainerFn.FITTING:
+            self.layout = EvaluationLayout.enter(self.policy.slots, self.policy)
+            for tid, module in self.policy.slots.running():
+                attach_trainer(module, trainer, tid)  # type: ignore[arg-type]
+
+    def refuse_slot_change(self, what: str, trainer: L.Trainer | None) -> None:
+        """Raise if an evaluation stage runs: ``what`` (``stop_trial``, ``add_trial``) would change its layout."""
+        if self.layout is not None:
+            stage = getattr(trainer.state.fn, "value", "an evaluation") if trainer is not None else "an evaluation"
+            raise RuntimeError(
+                f"{what}: the group's slots change only while it fits; this runs during trainer.{stage}, which "
+                "evaluates every trial of the group as it is. Stop or add trials from a callback's fit hooks."
+            )
+
+    def leave(self) -> None:
+        """Put the fit layout back, if an evaluation layout was entered."""
+        layout, self.layout = self.layout, None
+        if layout is not None:
+            layout.leave()
 
     def backend(self, method: str) -> Backend:
         """The backend that runs ``method`` now."""

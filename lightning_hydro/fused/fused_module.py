@@ -36,7 +36,6 @@ from lightning_hydro.backends.auto import choose_backend
 from lightning_hydro.backends.compiled_step import CompileSetting, check_compile_setting
 from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments, check_precision
 from lightning_hydro.fused.backend_policy import BackendPolicy
-from lightning_hydro.fused.evaluation_layout import EvaluationLayout
 from lightning_hydro.fused.evaluation_steps import EvaluationSteps, predictions_by_trial
 from lightning_hydro.fused.group_checkpoint import CHECKPOINT_KEY, group_state, restore_group
 from lightning_hydro.fused.row_health import RowHealth
@@ -155,7 +154,6 @@ class FusedLightningModule(L.LightningModule):
         self._publisher = TrialPublisher(self._slots, self._metrics)
         self._diverged_on_resume: dict[int, str] = {}
         self._open_batch: int | None = None
-        self._evaluation: EvaluationLayout | None = None  # every trial, ended ones too, while test/validate/predict
         self.summary = summary
         self.monitor = monitor
         self.mode = mode
@@ -287,13 +285,13 @@ class FusedLightningModule(L.LightningModule):
             reason: recorded in ``results`` and shown in the summary table.
             status: ``"stopped"`` (a decision), ``"completed"`` (reached its budget) or ``"diverged"``.
         """
-        self._refuse_during_evaluation("stop_trial")
+        self._eval_steps.refuse_slot_change("stop_trial", self._trainer)
         self._roster.stop(self._trainer, trial_id, reason, status=status)
 
     def add_trial(self, module: L.LightningModule, trial_id: int | None = None) -> int:
         """Put a new trial into a free slot, with fresh optimizer state; returns its id."""
         if isinstance(module, L.LightningModule):  # anything else is refused by its type first, at any stage
-            self._refuse_during_evaluation("add_trial")
+            self._eval_steps.refuse_slot_change("add_trial", self._trainer)
         return self._roster.add(self._trainer, self, module, trial_id)
 
     def _running(self) -> list[tuple[int, L.LightningModule]]:
@@ -334,59 +332,38 @@ class FusedLightningModule(L.LightningModule):
             return self._group.modules[0]  # type: ignore[return-value]
         return next(iter(self._slots.retired.values()))  # type: ignore[return-value]
 
-    def _enter_evaluation(self) -> None:
-        """Outside a fit, evaluate every trial of the group, the ended ones too: see :mod:`.evaluation_layout`."""
-        self._leave_evaluation()
-        if self.trainer.state.fn != TrainerFn.FITTING:
-            self._evaluation = EvaluationLayout.enter(self._slots, self._policy)
-            for tid, module in self._running():
-                attach_trainer(module, self.trainer, tid)
-
-    def _refuse_during_evaluation(self, what: str) -> None:
-        if self._evaluation is not None:
-            stage = getattr(self.trainer.state.fn, "value", "an evaluation")
-            raise RuntimeError(
-                f"{what}: the group's slots change only while it fits; this runs during trainer.{stage}, which "
-                "evaluates every trial of the group as it is. Stop or add trials from a callback's fit hooks."
-            )
-
-    def _leave_evaluation(self) -> None:
-        layout, self._evaluation = self._evaluation, None
-        if layout is not None:
-            layout.leave()
-
     @override
     def on_validation_model_eval(self) -> None:
-        self._enter_evaluation()
+        self._eval_steps.enter(self.trainer)
         self._modes.capture(self, self._group.modules)
         super().on_validation_model_eval()
 
     @override
     def on_validation_model_train(self) -> None:
         self._modes.restore()
-        self._leave_evaluation()
+        self._eval_steps.leave()
 
     @override
     def on_test_model_eval(self) -> None:
-        self._enter_evaluation()
+        self._eval_steps.enter(self.trainer)
         self._modes.capture(self, self._group.modules)
         super().on_test_model_eval()
 
     @override
     def on_test_model_train(self) -> None:
         self._modes.restore()
-        self._leave_evaluation()
+        self._eval_steps.leave()
 
     @override
     def on_predict_model_eval(self) -> None:
-        self._enter_evaluation()
+        self._eval_steps.enter(self.trainer)
         self._modes.capture(self, self._group.modules)
         super().on_predict_model_eval()
 
     @override
     def on_predict_end(self) -> None:
         self._modes.restore()
-        self._leave_evaluation()
+        self._eval_steps.leave()
 
     @override
     def configure_callbacks(self) -> list[Callback]:
@@ -403,8 +380,8 @@ class FusedLightningModule(L.LightningModule):
     @override
     def setup(self, stage: str) -> None:
         check_precision(self.trainer.precision)
-        self._leave_evaluation()  # after a stage that raised
-        # test/validate/predict evaluate the ended trials too (see _enter_evaluation): they are set up as well
+        self._eval_steps.leave()  # after a stage that raised
+        # test/validate/predict evaluate the ended trials too (see EvaluationSteps.enter): they are set up as well
         trials = self._running() if stage == "fit" else [*self._running(), *self._slots.retired.items()]
         for tid, module in trials:
             attach_trainer(module, self.trainer, tid)  # type: ignore[arg-type]
