@@ -296,11 +296,8 @@ class HalvingCallback(Callback):
         outcomes = self._on_rank_zero(trainer, lambda: self._judge_reports(reports, values))
         for report in reports:
             self._reported[report.trial_id] = report.budget
-        stopping = trainer.should_stop
         self._apply(outcomes)
-        if self._refill_slots(trainer) and not stopping:
-            # the fused module asked the Trainer to stop when its last trial left; new trials took the slots
-            trainer.should_stop = False
+        self._refill_slots(trainer)  # a fused group ends its fit itself if no trial runs after this hook
 
     def _judge_reports(self, reports: list[TrialReport], values: Mapping[TrialId, float | None]) -> list[TrialOutcome]:
         view = self._trials
