@@ -277,11 +277,8 @@ class HalvingCallback(Callback):
         endings = self._on_rank_zero(trainer, lambda: self._judge_reports(reports, values))
         for report in reports:
             self._reported[report.trial_id] = report.budget
-        stopping = trainer.should_stop
         self._apply(endings)
-        if self._refill_slots(trainer) and not stopping:
-            # the fused module asked the Trainer to stop when its last trial left; new trials took the slots
-            trainer.should_stop = False
+        self._refill_slots(trainer)  # a fused group ends its fit itself if no trial runs after this hook
 
     def _judge_reports(self, reports: list[TrialReport], values: Mapping[TrialId, float | None]) -> list[TrialEnding]:
         view, name, max_t = self._trials, type(self).__name__, self._config.max_t
@@ -304,16 +301,15 @@ class HalvingCallback(Callback):
                     f"{ending.reason}."
                 )
 
-    def _refill_slots(self, trainer: L.Trainer) -> int:
-        """Fill free slots with new trials, as many as :meth:`_admissions` allows; returns how many were added."""
-        view, added = self._trials, 0
+    def _refill_slots(self, trainer: L.Trainer) -> None:
+        """Fill free slots with new trials, as many as :meth:`_admissions` allows."""
+        view = self._trials
         if self._refill is None or self._refill.exhausted or not view.free_slots():
-            return 0
+            return
         for _ in range(self._on_rank_zero(trainer, lambda: self._admissions(view.free_slots()))):
             drawn = self._refill.draw()
             if drawn is None:
-                break
-            added += 1
+                return
             trial_id, module = drawn if isinstance(drawn, tuple) else (None, drawn)
             if trainer.world_size > 1:  # every rank must hold the same new trial
                 module.load_state_dict(trainer.strategy.broadcast(module.state_dict(), src=0))
@@ -321,7 +317,6 @@ class HalvingCallback(Callback):
             self._on_trial_started(view.rule_key(tid))
             if self.verbose:
                 rank_zero_info(f"{type(self).__name__}: trial {tid} fills a free slot.")
-        return added
 
     def _finish(self) -> None:
         """End the trials still running (completed at max_t, else stopped), then log the summary."""

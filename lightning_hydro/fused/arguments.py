@@ -9,7 +9,7 @@ import lightning as L
 
 from lightning_hydro.backends import BACKEND_NAMES
 
-__all__ = ["check_deterministic", "check_fused_arguments"]
+__all__ = ["check_deterministic", "check_fused_arguments", "check_precision"]
 
 
 def check_fused_arguments(
@@ -56,3 +56,14 @@ def check_deterministic(deterministic: Any) -> bool:
             "e.g. deterministic=True to choose backend='auto' without timing."
         )
     return deterministic
+
+
+def check_precision(precision: Any) -> None:
+    """The Trainer's precision must not scale the loss: one shared GradScaler would couple the trials."""
+    precision = str(precision)
+    if precision in ("16-mixed", "16", "16-mixed-amp"):
+        raise ValueError(
+            f"FusedLightningModule does not support precision={precision!r}: its one shared GradScaler would "
+            "skip every trial's step whenever one trial overflows, coupling the trials. Use "
+            "precision='bf16-mixed' (no loss scaling needed), '32-true' or '16-true'."
+        )

@@ -20,7 +20,6 @@ Example::
 from __future__ import annotations
 
 import copy
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -28,42 +27,30 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from lightning.pytorch.utilities.types import LRSchedulerConfig
 from torch import Tensor, nn
 from typing_extensions import override
 
-from lightning_hydro.backends import (
-    Backend,
-    BackendName,
-    FusionError,
-    LoopBackend,
-    StackedLog,
-    StepOutputs,
-)
+from lightning_hydro.backends import Backend, BackendName
 from lightning_hydro.backends.auto import choose_backend
 from lightning_hydro.backends.compiled_step import CompileSetting, check_compile_setting
-from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments
+from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments, check_precision
 from lightning_hydro.fused.backend_policy import BackendPolicy
-from lightning_hydro.fused.evaluation_layout import EvaluationLayout
+from lightning_hydro.fused.evaluation_steps import EvaluationSteps, predictions_by_trial
 from lightning_hydro.fused.group_checkpoint import CHECKPOINT_KEY, group_state, restore_group
-from lightning_hydro.fused.row_health import HealthReadback, RowHealth
+from lightning_hydro.fused.row_health import RowHealth
 from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_callbacks import per_trial_callbacks, refuse_module_callbacks
-from lightning_hydro.fused.trial_clipping import clip_trial_gradients
-from lightning_hydro.fused.trial_hooks import forward_hook, record_step_logs
+from lightning_hydro.fused.trial_hooks import forward_hook, hide_absent_hooks
 from lightning_hydro.fused.trial_metrics import TrialMetrics
 from lightning_hydro.fused.trial_modes import TrialModes
-from lightning_hydro.fused.trial_schedulers import drop_scheduler_configs, scheduler_configs
+from lightning_hydro.fused.trial_optimizers import TrialOptimizers
+from lightning_hydro.fused.trial_publisher import TrialPublisher
+from lightning_hydro.fused.trial_roster import TrialRoster
 from lightning_hydro.fused.trial_slots import TrialSlots
+from lightning_hydro.fused.trial_specs import trials_from_configs
 from lightning_hydro.fused.width_padding import width_optimizer_path
-from lightning_hydro.optim.group_optimizer import (
-    OptimizerPath,
-    StepReport,
-    TrialGroupOptimizer,
-)
-from lightning_hydro.optim.trial_optimization import TrialOptimization, parse_optimizer_config
+from lightning_hydro.optim.group_optimizer import OptimizerPath, TrialGroupOptimizer
 from lightning_hydro.schedulers.trial_record import (
     TimeAttr,
     TrialRecord,
@@ -74,17 +61,6 @@ from lightning_hydro.schedulers.trial_record import (
 from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = ["FusedLightningModule"]
-
-# Hooks of the trial modules that the fused module exposes only if the trials implement them, so that
-# Lightning sees the same loops as in an unfused run (e.g. no validation loop without a validation_step).
-_OPTIONAL_HOOKS = (
-    "validation_step",
-    "test_step",
-    "train_dataloader",
-    "val_dataloader",
-    "test_dataloader",
-    "predict_dataloader",
-)
 
 
 class FusedLightningModule(L.LightningModule):
@@ -169,22 +145,20 @@ class FusedLightningModule(L.LightningModule):
             deterministic=self.deterministic,
             compile=check_compile_setting(compile),
         )
-        self._optimizer_path: OptimizerPath = optimizer_path
         self._health = RowHealth(check_every=divergence_check_every)
         self._metrics = TrialMetrics()
+        self._modes = TrialModes()
+        self._optimizers = TrialOptimizers(self._slots, optimizer_path)
+        self._roster = TrialRoster(self._policy, self._optimizers, self._metrics, self._health, self._modes)
+        self._eval_steps = EvaluationSteps(self._policy)
+        self._publisher = TrialPublisher(self._slots, self._metrics)
         self._diverged_on_resume: dict[int, str] = {}
         self._open_batch: int | None = None
-        self._stepped = False  # an optimizer step ran in this batch (not only gradient accumulation)
-        self._read_due = False  # the health schedule asks for a read-back at this batch's end
-        self._modes = TrialModes()
-        self._evaluation: EvaluationLayout | None = None  # every trial, ended ones too, while test/validate/predict
         self.summary = summary
         self.monitor = monitor
         self.mode = mode
         self.trial_factory = trial_factory
-        for hook in _OPTIONAL_HOOKS:
-            if not is_overridden(hook, trials[0], L.LightningModule):
-                self.__dict__[hook] = None  # hidden: Lightning's is_overridden() then reports False
+        hide_absent_hooks(self, trials[0])  # Lightning then sees the loops of an unfused run
 
     @classmethod
     def from_configs(
@@ -212,22 +186,10 @@ class FusedLightningModule(L.LightningModule):
             >>> fused.stacked.get_parameter("head__weight").shape  # 3 trials of width 256 / 4
             torch.Size([3, 10, 64])
         """
-        from lightning_hydro.scaling import Surrogate
-
-        plain = [dict(config) for config in configs]
-        ids = list(range(len(plain))) if trial_ids is None else [int(t) for t in trial_ids]
-        surrogate = None if width is None else Surrogate(factory, width=width, ratio=ratio)
-
-        def build(config: dict[str, Any]) -> L.LightningModule:
-            return factory(**config) if surrogate is None else surrogate.build(**config)  # type: ignore[return-value]
-
-        by_id = dict(zip(ids, plain))
-        return cls(
-            [build(config) for config in plain],
-            trial_ids=ids,
-            trial_factory=lambda tid: build(by_id[tid]) if tid in by_id else None,
-            **kwargs,
+        modules, ids, trial_factory = trials_from_configs(
+            factory, configs, width=width, ratio=ratio, trial_ids=trial_ids
         )
+        return cls(modules, trial_ids=ids, trial_factory=trial_factory, **kwargs)
 
     # -- the group -------------------------------------------------------------------------------------------
 
@@ -238,14 +200,6 @@ class FusedLightningModule(L.LightningModule):
     @property
     def _optimizer(self) -> TrialGroupOptimizer | None:
         return self._slots.optimizer
-
-    @property
-    def _backend(self) -> Backend | None:
-        return self._policy.backend
-
-    @_backend.setter
-    def _backend(self, backend: Backend | None) -> None:
-        self._policy.backend = backend
 
     @property
     def backend_report(self) -> str:
@@ -297,12 +251,7 @@ class FusedLightningModule(L.LightningModule):
         What the module publishes in its ``on_train_epoch_end``, for callbacks, whose ``on_train_epoch_end``
         Lightning runs before the module's.
         """
-        latest = {tid: dict(self._slots.book.records[tid].metrics) for tid in self._group.trial_ids}
-        for source in (self._metrics.step_values(), self._metrics.epoch_so_far("train")):
-            for tid, values in source.items():
-                if tid in latest:
-                    latest[tid].update(values)
-        return latest
+        return self._publisher.training_epoch_values()
 
     def trial_module(self, trial_id: int) -> L.LightningModule:
         """The trial's own module (bound to the stacked state while it runs)."""
@@ -323,70 +272,37 @@ class FusedLightningModule(L.LightningModule):
 
     def read_health(self) -> None:
         """Read the rows' health back from the device (one sync): count steps, free diverged trials' slots."""
-        self._settle_health(credit_epoch=False)
-
-    def _settle_health(self, *, credit_epoch: bool) -> None:
-        readback = self._health.read() if self._health.pending else HealthReadback()
-        for tid, steps in readback.steps.items():
-            self._slots.book.add_steps(tid, steps)
-        now = self.trainer.global_step if self._trainer is not None else -1
-        for late in (False, True):  # a trial that diverged in this very step trained through the batch
-            if late and credit_epoch:
-                self._slots.book.count_epoch(self._group.trial_ids)
-            for tid, (reason, step) in readback.diverged.items():
-                if (step >= now) == late:
-                    rank_zero_info(f"FusedLightningModule: trial {tid} diverged at step {step} ({reason}); slot freed.")
-                    self.stop_trial(tid, reason, status="diverged")  # it records the trial's last step values
+        self._roster.settle_health(self._trainer, credit_epoch=False)
 
     def stop_trial(self, trial_id: int, reason: str = "", *, status: TrialStatus = "stopped") -> None:
         """Remove a running trial from its slot: the stacked state shrinks, the others keep everything.
+
+        The fit ends once no trial runs, checked in the module's hooks after the callbacks' (so a callback may
+        stop the last trial and refill its slot in the same hook).
 
         Args:
             trial_id: the trial to stop.
             reason: recorded in ``results`` and shown in the summary table.
             status: ``"stopped"`` (a decision), ``"completed"`` (reached its budget) or ``"diverged"``.
         """
-        self._refuse_during_evaluation("stop_trial")
-        self._slots.check_stop(trial_id, status)
-        self.read_health()  # rows are about to change; a trial found diverged leaves as such
-        if trial_id not in self._slots.trial_ids:
-            return
-        self._slots.book.update_metrics(trial_id, self._metrics.step_values().get(trial_id, {}))  # e.g. last train_loss
-        self._metrics.reslot()
-        self._slots.stop(trial_id, status, reason)
-        self._health.reslot(self._slots.trial_ids)
-        self._drop_scheduler_configs(trial_id)
-        self._policy.trial_removed(trial_id)
-        if not self._slots.trial_ids and self._trainer is not None:
-            self.trainer.should_stop = True
+        self._eval_steps.refuse_slot_change("stop_trial", self._trainer)
+        self._roster.stop(self._trainer, trial_id, reason, status=status)
 
     def add_trial(self, module: L.LightningModule, trial_id: int | None = None) -> int:
         """Put a new trial into a free slot, with fresh optimizer state; returns its id."""
-        if not isinstance(module, L.LightningModule):
-            raise TypeError(f"add_trial: expected a lightning.LightningModule, got {type(module).__name__}.")
-        self._refuse_during_evaluation("add_trial")
-        if any(module is m for m in self._group.modules):
-            raise ValueError("add_trial: this module is already in the group.")
-        self.read_health()
-        tid = self._slots.new_id(trial_id)
-        if not module.automatic_optimization:
-            raise ValueError("add_trial: the trial uses manual optimization; fused trials need automatic optimization.")
-        self._policy.check_newcomer(module, tid)
-        module.to(device=self._group.device)
-        self._modes.set_newcomer(self, module)
-        self._metrics.reslot()
-        if self._trainer is not None:
-            attach_trainer(module, self.trainer, tid)
-        optimization = None if self._optimizer is None else self._configure_trial_optimizer(tid, module)
-        self._slots.add(module, tid, optimization)
-        self._health.reslot(self._slots.trial_ids)
-        if self._optimizer is not None:
-            self.trainer.strategy.lr_scheduler_configs.extend(self._scheduler_configs(tid))
-        self._policy.trial_added(tid)
-        return tid
+        if isinstance(module, L.LightningModule):  # anything else is refused by its type first, at any stage
+            self._eval_steps.refuse_slot_change("add_trial", self._trainer)
+        return self._roster.add(self._trainer, self, module, trial_id)
 
     def _running(self) -> list[tuple[int, L.LightningModule]]:
         return self._slots.running()  # type: ignore[return-value]
+
+    def _end_fit_if_empty(self) -> None:
+        # the one place that ends a fit for the group: from the module's own hooks, which Lightning runs after the
+        # callbacks' (on_train_batch_end, on_validation_end and, but for EarlyStopping and checkpoints,
+        # on_train_epoch_end), so a callback that stops the last trial may still refill its slot
+        if not self._group.trial_ids:
+            self.trainer.should_stop = True
 
     # -- module plumbing: devices, modes, hooks the trials implement ---------------------------------------------
 
@@ -416,59 +332,38 @@ class FusedLightningModule(L.LightningModule):
             return self._group.modules[0]  # type: ignore[return-value]
         return next(iter(self._slots.retired.values()))  # type: ignore[return-value]
 
-    def _enter_evaluation(self) -> None:
-        """Outside a fit, evaluate every trial of the group, the ended ones too: see :mod:`.evaluation_layout`."""
-        self._leave_evaluation()
-        if self.trainer.state.fn != TrainerFn.FITTING:
-            self._evaluation = EvaluationLayout.enter(self._slots, self._policy)
-            for tid, module in self._running():
-                attach_trainer(module, self.trainer, tid)
-
-    def _refuse_during_evaluation(self, what: str) -> None:
-        if self._evaluation is not None:
-            stage = getattr(self.trainer.state.fn, "value", "an evaluation")
-            raise RuntimeError(
-                f"{what}: the group's slots change only while it fits; this runs during trainer.{stage}, which "
-                "evaluates every trial of the group as it is. Stop or add trials from a callback's fit hooks."
-            )
-
-    def _leave_evaluation(self) -> None:
-        layout, self._evaluation = self._evaluation, None
-        if layout is not None:
-            layout.leave()
-
     @override
     def on_validation_model_eval(self) -> None:
-        self._enter_evaluation()
+        self._eval_steps.enter(self.trainer)
         self._modes.capture(self, self._group.modules)
         super().on_validation_model_eval()
 
     @override
     def on_validation_model_train(self) -> None:
         self._modes.restore()
-        self._leave_evaluation()
+        self._eval_steps.leave()
 
     @override
     def on_test_model_eval(self) -> None:
-        self._enter_evaluation()
+        self._eval_steps.enter(self.trainer)
         self._modes.capture(self, self._group.modules)
         super().on_test_model_eval()
 
     @override
     def on_test_model_train(self) -> None:
         self._modes.restore()
-        self._leave_evaluation()
+        self._eval_steps.leave()
 
     @override
     def on_predict_model_eval(self) -> None:
-        self._enter_evaluation()
+        self._eval_steps.enter(self.trainer)
         self._modes.capture(self, self._group.modules)
         super().on_predict_model_eval()
 
     @override
     def on_predict_end(self) -> None:
         self._modes.restore()
-        self._leave_evaluation()
+        self._eval_steps.leave()
 
     @override
     def configure_callbacks(self) -> list[Callback]:
@@ -484,15 +379,9 @@ class FusedLightningModule(L.LightningModule):
 
     @override
     def setup(self, stage: str) -> None:
-        precision = str(self.trainer.precision)
-        if precision in ("16-mixed", "16", "16-mixed-amp"):
-            raise ValueError(
-                f"FusedLightningModule does not support precision={precision!r}: its one shared GradScaler would "
-                "skip every trial's step whenever one trial overflows, coupling the trials. Use "
-                "precision='bf16-mixed' (no loss scaling needed), '32-true' or '16-true'."
-            )
-        self._leave_evaluation()  # after a stage that raised
-        # test/validate/predict evaluate the ended trials too (see _enter_evaluation): they are set up as well
+        check_precision(self.trainer.precision)
+        self._eval_steps.leave()  # after a stage that raised
+        # test/validate/predict evaluate the ended trials too (see EvaluationSteps.enter): they are set up as well
         trials = self._running() if stage == "fit" else [*self._running(), *self._slots.retired.items()]
         for tid, module in trials:
             attach_trainer(module, self.trainer, tid)  # type: ignore[arg-type]
@@ -518,33 +407,18 @@ class FusedLightningModule(L.LightningModule):
     def _forward_hook(self, hook: str) -> None:
         forward_hook(hook, self._running(), self._metrics)
 
-    # -- optimization -----------------------------------------------------------------------------------------
-
-    def _configure_trial_optimizer(self, tid: int, module: L.LightningModule) -> TrialOptimization:
-        return parse_optimizer_config(module.configure_optimizers(), trial_id=tid, module=module)
-
-    def _scheduler_configs(self, tid: int) -> list[LRSchedulerConfig]:
-        return [] if self._optimizer is None else scheduler_configs(self._optimizer, tid)
-
-    def _drop_scheduler_configs(self, tid: int) -> None:
-        if self._trainer is not None and self._optimizer is not None:
-            drop_scheduler_configs(self.trainer.strategy.lr_scheduler_configs, tid)
+    # -- optimization: see fused/trial_optimizers.py ------------------------------------------------------------
 
     @override
     def configure_optimizers(self) -> Any:
-        trials = {tid: self._configure_trial_optimizer(tid, module) for tid, module in self._running()}
-        self._slots.optimizer = TrialGroupOptimizer(self._group, trials, path=self._optimizer_path)
-        configs = [config for tid in self._group.trial_ids for config in self._scheduler_configs(tid)]
-        return [self._slots.optimizer], [vars(c).copy() for c in configs]
+        return self._optimizers.configure()
 
     @override
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
         # the closure runs training_step, which records each row's loss in self._health; the optimizer reads
         # the rows to skip from it after the closure, and reports what it did
         report = optimizer.step(closure=optimizer_closure, skip=self._health)
-        if isinstance(report, StepReport):  # None: the step produced no gradients
-            self._stepped = True
-            self._read_due = self._health.absorb(report, self.trainer.global_step + 1) or self._read_due
+        self._roster.absorb(report, self.trainer.global_step + 1)
 
     @override
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
@@ -560,8 +434,7 @@ class FusedLightningModule(L.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        if self._optimizer is not None:  # each trial as Lightning clips it alone: see fused/trial_clipping.py
-            clip_trial_gradients(self._group, self._optimizer, gradient_clip_val, gradient_clip_algorithm)
+        self._optimizers.clip(gradient_clip_val, gradient_clip_algorithm)  # each trial as Lightning clips it alone
 
     # -- steps --------------------------------------------------------------------------------------------------
 
@@ -570,13 +443,10 @@ class FusedLightningModule(L.LightningModule):
         if loss is not None:
             torch.where(torch.isfinite(loss.detach()), loss, torch.zeros_like(loss)).sum().backward()
 
-    def _record_logs(self, phase: str, hook: str, logs: list[StackedLog], batch: Any) -> None:
-        record_step_logs(self._metrics, phase, hook, logs, self._group.trial_ids, batch)
-
     @override
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
         if not self._group.trial_ids:
-            return None  # every trial has stopped; Lightning ends the fit at its next check
+            return None  # every trial has stopped (on_train_batch_start skips such batches)
         backend = self._policy.for_training(
             lambda b: self._training_forward_backward(b, batch, batch_idx),
             choose_backend,  # looked up here, so that tests can replace the module's chooser
@@ -585,7 +455,7 @@ class FusedLightningModule(L.LightningModule):
         if self._policy.verify_ids:
             backend = self._policy.verify(backend, batch, batch_idx)
         out = backend.run("training_step", batch, batch_idx)
-        self._record_logs("train", "training_step", out.logs, batch)
+        self._publisher.record_step("train", "training_step", out.logs, batch)
         loss = out.loss()
         if loss is None:
             return None
@@ -594,122 +464,43 @@ class FusedLightningModule(L.LightningModule):
         self._health.record_losses(self._group.trial_ids, loss)
         return torch.where(torch.isfinite(loss.detach()), loss, torch.zeros_like(loss)).sum()
 
-    def _eval_backend(self, method: str) -> Backend:
-        return self._policy.for_eval(method)
-
-    def _run_eval(self, method: str, *args: Any) -> StepOutputs:
-        if not self._group.trial_ids:
-            return StepOutputs(output=None, per_row=[])
-        backend = self._eval_backend(method)
-        try:
-            return backend.run(method, *args)
-        except FusionError as err:
-            if isinstance(backend, LoopBackend):
-                raise
-            message = (
-                f"{method} cannot run under backend={backend.name!r}, so it runs per trial with backend='loop' "
-                f"(training is unaffected). Reason: {err}"
-            )
-            return self._policy.eval_on_loop(method, message, warn=True).run(method, *args)
-
-    def _eval_args(self, method: str, batch: Any, batch_idx: int, dataloader_idx: int | None) -> tuple[Any, ...]:
-        if (
-            dataloader_idx is not None
-            and "dataloader_idx" in inspect.signature(getattr(self._first(), method)).parameters
-        ):
-            return (batch, batch_idx, dataloader_idx)
-        return (batch, batch_idx)
-
     @override
     def forward(self, *args: Any) -> Any:
         """Every running trial's forward on the same input, stacked along a leading trial dimension."""
-        return self._run_eval("forward", *args).output
+        return self._eval_steps.run("forward", *args).output
 
     @override
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
-        out = self._run_eval("validation_step", *self._eval_args("validation_step", batch, batch_idx, dataloader_idx))
-        self._record_logs("validate", "validation_step", out.logs, batch)
+        out = self._eval_steps.step("validation_step", self._first(), batch, batch_idx, dataloader_idx)
+        self._publisher.record_step("validate", "validation_step", out.logs, batch)
 
     @override
     def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
-        out = self._run_eval("test_step", *self._eval_args("test_step", batch, batch_idx, dataloader_idx))
-        self._record_logs("test", "test_step", out.logs, batch)
+        out = self._eval_steps.step("test_step", self._first(), batch, batch_idx, dataloader_idx)
+        self._publisher.record_step("test", "test_step", out.logs, batch)
 
     @override
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> dict[int, Any]:
         """Each running trial's prediction for the batch, by trial id."""
-        out = self._run_eval("predict_step", *self._eval_args("predict_step", batch, batch_idx, dataloader_idx))
-        ids = self._group.trial_ids
-        if out.per_row is not None:
-            return dict(zip(ids, out.per_row))
-        if isinstance(out.output, Tensor):
-            return {tid: out.output[row] for row, tid in enumerate(ids)}
-        if isinstance(out.output, dict):
-            return {tid: {k: v[row] for k, v in out.output.items()} for row, tid in enumerate(ids)}
-        return dict.fromkeys(ids)
+        out = self._eval_steps.step("predict_step", self._first(), batch, batch_idx, dataloader_idx)
+        return predictions_by_trial(out, self._group.trial_ids)
 
     # -- per-batch and per-epoch bookkeeping ----------------------------------------------------------------------
 
     @override
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
+        if not self._group.trial_ids:  # the last trial left outside the hooks that end the fit (e.g. at epoch start)
+            self.trainer.should_stop = True
+            return -1  # Lightning's way to skip the rest of the epoch: no step runs for an empty group
         self._open_batch = batch_idx  # a checkpoint written before on_train_batch_end must settle the batch
+        return None
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._open_batch = None
-        stepped, self._stepped = self._stepped, False
-        if batch_idx + 1 >= self.trainer.num_training_batches:
-            # read back before validation, so that decisions taken after it see every divergence, and credit the
-            # epoch to each trial that trained through it (one that diverged in an earlier batch did not)
-            self._read_due = False
-            self._settle_health(credit_epoch=True)
-        elif self._read_due:
-            self._read_due = False
-            self.read_health()
-        if not stepped:
-            return  # accumulating gradients: no optimizer step yet
-        trainer = self.trainer
-        if trainer.loggers and self._should_log_step():
-            flat = {
-                f"{name}/trial_{tid}": value
-                for tid, values in self._metrics.step_values(logger_only=True).items()
-                for name, value in values.items()
-            }
-            if flat:
-                for logger in trainer.loggers:
-                    logger.log_metrics(flat, step=trainer.global_step)
-        if trainer.progress_bar_callback is not None:
-            self._log_progress()
-
-    def _should_log_step(self) -> bool:
-        every = getattr(self.trainer, "log_every_n_steps", 50)  # set by Lightning's logger connector
-        return bool(every) and self.trainer.global_step % every == 0
-
-    def _log_progress(self) -> None:
-        counts = self._slots.book.counts()
-        self.log("trials", float(counts["running"]), prog_bar=True, logger=False)
-        for status in ("stopped", "diverged"):
-            if counts[status]:
-                self.log(status, float(counts[status]), prog_bar=True, logger=False)
-
-    def _publish_epoch(self, phase: str) -> None:
-        """Log each trial's epoch values as ``name/trial_{id}`` and keep them in the results."""
-        options = self._metrics.epoch_options(phase)
-        values = self._metrics.finish_epoch(phase)
-        if self.trainer.sanity_checking:
-            return
-        for tid, metrics in values.items():
-            self._slots.book.record_metrics(tid, metrics)
-            for name, value in metrics.items():
-                self.log(
-                    f"{name}/trial_{tid}",
-                    value,
-                    on_step=False,
-                    on_epoch=True,
-                    # None means Lightning's default (True) without its warning when no logger is configured
-                    logger=None if name not in options or options[name].logger else False,
-                    batch_size=1,
-                )
+        if self._roster.batch_ended(self.trainer, batch_idx):  # not while accumulating gradients
+            self._publisher.publish_step(self.trainer, self.log)
+        self._end_fit_if_empty()
 
     @override
     def on_fit_start(self) -> None:
@@ -735,11 +526,8 @@ class FusedLightningModule(L.LightningModule):
     def on_train_epoch_end(self) -> None:
         self.read_health()  # a loader of unknown length has no recognisable last batch
         self._forward_hook("on_train_epoch_end")
-        for tid, values in self._metrics.step_values().items():
-            self._slots.book.update_metrics(tid, values)
-        self._publish_epoch("train")
-        # a loader of unknown length has no recognisable last batch: the epoch is credited here instead
-        self._slots.book.end_epoch(self.current_epoch, self._group.trial_ids)
+        self._publisher.end_training_epoch(self.current_epoch, self.log, sanity_checking=self.trainer.sanity_checking)
+        self._end_fit_if_empty()
 
     @override
     def on_validation_epoch_start(self) -> None:
@@ -751,7 +539,12 @@ class FusedLightningModule(L.LightningModule):
     @override
     def on_validation_epoch_end(self) -> None:
         self._forward_hook("on_validation_epoch_end")
-        self._publish_epoch("validate")
+        self._publisher.publish_epoch("validate", self.log, sanity_checking=self.trainer.sanity_checking)
+
+    @override
+    def on_validation_end(self) -> None:
+        if self.trainer.state.fn == TrainerFn.FITTING and not self.trainer.sanity_checking:
+            self._end_fit_if_empty()  # after the callbacks' on_validation_end, where early stopping decides
 
     @override
     def on_test_epoch_start(self) -> None:
@@ -760,7 +553,7 @@ class FusedLightningModule(L.LightningModule):
     @override
     def on_test_epoch_end(self) -> None:
         self._forward_hook("on_test_epoch_end")
-        self._publish_epoch("test")
+        self._publisher.publish_epoch("test", self.log, sanity_checking=self.trainer.sanity_checking)
 
     @override
     def on_train_end(self) -> None:

@@ -327,6 +327,10 @@ class TrialEarlyStopping(EarlyStopping):
             self._pending_stops.clear()
             if not fused.trial_ids:
                 self.stopped_epoch = trainer.current_epoch
+                if hook == "on_train_epoch_end":
+                    # Lightning runs EarlyStopping's on_train_epoch_end after the module's, where the group ends
+                    # its fit once no trial runs: end it here, as EarlyStopping ends an unfused fit
+                    trainer.should_stop = True
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

@@ -1,9 +1,10 @@
-"""What the user's code logs, per trial: stacked ``self.log`` calls of a step, and epoch-level hooks.
+"""The trials' own hooks in a fused group: what their code logs per trial, and which hooks the group has.
 
 A fused step returns each metric the user's step logged as a ``[B]`` tensor (or per-trial metric objects);
 :func:`record_step_logs` books them in :class:`~lightning_hydro.fused.trial_metrics.TrialMetrics` under Lightning's
 options. Epoch- and fit-level hooks that the trial modules implement run per trial
-(:func:`forward_hook`), their ``self.log`` calls recorded as that trial's epoch values.
+(:func:`forward_hook`), their ``self.log`` calls recorded as that trial's epoch values. Steps and data hooks
+the trials do not implement are hidden on the fused module (:func:`hide_absent_hooks`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from lightning_hydro.backends import StackedLog
 from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
 
-__all__ = ["FORWARDED_HOOKS", "forward_hook", "record_step_logs"]
+__all__ = ["FORWARDED_HOOKS", "OPTIONAL_HOOKS", "forward_hook", "hide_absent_hooks", "record_step_logs"]
 
 # Epoch- and fit-level hooks forwarded to every running trial that overrides them (with its logging captured).
 FORWARDED_HOOKS = {
@@ -35,6 +36,24 @@ FORWARDED_HOOKS = {
     "on_train_end": None,
     "on_fit_end": None,
 }
+
+# Hooks of the trial modules that the fused module exposes only if the trials implement them, so that
+# Lightning sees the same loops as in an unfused run (e.g. no validation loop without a validation_step).
+OPTIONAL_HOOKS = (
+    "validation_step",
+    "test_step",
+    "train_dataloader",
+    "val_dataloader",
+    "test_dataloader",
+    "predict_dataloader",
+)
+
+
+def hide_absent_hooks(fused: L.LightningModule, trial: L.LightningModule) -> None:
+    """Hide each of :data:`OPTIONAL_HOOKS` that ``trial`` does not implement from Lightning on ``fused``."""
+    for hook in OPTIONAL_HOOKS:
+        if not is_overridden(hook, trial, L.LightningModule):
+            fused.__dict__[hook] = None  # Lightning's is_overridden() then reports False
 
 
 def _as_float(value: Any) -> float:

@@ -5,8 +5,9 @@ trial must, in one go, move the fused optimizer state into the trials' own optim
 stacked tensor (compaction), retire the trial's module with its last weights, close its record, and hand the
 optimizer the new rows; adding one appends a row with a fresh module and a fresh optimizer. Doing these in
 one place keeps the invariants (rows, records and optimizer state always describe the same trials) where
-they can be tested without a Trainer. What Lightning must hear of a slot change (LR scheduler configs, the
-end of the fit) is the fused module's business.
+they can be tested without a Trainer. What the rest of the group and Lightning must hear of a slot change
+(metrics, health, LR scheduler configs) is :mod:`.trial_roster`'s business; the fused module ends the fit from
+its own hooks once no trial runs.
 
 Example::
 

@@ -1,4 +1,7 @@
-"""Rebuild a trial module from its class and hyperparameters (for trials added during a checkpointed run).
+"""Build trial modules: from hyperparameter configs, or again from their class and hyperparameters.
+
+:func:`trials_from_configs` builds a group's trials from configs (``FusedLightningModule.from_configs``);
+:func:`module_spec` and :func:`build_from_spec` rebuild trials that joined during a checkpointed run.
 
 Example::
 
@@ -13,12 +16,40 @@ Example::
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import lightning as L
 
-__all__ = ["build_from_spec", "module_spec", "rebuild_trials", "restore_width_scaling"]
+__all__ = ["build_from_spec", "module_spec", "rebuild_trials", "restore_width_scaling", "trials_from_configs"]
+
+TrialFactory = Callable[[int], L.LightningModule | None]
+
+
+def trials_from_configs(
+    factory: Callable[..., L.LightningModule],
+    configs: Sequence[Mapping[str, Any]],
+    *,
+    width: str | Sequence[str] | None = None,
+    ratio: int = 1,
+    trial_ids: Sequence[int] | None = None,
+) -> tuple[list[L.LightningModule], list[int], TrialFactory]:
+    """One module per config (``factory(**config)``, or its width / ``ratio`` muP surrogate with ``width``).
+
+    Returns:
+        The modules, their ids (default ``0..B-1``), and a factory that builds a trial id's module again.
+    """
+    from lightning_hydro.scaling import Surrogate
+
+    plain = [dict(config) for config in configs]
+    ids = list(range(len(plain))) if trial_ids is None else [int(t) for t in trial_ids]
+    surrogate = None if width is None else Surrogate(factory, width=width, ratio=ratio)
+
+    def build(config: dict[str, Any]) -> L.LightningModule:
+        return factory(**config) if surrogate is None else surrogate.build(**config)  # type: ignore[return-value]
+
+    by_id = dict(zip(ids, plain))
+    return [build(config) for config in plain], ids, lambda tid: build(by_id[tid]) if tid in by_id else None
 
 
 def module_spec(module: L.LightningModule) -> dict[str, Any]:
@@ -73,7 +104,7 @@ def build_from_spec(spec: dict[str, Any], *, trial_id: int) -> L.LightningModule
 def rebuild_trials(
     specs: Mapping[int, dict[str, Any]],
     known: Mapping[int, L.LightningModule],
-    trial_factory: Callable[[int], L.LightningModule | None] | None = None,
+    trial_factory: TrialFactory | None = None,
 ) -> dict[int, L.LightningModule]:
     """Every trial of ``specs``: the ``known`` module where there is one, else rebuilt.
 

@@ -305,7 +305,7 @@ def test_under_auto_a_failed_first_batch_check_moves_the_group_to_the_loop():
     trials = [seeded(lambda s=s: ConfiguredMLP(s, hidden_dim=8), [i])[0] for i, s in enumerate([0.0, 0.3])]
     separate = train_separately(trials, fit_digits, max_steps=3)
     fused = FusedLightningModule([copy.deepcopy(t) for t in trials], backend="auto", summary=False)
-    fused._backend = make_backend("vmap", fused._group)  # as if auto's timing had chosen vmap
+    fused._policy.backend = make_backend("vmap", fused._group)  # as if auto's timing had chosen vmap
     torch.manual_seed(1234)
     with pytest.warns(
         UserWarning, match=r"backend='auto' runs the group on 'loop' from now on: .*suspects: loss_config"

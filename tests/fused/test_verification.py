@@ -81,7 +81,9 @@ def test_torchmetrics_in_validation_stay_fused_and_per_trial():
     fused = FusedLightningModule(trials, backend="vmap", summary=False)
     trainer = make_trainer(max_epochs=2, limit_train_batches=5)
     fit_digits(trainer, fused)
-    assert fused._eval_backend("validation_step").name == "vmap"  # validation fused too, metrics replayed per trial
+    assert (
+        fused._eval_steps.backend("validation_step").name == "vmap"
+    )  # validation fused too, metrics replayed per trial
     assert fused.backend == "vmap"
     for tid, module in enumerate(separate):
         expected = module.trainer.callback_metrics["val_acc"].item()

@@ -88,8 +88,8 @@ def test_the_group_module_compiles_when_the_spec_says_so(tmp_path: Path):
     spec = GroupSpec("group_0000", "search", 2, (TrialSpec(0), TrialSpec(1)), fused=fused)
     module = SweepGroupModule.for_group(spec, lambda tid: DigitsMLP(hidden_dim=8), job_dir=tmp_path)
     assert module._policy.compile is True
-    assert module._backend is not None
-    assert module._backend.compile is True  # type: ignore[attr-defined]
+    assert module._policy.backend is not None
+    assert module._policy.backend.compile is True  # type: ignore[attr-defined]
 
 
 def test_the_group_module_pads_widths_when_the_config_says_so(tmp_path: Path):

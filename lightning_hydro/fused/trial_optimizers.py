@@ -1,0 +1,81 @@
+"""``TrialOptimizers``: a fused group's per-trial optimizers and LR schedulers, as Lightning sees them.
+
+Lightning asks a LightningModule once for its optimizers and LR scheduler configs, and keeps the configs in its
+strategy. For a fused group the answer is one :class:`~lightning_hydro.optim.group_optimizer.TrialGroupOptimizer`
+built from each trial's own ``configure_optimizers`` and one scheduler config per trial scheduler (names and
+monitored keys get ``/trial_{id}``: see :mod:`.trial_schedulers`). When trials join or leave, their scheduler
+configs join or leave Lightning's list here; gradients are clipped per trial (see :mod:`.trial_clipping`).
+
+Example::
+
+    >>> from torch import nn
+    >>> from lightning_hydro.demos import DigitsMLP
+    >>> from lightning_hydro.fused.trial_slots import TrialSlots
+    >>> slots = TrialSlots(nn.Module(), [DigitsMLP(hidden_dim=8) for _ in range(2)], [0, 1], max_slots=2)
+    >>> optimizers, schedulers = TrialOptimizers(slots, path="universal").configure()
+    >>> type(optimizers[0]).__name__, optimizers[0] is slots.optimizer, schedulers
+    ('TrialGroupOptimizer', True, [])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities.types import LRSchedulerConfig
+
+from lightning_hydro.fused.trial_clipping import clip_trial_gradients
+from lightning_hydro.fused.trial_schedulers import drop_scheduler_configs, scheduler_configs
+from lightning_hydro.fused.trial_slots import TrialSlots
+from lightning_hydro.optim.group_optimizer import OptimizerPath, TrialGroupOptimizer
+from lightning_hydro.optim.trial_optimization import TrialOptimization, parse_optimizer_config
+
+__all__ = ["TrialOptimizers"]
+
+
+class TrialOptimizers:
+    """Builds the group optimizer from each trial's ``configure_optimizers``; keeps Lightning's scheduler configs.
+
+    Args:
+        slots: the group's slots (the optimizer is kept there, so that stop and add update it in step).
+        path: ``"auto"``, ``"universal"`` or ``"fused"`` (see ``FusedLightningModule(optimizer_path=...)``).
+    """
+
+    def __init__(self, slots: TrialSlots, path: OptimizerPath) -> None:
+        self.slots = slots
+        self.path: OptimizerPath = path
+
+    @property
+    def optimizer(self) -> TrialGroupOptimizer | None:
+        """The group optimizer (None until Lightning has asked for it)."""
+        return self.slots.optimizer
+
+    def configure(self) -> tuple[list[TrialGroupOptimizer], list[dict[str, Any]]]:
+        """What ``configure_optimizers`` returns: the group optimizer, and every running trial's scheduler configs."""
+        trials = {tid: self.trial_optimization(tid, module) for tid, module in self.slots.running()}
+        self.slots.optimizer = TrialGroupOptimizer(self.slots.group, trials, path=self.path)
+        configs = [config for tid in self.slots.trial_ids for config in self.scheduler_configs(tid)]
+        return [self.slots.optimizer], [vars(c).copy() for c in configs]
+
+    def trial_optimization(self, trial_id: int, module: Any) -> TrialOptimization:
+        """The trial's own ``configure_optimizers()`` output, parsed."""
+        return parse_optimizer_config(module.configure_optimizers(), trial_id=trial_id, module=module)
+
+    def scheduler_configs(self, trial_id: int) -> list[LRSchedulerConfig]:
+        """Lightning's configs for the trial's schedulers (none before the optimizer exists)."""
+        return [] if self.optimizer is None else scheduler_configs(self.optimizer, trial_id)
+
+    def trial_added(self, trainer: L.Trainer | None, trial_id: int) -> None:
+        """Lightning steps the newcomer's schedulers from now on."""
+        if trainer is not None and self.optimizer is not None:
+            trainer.strategy.lr_scheduler_configs.extend(self.scheduler_configs(trial_id))
+
+    def trial_removed(self, trainer: L.Trainer | None, trial_id: int) -> None:
+        """Lightning no longer steps a stopped trial's schedulers."""
+        if trainer is not None and self.optimizer is not None:
+            drop_scheduler_configs(trainer.strategy.lr_scheduler_configs, trial_id)
+
+    def clip(self, value: float | None, algorithm: str | None) -> None:
+        """Clip each trial's gradients as Lightning clips one module's (see :mod:`.trial_clipping`)."""
+        if self.optimizer is not None:
+            clip_trial_gradients(self.slots.group, self.optimizer, value, algorithm)

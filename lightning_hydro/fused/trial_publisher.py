@@ -1,0 +1,106 @@
+"""``TrialPublisher``: what a fused group tells Lightning's loggers and progress bar, per trial.
+
+What each trial's code logs is kept per trial in :class:`~lightning_hydro.fused.trial_metrics.TrialMetrics`. The
+publisher hands it on under ``"{name}/trial_{id}"``: step values straight to the loggers (every
+``log_every_n_steps``), epoch values through the fused module's ``self.log`` (so that callbacks and LR schedulers
+monitoring ``"val_loss/trial_3"`` see them) and into each trial's record, and the count of running, stopped and
+diverged trials on the progress bar.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+
+from lightning_hydro.backends import StackedLog
+from lightning_hydro.fused.trial_book import TrialBook
+from lightning_hydro.fused.trial_hooks import record_step_logs
+from lightning_hydro.fused.trial_metrics import TrialMetrics
+from lightning_hydro.fused.trial_slots import TrialSlots
+
+__all__ = ["LogFunction", "TrialPublisher"]
+
+LogFunction = Callable[..., None]  # LightningModule.log of the fused module
+
+
+class TrialPublisher:
+    """Books each step's per-trial logs and publishes them to Lightning.
+
+    Args:
+        slots: the group's slots (which trial each row is, every trial's record).
+        metrics: the per-trial metrics of the current step and epoch.
+    """
+
+    def __init__(self, slots: TrialSlots, metrics: TrialMetrics) -> None:
+        self.slots = slots
+        self.metrics = metrics
+
+    @property
+    def book(self) -> TrialBook:
+        """Every trial's record."""
+        return self.slots.book
+
+    def record_step(self, phase: str, hook: str, logs: list[StackedLog], batch: Any) -> None:
+        """Book what a fused step logged (row i is the i-th running trial)."""
+        record_step_logs(self.metrics, phase, hook, logs, self.slots.trial_ids, batch)
+
+    def publish_step(self, trainer: L.Trainer, log: LogFunction) -> None:
+        """After an optimizer step: the step values to the loggers when due, the trial counts to the progress bar."""
+        if trainer.loggers and _should_log_step(trainer):
+            flat = {
+                f"{name}/trial_{tid}": value
+                for tid, values in self.metrics.step_values(logger_only=True).items()
+                for name, value in values.items()
+            }
+            if flat:
+                for logger in trainer.loggers:
+                    logger.log_metrics(flat, step=trainer.global_step)
+        if trainer.progress_bar_callback is not None:
+            counts = self.book.counts()
+            log("trials", float(counts["running"]), prog_bar=True, logger=False)
+            for status in ("stopped", "diverged"):
+                if counts[status]:
+                    log(status, float(counts[status]), prog_bar=True, logger=False)
+
+    def publish_epoch(self, phase: str, log: LogFunction, *, sanity_checking: bool) -> None:
+        """Log each trial's epoch values as ``name/trial_{id}`` and keep them in the results."""
+        options = self.metrics.epoch_options(phase)
+        values = self.metrics.finish_epoch(phase)
+        if sanity_checking:
+            return
+        for tid, metrics in values.items():
+            self.book.record_metrics(tid, metrics)
+            for name, value in metrics.items():
+                log(
+                    f"{name}/trial_{tid}",
+                    value,
+                    on_step=False,
+                    on_epoch=True,
+                    # None means Lightning's default (True) without its warning when no logger is configured
+                    logger=None if name not in options or options[name].logger else False,
+                    batch_size=1,
+                )
+
+    def end_training_epoch(self, epoch: int, log: LogFunction, *, sanity_checking: bool) -> None:
+        """At a training epoch's end: keep the last step values, publish the epoch, credit it to each running trial."""
+        for tid, values in self.metrics.step_values().items():
+            self.book.update_metrics(tid, values)
+        self.publish_epoch("train", log, sanity_checking=sanity_checking)
+        # a loader of unknown length has no recognisable last batch: the epoch is credited here instead
+        self.book.end_epoch(epoch, self.slots.trial_ids)
+
+    def training_epoch_values(self) -> dict[int, dict[str, float]]:
+        """Each running trial's latest values, with this training epoch's values so far."""
+        latest = {tid: dict(self.book.records[tid].metrics) for tid in self.slots.trial_ids}
+        for source in (self.metrics.step_values(), self.metrics.epoch_so_far("train")):
+            for tid, values in source.items():
+                if tid in latest:
+                    latest[tid].update(values)
+        return latest
+
+
+def _should_log_step(trainer: L.Trainer) -> bool:
+    every = getattr(trainer, "log_every_n_steps", 50)  # set by Lightning's logger connector
+    return bool(every) and trainer.global_step % every == 0
