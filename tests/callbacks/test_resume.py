@@ -128,6 +128,24 @@ def test_a_resumed_single_trial_keeps_its_id_and_budget(tmp_path):
     assert [r.milestone for r in resumed.rule.records()] == [1, 2, 4]
 
 
+def test_a_checkpoint_that_names_the_endings_outcomes_still_resumes(tmp_path):
+    """Checkpoints written before ``endings`` was renamed hold them under ``"outcomes"``."""
+    directory = tmp_path / "checkpoints"
+    first = ASHA("val_loss", grace_period=1, reduction_factor=2, max_t=4)
+    with pytest.raises(Preempted):
+        fit_checkpointed(fused(LEARNING_RATES[:4]), [first, InterruptAt(2)], directory, max_epochs=4, resume=False)
+    stopped = dict(first.endings)
+    assert len(stopped) == 3  # cut at the rungs of epochs 0 and 1, all in the checkpoint of epoch 1
+    checkpoint = torch.load(directory / "last.ckpt", weights_only=False)
+    (key,) = [k for k in checkpoint["callbacks"] if k.startswith("ASHA")]
+    checkpoint["callbacks"][key]["outcomes"] = checkpoint["callbacks"][key].pop("endings")
+    torch.save(checkpoint, directory / "last.ckpt")
+
+    resumed = ASHA("val_loss", grace_period=1, reduction_factor=2, max_t=4)
+    fit_checkpointed(fused(LEARNING_RATES[:4]), [resumed], directory, max_epochs=4, resume=True)
+    assert {tid: resumed.endings[tid] for tid in stopped} == stopped
+
+
 @pytest.mark.parametrize("kind", ["successive_halving", "deadline"])
 def test_interrupted_and_resumed_in_process_ends_as_uninterrupted(kind, tmp_path):
     def make() -> SuccessiveHalving | Deadline:
