@@ -75,7 +75,7 @@ class LightningHydroSweeperConf:
     Attributes:
         sampler: ``grid``, ``random`` (seeded), ``tpe`` (Optuna's TPE, needs the ``optuna`` extra) or the import
             path of any Optuna sampler class (e.g. ``optuna.samplers.CmaEsSampler``). ``tpe`` and Optuna
-            samplers learn continuously with a refilling scheduler (asha, hyperband, hypersched): every rung
+            samplers learn continuously with a refilling scheduler (asha, hyperband, deadline): every rung
             value is reported to them as it is recorded, and a freed slot asks them for a new configuration.
         n_trials: configurations to try; required by ``random`` and ``tpe``, optional bound for ``grid``.
         seed: seed of the sampler.

@@ -7,16 +7,14 @@ rung records with the other processes through a SQLite file or a database server
 ``DeadlinePolicy``); how a callback sees its trials, in :mod:`lightning_hydro.callbacks.trials_view`.
 """
 
-import warnings
-from typing import Any
-
+from lightning_hydro._deprecation import Renamed, renamed_names
 from lightning_hydro.callbacks.asha import ASHA
 from lightning_hydro.callbacks.deadline import Deadline
 from lightning_hydro.callbacks.halving_callback import DEFAULT_STORE_FILE, HalvingCallback
 from lightning_hydro.callbacks.hyperband import Hyperband
 from lightning_hydro.callbacks.refill_source import RefillSource
 from lightning_hydro.callbacks.successive_halving import SuccessiveHalving
-from lightning_hydro.callbacks.trial_outcome import TrialOutcome, format_summary
+from lightning_hydro.callbacks.trial_ending import TrialEnding, format_summary
 
 __all__ = [
     "ASHA",
@@ -26,25 +24,25 @@ __all__ = [
     "Hyperband",
     "RefillSource",
     "SuccessiveHalving",
-    "TrialOutcome",
+    "TrialEnding",
     "format_summary",
 ]
 
-# Old names, kept for one release: the trial's vocabulary now lives in lightning_hydro.schedulers.
-_MOVED = {"OutcomeStatus": "TrialStatus", "TimeAttr": "TimeAttr"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        new = _MOVED[name]
-        warnings.warn(
-            f"lightning_hydro.callbacks.{name} is now lightning_hydro.schedulers.{new} (one name for a trial's "
-            f"status and budget unit everywhere); import it from there. The old name will be removed in the next "
-            "release.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        from lightning_hydro import schedulers
-
-        return getattr(schedulers, new)
-    raise AttributeError(f"module 'lightning_hydro.callbacks' has no attribute {name!r}")
+# Old names, kept for one release.
+_WHY_MOVED = "(one name for a trial's status and budget unit everywhere); import it from there"
+__getattr__ = renamed_names(
+    __name__,
+    {
+        "OutcomeStatus": Renamed(
+            "lightning_hydro.schedulers:TrialStatus", f"is now lightning_hydro.schedulers.TrialStatus {_WHY_MOVED}"
+        ),
+        "TimeAttr": Renamed(
+            "lightning_hydro.schedulers:TimeAttr", f"is now lightning_hydro.schedulers.TimeAttr {_WHY_MOVED}"
+        ),
+        "TrialOutcome": Renamed(
+            "lightning_hydro.callbacks.trial_ending:TrialEnding",
+            "is renamed TrialEnding (how a callback ended a trial; the sweeper's samplers are told a "
+            "SamplerFeedback); import lightning_hydro.callbacks.TrialEnding",
+        ),
+    },
+)

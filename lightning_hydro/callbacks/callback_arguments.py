@@ -1,4 +1,4 @@
-"""Checks and defaults shared by the callbacks' constructors: argument errors, storage, the trial's id."""
+"""Checks and defaults shared by the callbacks: argument errors, storage, the trial's id, an unlogged monitor."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ __all__ = [
     "check_steps_limit",
     "default_trial_id",
     "hydra_job_number",
+    "monitor_error",
     "open_storage",
     "resolve_max_t",
 ]
@@ -146,3 +147,21 @@ def check_steps_limit(name: str, max_t: int, trainer: L.Trainer) -> None:
             "(max_steps, or max_epochs times the batches per epoch), so no trial could reach max_t. Lower max_t to "
             f"at most {int(limit)}, or train longer."
         )
+
+
+def monitor_error(
+    owner: str, monitor: str, trainer: L.Trainer, logged: list[str], *, per_trial: bool, when: str | None = None
+) -> RuntimeError:
+    """The error for a ``monitor`` the trials do not log: what is logged instead, and the fix."""
+    where = "by any trial of the fused module" if per_trial else "in trainer.callback_metrics"
+    shown = ", ".join(repr(name) for name in logged) if logged else "nothing"
+    first = "validation" if trainer.enable_validation else "training epoch"
+    when_text = f"after {when}" if when else f"at the end of the first {first}"
+    hint = (
+        " Pass the name the trial modules give self.log, without the '/trial_{id}' suffix."
+        if per_trial
+        else " Pass one of these, or log the metric in validation_step (or training_step without validation)."
+    )
+    return RuntimeError(
+        f"{owner}(monitor={monitor!r}): the monitor is not logged {where} {when_text}; logged: {shown}.{hint}"
+    )

@@ -14,10 +14,9 @@ from typing_extensions import override
 from lightning_hydro.callbacks.asha import ASHA
 from lightning_hydro.callbacks.halving_callback import TimeAttr
 from lightning_hydro.callbacks.refill_source import RefillSpec
-from lightning_hydro.callbacks.trial_outcome import TrialOutcome
+from lightning_hydro.callbacks.trial_ending import TrialEnding
 from lightning_hydro.schedulers import (
     DeadlinePolicy,
-    HalvingConfig,
     LinearCost,
     Mode,
     StoreSpec,
@@ -183,13 +182,13 @@ class Deadline(ASHA):
         self._start_interval()
 
     @override
-    def _extra_stops(self, values: Mapping[TrialId, float | None], stopping: set[TrialId]) -> list[TrialOutcome]:
+    def _extra_stops(self, values: Mapping[TrialId, float | None], stopping: set[TrialId]) -> list[TrialEnding]:
         self._measure()
         self._values = dict(values)
         live = [progress for progress in self._progress() if progress.trial_id not in stopping]
         if self.time_left() <= 0:
             self._deadline_passed = True
-            return [TrialOutcome(p.trial_id, "stopped", p.budget, "deadline reached", value=p.value) for p in live]
+            return [TrialEnding(p.trial_id, "stopped", p.budget, "deadline reached", value=p.value) for p in live]
         speed = self.seconds_per_unit()
         if speed is None or not live:
             return []
@@ -239,15 +238,9 @@ class Deadline(ASHA):
 
     # -- helpers -----------------------------------------------------------------------------------------------
 
-    def _cannot_finish(self, trial: TrialProgress) -> TrialOutcome:
+    def _cannot_finish(self, trial: TrialProgress) -> TrialEnding:
         reason = "cannot reach the top rung before the deadline"
-        return TrialOutcome(trial.trial_id, "stopped", trial.budget, reason, value=trial.value)
-
-    @property
-    def _config(self) -> HalvingConfig:
-        if self.config is None:
-            raise RuntimeError("Deadline: used before Trainer.fit set it up.")
-        return self.config
+        return TrialEnding(trial.trial_id, "stopped", trial.budget, reason, value=trial.value)
 
     def _progress(self) -> list[TrialProgress]:
         """Each running trial's budget and the monitored value the last decision saw (new trials: none)."""

@@ -2,24 +2,14 @@
 
 A callback judges trials when they have trained a budget (epochs or steps, counted from when each trial
 entered its slot) and a fresh value of ``monitor`` is logged: at the end of each validation, or at the end of
-each training epoch when the Trainer runs no validation. The rule itself (which trials stop) lives in
-:mod:`lightning_hydro.schedulers`; subclasses pick it. Two ways to run:
-
-- **A FusedLightningModule** (many trials in one process): the running trials are judged together; losers
-  leave their slot through ``stop_trial`` (the group really shrinks) and, with ``refill=``, freed slots take new
-  trials at once. Trials that reach ``max_t`` are stopped as ``completed``.
-- **An ordinary LightningModule** (one trial per process, e.g. a Hydra multirun): the trial is judged against
-  the rung records all processes share through ``storage`` (a SQLite file by default, or a database URL).
-  When it is stopped, ``trainer.fit`` ends normally (``trainer.should_stop``) and :attr:`status` and
-  :attr:`result` say how it ended.
-
-Decisions are made on global rank zero and broadcast to the other ranks; everything needed to resume is in
-:meth:`state_dict`.
+each training epoch when the Trainer runs no validation. The rule (which trials stop) lives in
+:mod:`lightning_hydro.schedulers`; subclasses pick it. What the callback sees of its trials, a fused group or
+the one trial of this process, is a :class:`~lightning_hydro.callbacks.trials_view.TrialsView`. Decisions are
+made on global rank zero and broadcast to the other ranks; everything needed to resume is in :meth:`state_dict`.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -29,17 +19,11 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from lightning_hydro.callbacks.callback_arguments import (
-    check_arguments,
-    check_steps_limit,
-    default_trial_id,
-    open_storage,
-    resolve_max_t,
-)
+from lightning_hydro._deprecation import RenamedAttribute
+from lightning_hydro.callbacks.callback_arguments import check_arguments, check_steps_limit, open_storage, resolve_max_t
 from lightning_hydro.callbacks.refill_source import RefillSource, RefillSpec
-from lightning_hydro.callbacks.trial_outcome import TrialOutcome, format_summary
-from lightning_hydro.callbacks.trials_view import FusedTrials, ProcessTrial, TrialsView
-from lightning_hydro.fused import FusedLightningModule
+from lightning_hydro.callbacks.trial_ending import TrialEnding, format_summary
+from lightning_hydro.callbacks.trials_view import DEFAULT_STORE_FILE, TrialsView, open_trials_view
 from lightning_hydro.schedulers import (
     BudgetSummary,
     Decision,
@@ -55,9 +39,6 @@ from lightning_hydro.schedulers import (
 )
 
 __all__ = ["DEFAULT_STORE_FILE", "HalvingCallback", "TimeAttr"]
-
-DEFAULT_STORE_FILE = "lightning_hydro_rungs.db"
-"""The SQLite file, in the Trainer's ``default_root_dir``, that one-trial-per-process runs share by default."""
 
 T = TypeVar("T")
 
@@ -85,7 +66,7 @@ class HalvingCallback(Callback):
 
     Attributes:
         config: The rule's settings, once ``fit`` has started (``max_t`` resolved).
-        outcomes: ``{trial_id: TrialOutcome}`` for every trial this callback stopped or completed.
+        endings: ``{trial_id: TrialEnding}`` for every trial this callback stopped or completed.
         budget: Budget spent against training every trial to ``max_t`` (at the end of fit).
         summary: The summary logged at the end of fit.
         result: One trial per process, at the end of fit: ``{"trial_id", "status", "budget", "epochs",
@@ -130,8 +111,8 @@ class HalvingCallback(Callback):
         self._reset_fit_state()
 
     def _reset_fit_state(self) -> None:
-        """What one fit records: outcomes, reports and the summary."""
-        self.outcomes: dict[TrialId, TrialOutcome] = {}
+        """What one fit records: endings, reports and the summary."""
+        self.endings: dict[TrialId, TrialEnding] = {}
         self.budget: BudgetSummary | None = None
         self.summary = ""
         self.result: dict[str, Any] = {}
@@ -141,12 +122,9 @@ class HalvingCallback(Callback):
     @property
     def status(self) -> TrialStatus:
         """One trial per process: ``"running"``, ``"completed"``, ``"stopped"`` or ``"diverged"``."""
-        return self._view.status if isinstance(self._view, ProcessTrial) else "running"
+        return "running" if self._view is None else self._view.status
 
-    @property
-    def _trial_key(self) -> TrialId | None:
-        """One trial per process: the trial's id in the rule's store."""
-        return self._view.key if isinstance(self._view, ProcessTrial) else None
+    outcomes = RenamedAttribute("endings", "is renamed endings (a TrialEnding per trial it ended); use .endings")
 
     # -- what subclasses provide -------------------------------------------------------------------------------
 
@@ -160,9 +138,9 @@ class HalvingCallback(Callback):
             return list(self.rule.report_batch(reports))
         return [self.rule.report(*report) for report in reports]
 
-    def _check_module(self, pl_module: L.LightningModule) -> None:
+    def _check_trials(self, view: TrialsView, pl_module: L.LightningModule) -> None:
         """Raise if this callback cannot judge the trials of ``pl_module`` (called when fit starts)."""
-        if self._refill is not None and not isinstance(pl_module, FusedLightningModule):
+        if self._refill is not None and not view.takes_new_trials:
             raise ValueError(
                 f"{type(self).__name__}: refill= needs a FusedLightningModule (it refills the slots that stopped "
                 f"trials free), got a {type(pl_module).__name__}. With one trial per process, the sweep (e.g. a Hydra "
@@ -176,13 +154,13 @@ class HalvingCallback(Callback):
         """The trial's Hyperband bracket, if the rule has brackets."""
         return None
 
-    def _extra_stops(self, values: Mapping[TrialId, float | None], stopping: set[TrialId]) -> list[TrialOutcome]:
+    def _extra_stops(self, values: Mapping[TrialId, float | None], stopping: set[TrialId]) -> list[TrialEnding]:
         """More trials to stop after the rule's decisions (rank zero only; the deadline policy uses this)."""
         return []
 
     def _end_reason(self, budget: int) -> str:
         """Why a trial still running when training ends, short of ``max_t``, stopped."""
-        return f"fit ended at {budget} of max_t={self._max_t} {self.time_attr}"
+        return f"fit ended at {budget} of max_t={self._config.max_t} {self.time_attr}"
 
     def _admissions(self, free_slots: int) -> int:
         """How many new trials may fill free slots now (rank zero only)."""
@@ -210,22 +188,25 @@ class HalvingCallback(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != TrainerFn.FITTING.value:
             return
-        self._check_module(pl_module)
-        max_t = resolve_max_t(type(self).__name__, self.max_t, self.grace_period, self.time_attr, trainer)
+        name = type(self).__name__
+        view, store = open_trials_view(
+            trainer,
+            pl_module,
+            monitor=self.monitor,
+            owner=name,
+            time_attr=self.time_attr,
+            trial_id=self.trial_id,
+            store=self._store,
+            namespace=self.namespace,
+        )
+        self._check_trials(view, pl_module)
+        max_t = resolve_max_t(name, self.max_t, self.grace_period, self.time_attr, trainer)
         self.config = HalvingConfig(self.mode, self.grace_period, self.reduction_factor, max_t)
-        name, store = type(self).__name__, self._store
-        if isinstance(pl_module, FusedLightningModule):
-            prefix = None if store is None else str(self.trial_id if self.trial_id is not None else default_trial_id())
-            self._view = FusedTrials(trainer, pl_module, self.monitor, name, self.time_attr, prefix)
-        else:
-            if store is None:
-                store = open_storage(name, os.path.join(trainer.default_root_dir, DEFAULT_STORE_FILE), self.namespace)
-            key = self.trial_id if self.trial_id is not None else default_trial_id()
-            self._view = ProcessTrial(trainer, key, self.monitor, name, self.time_attr)
+        self._view = view
         self.rule = self._build_rule(self.config, store)
         self._reset_fit_state()
-        for tid in self._view.running():
-            self._on_trial_started(self._view.rule_key(tid))
+        for tid in view.running():
+            self._on_trial_started(view.rule_key(tid))
         if self._saved_state is not None:
             self._restore(self._saved_state)
             self._saved_state = None
@@ -233,7 +214,7 @@ class HalvingCallback(Callback):
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.time_attr == "steps":
-            check_steps_limit(type(self).__name__, self._max_t, trainer)
+            check_steps_limit(type(self).__name__, self._config.max_t, trainer)
         self._trials.train_started()
         if not self._started:
             self._started = True
@@ -261,14 +242,14 @@ class HalvingCallback(Callback):
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._finish(trainer)
+        self._finish()
 
     @override
     def state_dict(self) -> dict[str, Any]:
         return {
             "settings": self._settings(),
             "rule": None if self.rule is None else self.rule.state_dict(),
-            "outcomes": [outcome.as_dict() for outcome in self.outcomes.values()],
+            "endings": [ending.as_dict() for ending in self.endings.values()],
             "reported": [[tid, budget] for tid, budget in self._reported.items()],
             "refill": None if self._refill is None else self._refill.state_dict(),
             "started": self._started,
@@ -293,81 +274,66 @@ class HalvingCallback(Callback):
             for tid, value in values.items()
             if value is not None and (budget := view.budget(tid)) > self._reported.get(tid, 0)
         ]
-        outcomes = self._on_rank_zero(trainer, lambda: self._judge_reports(reports, values))
+        endings = self._on_rank_zero(trainer, lambda: self._judge_reports(reports, values))
         for report in reports:
             self._reported[report.trial_id] = report.budget
-        self._apply(outcomes)
+        self._apply(endings)
         self._refill_slots(trainer)  # a fused group ends its fit itself if no trial runs after this hook
 
-    def _judge_reports(self, reports: list[TrialReport], values: Mapping[TrialId, float | None]) -> list[TrialOutcome]:
-        view = self._trials
+    def _judge_reports(self, reports: list[TrialReport], values: Mapping[TrialId, float | None]) -> list[TrialEnding]:
+        view, name, max_t = self._trials, type(self).__name__, self._config.max_t
         by_key = {view.rule_key(report.trial_id): report.trial_id for report in reports}
-        keyed = [TrialReport(view.rule_key(r.trial_id), r.budget, r.value) for r in reports]
-        decisions = self._judge(keyed, together=view.together) if keyed else []
-        outcomes = [self._outcome(by_key[d.trial_id], d) for d in decisions if d.action != "continue"]
-        outcomes += self._extra_stops(values, {outcome.trial_id for outcome in outcomes})
-        return outcomes
+        keyed = [report._replace(trial_id=view.rule_key(report.trial_id)) for report in reports]
+        decisions = [d for d in (self._judge(keyed, together=view.together) if keyed else []) if d.action != "continue"]
+        endings = [
+            TrialEnding.from_decision(by_key[d.trial_id], d, name, self.monitor, max_t, self._bracket_of(d.trial_id))
+            for d in decisions
+        ]
+        return endings + self._extra_stops(values, {ending.trial_id for ending in endings})
 
-    def _outcome(self, trial_id: TrialId, decision: Decision) -> TrialOutcome:
-        status: TrialStatus
-        bracket = self._bracket_of(decision.trial_id)
-        if decision.action == "complete":
-            status, reason = "completed", f"reached max_t={self._max_t}"
-        elif decision.reason == "diverged":
-            status, reason = "diverged", f"{self.monitor} is {decision.value} (diverged)"
-        else:
-            status = "stopped"
-            where = f"{type(self).__name__}" + (f" bracket {bracket}" if bracket is not None else "")
-            reason = (
-                f"{where} rung {decision.rung} (budget {decision.budget}): {self.monitor} {decision.value:.6g} "
-                f"worse than cutoff {decision.cutoff:.6g}"
-            )
-        return TrialOutcome(trial_id, status, decision.budget, reason, decision.rung, bracket, decision.value)
-
-    def _apply(self, outcomes: list[TrialOutcome]) -> None:
-        for outcome in outcomes:
-            self.outcomes[outcome.trial_id] = outcome
-            self._trials.stop(outcome)
+    def _apply(self, endings: list[TrialEnding]) -> None:
+        for ending in endings:
+            self.endings[ending.trial_id] = ending
+            self._trials.stop(ending)
             if self.verbose:
                 rank_zero_info(
-                    f"{type(self).__name__}: trial {outcome.trial_id} {outcome.status} at budget {outcome.budget}: "
-                    f"{outcome.reason}."
+                    f"{type(self).__name__}: trial {ending.trial_id} {ending.status} at budget {ending.budget}: "
+                    f"{ending.reason}."
                 )
 
-    def _refill_slots(self, trainer: L.Trainer) -> int:
-        """Fill free slots with new trials, as many as :meth:`_admissions` allows; returns how many were added."""
+    def _refill_slots(self, trainer: L.Trainer) -> None:
+        """Fill free slots with new trials, as many as :meth:`_admissions` allows."""
         view = self._trials
         if self._refill is None or self._refill.exhausted or not view.free_slots():
-            return 0
-        admitted = self._on_rank_zero(trainer, lambda: self._admissions(view.free_slots()))
-        added = 0
-        for _ in range(admitted):
+            return
+        for _ in range(self._on_rank_zero(trainer, lambda: self._admissions(view.free_slots()))):
             drawn = self._refill.draw()
             if drawn is None:
-                break
+                return
             trial_id, module = drawn if isinstance(drawn, tuple) else (None, drawn)
-            added += 1
             if trainer.world_size > 1:  # every rank must hold the same new trial
                 module.load_state_dict(trainer.strategy.broadcast(module.state_dict(), src=0))
             tid = view.add(module, trial_id)
             self._on_trial_started(view.rule_key(tid))
             if self.verbose:
                 rank_zero_info(f"{type(self).__name__}: trial {tid} fills a free slot.")
-        return added
 
-    def _finish(self, trainer: L.Trainer) -> None:
+    def _finish(self) -> None:
         """End the trials still running (completed at max_t, else stopped), then log the summary."""
-        view = self._trials
-        self._apply([self._end_outcome(tid, view.budget(tid)) for tid in view.running()])
+        view, max_t = self._trials, self._config.max_t
+        running = {tid: view.budget(tid) for tid in view.running()}
+        self._apply([TrialEnding.at_end_of_fit(t, b, max_t, self._end_reason(b)) for t, b in running.items()])
         budgets, statuses = view.ended()
-        self.budget = summarize_budget(budgets, self._max_t)
+        self.budget = summarize_budget(budgets, max_t)
         self.summary = format_summary(
-            type(self).__name__, self.outcomes, budgets, max_t=self._max_t, time_attr=self.time_attr, statuses=statuses
+            type(self).__name__, self.endings, budgets, max_t=max_t, time_attr=self.time_attr, statuses=statuses
         )
-        if isinstance(view, ProcessTrial):
-            outcome = self.outcomes[view.key]
-            self.result = view.result(outcome)
-            self.summary += f"\nTrial {view.key}: {view.status} at budget {self.result['budget']}: {outcome.reason}."
+        self.result = view.final_result(self.endings)
+        if self.result:  # one trial per process
+            trial = self.result
+            self.summary += (
+                f"\nTrial {trial['trial_id']}: {trial['status']} at budget {trial['budget']}: {trial['reason']}."
+            )
         rank_zero_info(self.summary)
 
     # -- helpers -----------------------------------------------------------------------------------------------
@@ -379,16 +345,10 @@ class HalvingCallback(Callback):
         return self._view
 
     @property
-    def _max_t(self) -> int:
+    def _config(self) -> HalvingConfig:
         if self.config is None:
             raise RuntimeError(f"{type(self).__name__}: used before Trainer.fit set it up.")
-        return self.config.max_t
-
-    def _end_outcome(self, trial_id: TrialId, budget: int) -> TrialOutcome:
-        """How a trial still running when training ends ends: completed at ``max_t``, else stopped."""
-        if budget >= self._max_t:
-            return TrialOutcome(trial_id, "completed", budget, f"reached max_t={self._max_t}")
-        return TrialOutcome(trial_id, "stopped", budget, self._end_reason(budget))
+        return self.config
 
     def _on_rank_zero(self, trainer: L.Trainer, compute: Callable[[], T]) -> T:
         """``compute()`` on global rank zero, its result broadcast to every rank."""
@@ -404,7 +364,8 @@ class HalvingCallback(Callback):
             )
         if state["rule"] is not None:
             self.rule.load_state_dict(state["rule"])
-        self.outcomes = {o["trial_id"]: TrialOutcome.from_dict(o) for o in state["outcomes"]}
+        endings = state["endings"] if "endings" in state else state["outcomes"]  # "outcomes": before 0.2
+        self.endings = {e["trial_id"]: TrialEnding.from_dict(e) for e in endings}
         self._reported = {tid: int(budget) for tid, budget in state["reported"]}
         if self._refill is not None and state["refill"] is not None:
             self._refill.load_state_dict(state["refill"])

@@ -10,7 +10,7 @@ from typing_extensions import override
 from lightning_hydro.callbacks.callback_arguments import hydra_job_number
 from lightning_hydro.callbacks.halving_callback import HalvingCallback
 from lightning_hydro.callbacks.refill_source import RefillSpec
-from lightning_hydro.fused import FusedLightningModule
+from lightning_hydro.callbacks.trials_view import TrialsView
 from lightning_hydro.schedulers import HalvingConfig, HyperbandRule, Mode, RungStore, StoreSpec, TimeAttr, TrialId
 from lightning_hydro.schedulers.hyperband import BracketOrder
 
@@ -99,9 +99,9 @@ class Hyperband(HalvingCallback):
         self.position = position
 
     @override
-    def _check_module(self, pl_module: L.LightningModule) -> None:
-        super()._check_module(pl_module)
-        if not isinstance(pl_module, FusedLightningModule) and self._position() is None:
+    def _check_trials(self, view: TrialsView, pl_module: L.LightningModule) -> None:
+        super()._check_trials(view, pl_module)
+        if not view.together and self._position() is None:
             raise ValueError(
                 "Hyperband: with one trial per process, each process needs its place in the sweep to choose the "
                 "trial's bracket; pass position=<job number> (or an integer trial_id), or run under a Hydra multirun, "

@@ -8,7 +8,7 @@ import lightning as L
 from typing_extensions import override
 
 from lightning_hydro.callbacks.halving_callback import HalvingCallback
-from lightning_hydro.fused import FusedLightningModule
+from lightning_hydro.callbacks.trials_view import TrialsView
 from lightning_hydro.schedulers import (
     Decision,
     HalvingConfig,
@@ -97,8 +97,8 @@ class SuccessiveHalving(HalvingCallback):
         self.rounding: Rounding = rounding
 
     @override
-    def _check_module(self, pl_module: L.LightningModule) -> None:
-        if not isinstance(pl_module, FusedLightningModule):
+    def _check_trials(self, view: TrialsView, pl_module: L.LightningModule) -> None:
+        if not view.together:
             raise ValueError(
                 f"SuccessiveHalving needs a FusedLightningModule (a group of trials that train together), got a "
                 f"{type(pl_module).__name__}. For one trial per process use ASHA(..., storage='asha.db'): the "

@@ -1,98 +1,17 @@
-"""How a trial ended under an early-stopping callback, and the summary printed at the end of fit."""
+"""Deprecated module: ``TrialOutcome`` is now :class:`~lightning_hydro.callbacks.trial_ending.TrialEnding`."""
 
-from __future__ import annotations
+from lightning_hydro._deprecation import Renamed, renamed_names
 
-from collections import Counter
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
-from typing import Any
-
-from lightning_hydro.schedulers import TrialId, TrialStatus, summarize_budget
-
-__all__ = ["TrialOutcome", "format_summary"]
-
-
-@dataclass(frozen=True)
-class TrialOutcome:
-    """Why and where a callback ended one trial.
-
-    Attributes:
-        trial_id: The trial (a fused slot's trial id, or the process's trial id).
-        status: ``"completed"`` (reached ``max_t``), ``"stopped"`` (cut at a rung, by a deadline or by the end of
-            fit) or ``"diverged"`` (its monitored value was NaN or infinite).
-        budget: Epochs or steps the trial had trained when it ended (counted from when it entered its slot).
-        reason: One line for logs and the results table.
-        rung: The rung it was stopped or completed at (0 = first), or None if not at a rung.
-        bracket: Its Hyperband bracket ``s``, if any.
-        value: The monitored value the decision looked at, if any.
-    """
-
-    trial_id: TrialId
-    status: TrialStatus
-    budget: int
-    reason: str
-    rung: int | None = None
-    bracket: int | None = None
-    value: float | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain values, for checkpoints and results."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TrialOutcome:
-        """Inverse of :meth:`as_dict`."""
-        return cls(**dict(data))
-
-
-def format_summary(
-    rule: str,
-    outcomes: Mapping[TrialId, TrialOutcome],
-    budgets: Mapping[TrialId, int],
-    *,
-    max_t: int,
-    time_attr: str,
-    statuses: Mapping[TrialId, str] | None = None,
-) -> str:
-    """Two lines: how the trials ended (stopped trials by rung), and the budget spent against ``max_t`` each.
-
-    Args:
-        rule: The callback's name.
-        outcomes: What the callback decided, by trial.
-        budgets: Budget each trial used, for every trial of the run (those still running included).
-        max_t: The budget at which a trial is complete.
-        time_attr: ``"epochs"`` or ``"steps"``.
-        statuses: Each trial's final status where known from elsewhere (a fused module's results, which also
-            know the trials it stopped as diverged itself); defaults to the outcomes' statuses.
-
-    Example::
-
-        >>> outcomes = {
-        ...     0: TrialOutcome(0, "stopped", budget=1, reason="ASHA rung 0 (budget 1): ...", rung=0, value=0.9),
-        ...     1: TrialOutcome(1, "completed", budget=9, reason="reached max_t=9", value=0.2),
-        ... }
-        >>> print(format_summary("ASHA", outcomes, {0: 1, 1: 9, 2: 4}, max_t=9, time_attr="epochs",
-        ...                      statuses={0: "stopped", 1: "completed", 2: "diverged"}))
-        ASHA: 3 trials: 1 completed, 1 stopped (rung 0: 1), 1 diverged.
-        Budget: 14 of 27 trial-epochs (51.9%) against training every trial to max_t=9.
-    """
-    final: dict[TrialId, str] = {tid: outcomes[tid].status if tid in outcomes else "running" for tid in budgets}
-    final.update(statuses or {})
-    counts = Counter(final.values())
-    rungs = Counter(
-        outcome.rung for tid, outcome in outcomes.items() if final.get(tid) == "stopped" and outcome.rung is not None
-    )
-    parts = []
-    for status in ("completed", "stopped", "diverged", "running"):
-        if counts[status] or status in ("completed", "stopped"):
-            text = f"{counts[status]} {status}"
-            if status == "stopped" and rungs:
-                text += " (" + ", ".join(f"rung {rung}: {n}" for rung, n in sorted(rungs.items())) + ")"
-            parts.append(text)
-    summary = summarize_budget(dict(budgets), max_t)
-    unit = "trial-epochs" if time_attr == "epochs" else "trial-steps"
-    return (
-        f"{rule}: {len(budgets)} trial{'s' if len(budgets) != 1 else ''}: {', '.join(parts)}.\n"
-        f"Budget: {summary.spent} of {summary.exhaustive} {unit} ({summary.fraction:.1%}) against training every "
-        f"trial to max_t={max_t}."
-    )
+__getattr__ = renamed_names(
+    __name__,
+    {
+        "TrialOutcome": Renamed(
+            "lightning_hydro.callbacks.trial_ending:TrialEnding",
+            "is renamed lightning_hydro.callbacks.trial_ending.TrialEnding; import TrialEnding from there",
+        ),
+        "format_summary": Renamed(
+            "lightning_hydro.callbacks.trial_ending:format_summary",
+            "is now lightning_hydro.callbacks.trial_ending.format_summary; import it from there",
+        ),
+    },
+)

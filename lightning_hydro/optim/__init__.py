@@ -6,9 +6,7 @@ may need. The group optimizer (:mod:`~lightning_hydro.optim.group_optimizer`), t
 ``configure_optimizers`` (:mod:`~lightning_hydro.optim.trial_optimization`) stay importable from their modules.
 """
 
-import warnings
-from typing import Any
-
+from lightning_hydro._deprecation import Renamed, renamed_names
 from lightning_hydro.optim.clipping import clip_grad_norm_per_trial, clip_grad_value_per_trial
 from lightning_hydro.optim.group_optimizer import OptimizerPath
 from lightning_hydro.optim.trial_optimization import OptimizerConfigError
@@ -16,19 +14,14 @@ from lightning_hydro.optim.trial_optimization import OptimizerConfigError
 __all__ = ["OptimizerConfigError", "OptimizerPath", "clip_grad_norm_per_trial", "clip_grad_value_per_trial"]
 
 # Old names, kept for one release: they read as torch optimizers, which they are not.
-_RENAMED = {"FusedAdam": "FusedAdamUpdate", "FusedSGD": "FusedSGDUpdate"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _RENAMED:
-        new = _RENAMED[name]
-        warnings.warn(
-            f"lightning_hydro.optim.{name} is renamed lightning_hydro.optim.fused_update.{new}: it is the fused "
-            "fast path's update, not a torch.optim.Optimizer. The old name will be removed in the next release.",
-            DeprecationWarning,
-            stacklevel=2,
+__getattr__ = renamed_names(
+    __name__,
+    {
+        old: Renamed(
+            f"lightning_hydro.optim.fused_update:{new}",
+            f"is renamed lightning_hydro.optim.fused_update.{new}: it is the fused fast path's update, not a "
+            "torch.optim.Optimizer",
         )
-        from lightning_hydro.optim import fused_update
-
-        return getattr(fused_update, new)
-    raise AttributeError(f"module 'lightning_hydro.optim' has no attribute {name!r}")
+        for old, new in {"FusedAdam": "FusedAdamUpdate", "FusedSGD": "FusedSGDUpdate"}.items()
+    },
+)

@@ -10,9 +10,7 @@ The names below are the public API; helpers (cutoffs, bracket arithmetic, store 
 importable from their modules.
 """
 
-import warnings
-from typing import Any
-
+from lightning_hydro._deprecation import Renamed, renamed_names
 from lightning_hydro.schedulers.async_successive_halving import AsyncSuccessiveHalving, TrialReport
 from lightning_hydro.schedulers.budget_accounting import BudgetSummary, successive_halving_budget, summarize_budget
 from lightning_hydro.schedulers.deadline_policy import DeadlinePolicy, TrialProgress
@@ -65,17 +63,13 @@ __all__ = [
 ]
 
 # Old names, kept for one release: the rules shared their names with the callbacks of lightning_hydro.callbacks.
-_RENAMED = {"SuccessiveHalving": "SuccessiveHalvingRule", "Hyperband": "HyperbandRule"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _RENAMED:
-        new = _RENAMED[name]
-        warnings.warn(
-            f"lightning_hydro.schedulers.{name} is renamed {new} (lightning_hydro.callbacks.{name} is the callback); "
-            f"import {new} instead. The old name will be removed in the next release.",
-            DeprecationWarning,
-            stacklevel=2,
+__getattr__ = renamed_names(
+    __name__,
+    {
+        old: Renamed(
+            f"{__name__}:{new}",
+            f"is renamed {new} (lightning_hydro.callbacks.{old} is the callback); import {new} instead",
         )
-        return globals()[new]
-    raise AttributeError(f"module 'lightning_hydro.schedulers' has no attribute {name!r}")
+        for old, new in {"SuccessiveHalving": "SuccessiveHalvingRule", "Hyperband": "HyperbandRule"}.items()
+    },
+)

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from lightning_hydro._deprecation import RenamedAttribute
 from lightning_hydro.schedulers.async_successive_halving import AsyncSuccessiveHalving, TrialReport
 from lightning_hydro.schedulers.budget_accounting import HalvingBudget, successive_halving_budget
 from lightning_hydro.schedulers.decision import Decision
@@ -32,14 +33,14 @@ class HyperbandRung:
 
 @dataclass(frozen=True)
 class HyperbandBracket:
-    """One bracket ``s``: ``trials`` (``n``) start, judged by successive halving from ``min_budget`` (``r``).
+    """One bracket ``s``: ``trials`` (``n``) start, judged by successive halving from ``grace_period`` (``r``).
 
     Attributes:
         s: The bracket's index, as in the paper: ``s_max`` is the most exploratory (starts at the grace
             period), ``0`` trains every trial to the top milestone without cuts before it.
         trials: ``n = ceil((s_max + 1) * eta**s / (s + 1))``.
         rungs: ``(r_i, n_i)`` for each rung.
-        config: The rule of this bracket: the sweep's, with ``grace_period = min_budget``.
+        config: The rule of this bracket: the sweep's, with this bracket's ``grace_period``.
         budget: What the bracket spends if every trial reports at every rung.
     """
 
@@ -50,9 +51,11 @@ class HyperbandBracket:
     budget: HalvingBudget
 
     @property
-    def min_budget(self) -> int:
-        """``r``: the first rung's budget."""
+    def grace_period(self) -> int:
+        """``r``: the first rung's budget, what each trial of the bracket trains before it is first judged."""
         return self.rungs[0].budget
+
+    min_budget = RenamedAttribute("grace_period", "is renamed grace_period (the callbacks' name); use .grace_period")
 
 
 def hyperband_brackets(config: HalvingConfig, *, rounding: Rounding = "ceil") -> tuple[HyperbandBracket, ...]:

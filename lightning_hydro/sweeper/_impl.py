@@ -44,7 +44,7 @@ from lightning_hydro.sweeper.group_task import ERROR_FILE, GroupTask
 from lightning_hydro.sweeper.json_files import write_json_atomic
 from lightning_hydro.sweeper.plots import plot_in_background
 from lightning_hydro.sweeper.reports import format_best_table, metric_value, rank_trials, write_results
-from lightning_hydro.sweeper.samplers import GridSampler, Sampler, TPESampler, TrialOutcome, make_sampler
+from lightning_hydro.sweeper.samplers import GridSampler, Sampler, SamplerFeedback, TPESampler, make_sampler
 from lightning_hydro.sweeper.search_space import Interval, override_key, parse_search_space
 from lightning_hydro.sweeper.settings import SweepSettings
 from lightning_hydro.sweeper.study_channel import STUDY_NAME, ChannelSpec, StudyChannel
@@ -365,8 +365,8 @@ class LightningHydroSweeperImpl(Sweeper):
             metric=self.settings.metric,
             mode=self.settings.mode,
             reduction_factor=sched.reduction_factor,
-            min_budget=sched.min_budget,
-            max_budget=sched.max_budget,
+            grace_period=sched.grace_period,
+            max_t=sched.max_t,
             options=dict(sched.options),
             storage=self.rung_storage,  # one rung store per sweep: every decision ranks the whole sweep
             namespace=self.rung_namespace,
@@ -460,8 +460,8 @@ class LightningHydroSweeperImpl(Sweeper):
                 self.channel.tell(tid, record["status"], value)
                 continue
             assert self.sampler is not None
-            outcome = TrialOutcome(record["status"], value, record["budget"])
-            self.sampler.tell(tid, self.state.trials[tid].configuration, outcome)
+            feedback = SamplerFeedback(record["status"], value, record["budget"])
+            self.sampler.tell(tid, self.state.trials[tid].configuration, feedback)
 
     def _check_metric_logged(self, groups: Sequence[TrialGroup]) -> None:
         records = [self._record(g, tid) for g in groups for tid in g.trial_ids]

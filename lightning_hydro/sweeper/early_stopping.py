@@ -3,7 +3,7 @@
 Example::
 
     >>> from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec
-    >>> spec = EarlyStoppingSpec(name="asha", metric="val_acc", mode="max", reduction_factor=3, min_budget=1)
+    >>> spec = EarlyStoppingSpec(name="asha", metric="val_acc", mode="max", reduction_factor=3, grace_period=1)
     >>> callback = build_stopping_callback(spec, max_t=9)
     >>> type(callback).__name__, callback.monitor
     ('ASHA', 'val_acc')
@@ -25,7 +25,7 @@ SWEEP_TRIAL_PREFIX = "sweep"
 """Every group's callback names its trials ``"sweep/<trial_id>"`` in the shared store: sweep ids are unique."""
 
 # Schedulers whose callback takes new trials into freed slots (synchronous successive halving cannot).
-REFILLING = ("asha", "hyperband", "deadline", "hypersched")
+REFILLING = ("asha", "hyperband", "deadline")
 
 
 def build_stopping_callback(
@@ -34,7 +34,6 @@ def build_stopping_callback(
     """The callback for ``spec.name`` (``asha``, ``successive_halving``, ``hyperband`` or ``deadline``).
 
     ``spec.options`` go to the callback as keyword arguments (``deadline`` needs ``deadline``, in seconds).
-    ``hypersched``, the old name of ``deadline``, is still read from group specs written by earlier sweeps.
     ``storage``: the sweep's shared rung store; its trials are then named ``"sweep/<trial_id>"`` there.
 
     Raises:
@@ -48,7 +47,6 @@ def build_stopping_callback(
         "successive_halving": SuccessiveHalving,
         "hyperband": Hyperband,
         "deadline": Deadline,
-        "hypersched": Deadline,
     }
     if spec.name not in classes:
         raise ValueError(
@@ -68,7 +66,7 @@ def build_stopping_callback(
     kwargs: dict[str, Any] = dict(
         monitor=spec.metric,
         mode=spec.mode,
-        grace_period=spec.min_budget,
+        grace_period=spec.grace_period,
         reduction_factor=int(spec.reduction_factor),
         max_t=max_t,
         **spec.options,

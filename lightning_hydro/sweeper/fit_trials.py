@@ -195,7 +195,7 @@ def _fit_fused(
         configured = (
             trainer_factory.trainer_kwargs.get("max_epochs") if hasattr(trainer_factory, "trainer_kwargs") else None
         )
-        max_t = stopping.max_budget or int(configured or 10)
+        max_t = stopping.max_t or int(configured or 10)
         unstarted = len(trial_ids) - len(first) - len(builder.failed)
         refill: Any = pending if unstarted else None
         planned = len(trial_ids)

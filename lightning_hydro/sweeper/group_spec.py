@@ -15,7 +15,9 @@ The sweep directory must therefore be on a file system shared by the sweeper and
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+import warnings
+from collections.abc import Mapping
+from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,20 +57,53 @@ class TrialSpec:
 class EarlyStoppingSpec:
     """Early stopping inside a group; ``name == "none"`` trains every trial to ``trainer.max_epochs``.
 
-    ``storage`` is the sweep's rung store (a SQLite path or a database URL) that every group shares, so that
-    decisions rank a trial against every trial of the sweep; ``None``: the group's own, in memory.
-    ``namespace`` is the sweep's name in that store.
+    ``grace_period`` and ``max_t`` are the callbacks' arguments of those names (epochs; ``max_t=None``: the
+    trainer's ``max_epochs``). ``storage`` is the sweep's rung store (a SQLite path or a database URL) that
+    every group shares, so that decisions rank a trial against every trial of the sweep; ``None``: the group's
+    own, in memory. ``namespace`` is the sweep's name in that store. ``min_budget``, ``max_budget`` and
+    ``name="hypersched"``, the old names of ``grace_period``, ``max_t`` and ``"deadline"``, are accepted for one
+    release with a ``DeprecationWarning``.
     """
 
     name: str = "none"
     metric: str = "val_loss"
     mode: str = "min"
     reduction_factor: float = 3.0
-    min_budget: int = 1
-    max_budget: int | None = None
+    grace_period: int = 1
+    max_t: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
     storage: str | None = None
     namespace: str = "sweep"
+    min_budget: InitVar[int | None] = None
+    max_budget: InitVar[int | None] = None
+
+    def __post_init__(self, min_budget: int | None, max_budget: int | None) -> None:
+        renamed: dict[str, tuple[str, object]] = {}
+        if min_budget is not None:
+            renamed["min_budget"] = ("grace_period", min_budget)
+        if max_budget is not None:
+            renamed["max_budget"] = ("max_t", max_budget)
+        if self.name == "hypersched":
+            renamed["name='hypersched'"] = ("name", "deadline")
+        for old, (new, value) in renamed.items():
+            warnings.warn(
+                f"EarlyStoppingSpec({old}) is renamed {new} (the callbacks' name); pass {new}={value!r}. The old "
+                "name will be removed in the next release.",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            object.__setattr__(self, new, value)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EarlyStoppingSpec:
+        """Inverse of ``asdict``; reads the old names in group specs written by earlier sweeps without a warning."""
+        data = dict(data)
+        for old, new in (("min_budget", "grace_period"), ("max_budget", "max_t")):
+            if old in data:
+                data[new] = data.pop(old)
+        if data.get("name") == "hypersched":
+            data["name"] = "deadline"
+        return cls(**data)
 
 
 @dataclass(frozen=True)
@@ -111,7 +146,7 @@ class GroupSpec:
             kind=data["kind"],
             slots=int(data["slots"]),
             trials=tuple(TrialSpec(int(t["trial_id"]), tuple(t["overrides"]), t.get("seed")) for t in data["trials"]),
-            early_stopping=EarlyStoppingSpec(**data["early_stopping"]),
+            early_stopping=EarlyStoppingSpec.from_json(data["early_stopping"]),
             probe=dict(data.get("probe", {})),
             fused=dict(data.get("fused", {})),
             search=dict(data.get("search", {})),

@@ -1,7 +1,7 @@
 """Samplers: draw configurations from a :class:`SearchSpace` (grid, seeded random, Optuna's TPE).
 
 Every sampler has the same two verbs. ``ask(trial_ids)`` returns one configuration per new trial;
-``tell(trial_id, configuration, outcome)`` reports what a trial achieved, so a model-based sampler can
+``tell(trial_id, configuration, feedback)`` reports what a trial achieved, so a model-based sampler can
 learn between rounds (the sweeper asks and tells group by group). ``max_trials`` is how many distinct
 configurations the sampler can produce (``None``: unbounded).
 
@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from lightning_hydro._deprecation import Renamed, renamed_names
+from lightning_hydro.schedulers import TrialStatus
 from lightning_hydro.sweeper.search_space import Choice, Configuration, Interval, SearchSpace
 
 __all__ = [
@@ -32,8 +34,8 @@ __all__ = [
     "GridSampler",
     "RandomSampler",
     "Sampler",
+    "SamplerFeedback",
     "TPESampler",
-    "TrialOutcome",
     "make_sampler",
 ]
 
@@ -42,18 +44,31 @@ Mode = Literal["min", "max"]
 
 
 @dataclass(frozen=True)
-class TrialOutcome:
-    """What a finished trial reports to the sampler.
+class SamplerFeedback:
+    """What the sweeper tells a sampler about a trial whose group finished (``Sampler.tell``).
 
     Attributes:
         status: ``completed``, ``stopped`` (early stopping), ``diverged``, ``running`` or ``failed``.
         value: the sweep's metric at the end of the trial, ``None`` if it was never logged.
-        budget: epochs trained.
+        budget: what the trial trained, in its result's ``budget_unit`` (epochs in a sweep).
     """
 
-    status: str
+    status: TrialStatus
     value: float | None
     budget: int
+
+
+# Old name, kept for one release.
+__getattr__ = renamed_names(
+    __name__,
+    {
+        "TrialOutcome": Renamed(
+            f"{__name__}:SamplerFeedback",
+            "is renamed SamplerFeedback (what a sampler is told about a trial; the callbacks' TrialEnding is how "
+            "a callback ended one); import SamplerFeedback instead",
+        )
+    },
+)
 
 
 class Sampler(Protocol):
@@ -72,7 +87,7 @@ class Sampler(Protocol):
         """Move past ``n`` configurations asked before a resume (so a resumed sweep asks new ones)."""
         ...
 
-    def tell(self, trial_id: int, configuration: Configuration, outcome: TrialOutcome) -> None:
+    def tell(self, trial_id: int, configuration: Configuration, feedback: SamplerFeedback) -> None:
         """Report what a trial achieved."""
         ...
 
@@ -122,7 +137,7 @@ class GridSampler:
         """Skip ``n`` points (already asked before a resume)."""
         self._next += n
 
-    def tell(self, trial_id: int, configuration: Configuration, outcome: TrialOutcome) -> None:
+    def tell(self, trial_id: int, configuration: Configuration, feedback: SamplerFeedback) -> None:
         """A grid does not learn."""
 
 
@@ -158,7 +173,7 @@ class RandomSampler:
                 picks.append(dim.at(self._rng.uniform(dim.low, dim.high)))
         return _configuration(self._space.keys, picks)
 
-    def tell(self, trial_id: int, configuration: Configuration, outcome: TrialOutcome) -> None:
+    def tell(self, trial_id: int, configuration: Configuration, feedback: SamplerFeedback) -> None:
         """Random search does not learn."""
 
 
@@ -211,14 +226,14 @@ class TPESampler:
     def skip(self, n: int) -> None:
         """Nothing to skip: finished trials are told, unfinished ones are relaunched as they were."""
 
-    def tell(self, trial_id: int, configuration: Configuration, outcome: TrialOutcome) -> None:
+    def tell(self, trial_id: int, configuration: Configuration, feedback: SamplerFeedback) -> None:
         """Report a trial: ``completed`` with its value, ``stopped`` as pruned at its budget, else failed."""
         state = self._optuna.trial.TrialState
-        value = outcome.value if outcome.value is not None and math.isfinite(outcome.value) else None
-        if value is not None and outcome.status == "completed":
+        value = feedback.value if feedback.value is not None and math.isfinite(feedback.value) else None
+        if value is not None and feedback.status == "completed":
             kind, reported = state.COMPLETE, None
-        elif value is not None and outcome.status == "stopped":
-            kind, reported, value = state.PRUNED, {outcome.budget: value}, None
+        elif value is not None and feedback.status == "stopped":
+            kind, reported, value = state.PRUNED, {feedback.budget: value}, None
         else:
             kind, reported, value = state.FAIL, None, None
         trial = self._asked.pop(trial_id, None)

@@ -45,16 +45,6 @@ class SchedulerSettings:
     refill: bool = True
     options: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def min_budget(self) -> int:
-        """The group spec's name of :attr:`grace_period` (``EarlyStoppingSpec.min_budget``)."""
-        return self.grace_period
-
-    @property
-    def max_budget(self) -> int | None:
-        """The group spec's name of :attr:`max_t` (``EarlyStoppingSpec.max_budget``)."""
-        return self.max_t
-
 
 @dataclass(frozen=True)
 class ProbeSettings:
@@ -97,7 +87,7 @@ class SweepSettings:
     @property
     def continuous(self) -> bool:
         """Whether freed slots ask the sweep's (learning) sampler for new configurations as results arrive."""
-        return is_learning_sampler(self.sampler) and self.scheduler.name in ("asha", "hyperband", "hypersched")
+        return is_learning_sampler(self.sampler) and self.scheduler.name in ("asha", "hyperband", "deadline")
 
     @classmethod
     def from_config(

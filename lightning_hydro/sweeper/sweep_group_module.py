@@ -119,7 +119,7 @@ class SweepGroupModule(FusedLightningModule):
         if stopping.name == "none" or self.trainer.state.fn != TrainerFn.FITTING:
             return callbacks
         configured = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 10
-        max_t = stopping.max_budget or configured
+        max_t = stopping.max_t or configured
         pending = [t.trial_id for t in self.spec.trials if t.trial_id not in self.results]
         refill: Any = ((t, self._build_trial(t)) for t in pending) if pending else None
         planned = len(self.spec.trials)

@@ -24,6 +24,9 @@ ALLOWED = {
     "sweeper": {"stacking", "backends", "optim", "scaling", "fused", "schedulers", "callbacks", "demos"},
 }
 
+# Top-level modules every layer may import: pure Python that imports nothing of ours (checked below).
+FLOOR_MODULES = {"_deprecation"}
+
 # Importing these must not load Lightning, Hydra or torchmetrics (`backends.hfta_backend`, the Lightning
 # adapter of the fused-operator library, is loaded only when the hfta backend is chosen).
 LIGHTNING_FREE = [
@@ -56,9 +59,14 @@ def test_subpackage_imports_only_layers_below(subpackage):
     violations = {
         f"{path.relative_to(PACKAGE)} imports lightning_hydro.{other}"
         for path in (PACKAGE / subpackage).rglob("*.py")
-        for other in imported_subpackages(path) - ALLOWED[subpackage] - {subpackage}
+        for other in imported_subpackages(path) - ALLOWED[subpackage] - FLOOR_MODULES - {subpackage}
     }
     assert not violations, sorted(violations)
+
+
+@pytest.mark.parametrize("module", sorted(FLOOR_MODULES))
+def test_floor_modules_import_nothing_of_ours(module):
+    assert imported_subpackages(PACKAGE / f"{module}.py") == set()
 
 
 def test_every_subpackage_has_a_layer():

@@ -25,7 +25,7 @@ class WhereEachRankStopped(Callback):
         record = {
             "epoch": trainer.current_epoch,
             "status": asha.status,
-            "reason": asha.outcomes[asha._trial_key].reason,
+            "reason": asha.endings[asha._view.key].reason,
         }
         (self.directory / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
 

@@ -138,7 +138,7 @@ def test_state_dict_round_trip_and_settings_mismatch():
     restored = ASHA("val_loss", max_t=2)
     fit(fused([0.1, 0.01, 0.001]), [restored], max_epochs=2)  # sets up a rule, then load as Lightning would
     restored.load_state_dict(state)
-    assert restored.outcomes == callback.outcomes
+    assert restored.endings == callback.endings
     assert restored.rule.records() == callback.rule.records()
     other = ASHA("val_loss", max_t=2, reduction_factor=2)
     fit(fused([0.1, 0.01, 0.001]), [other], max_epochs=2)

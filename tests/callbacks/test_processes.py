@@ -30,7 +30,7 @@ def _one_trial(storage: str, worker: int, barrier: Any, results: Any) -> None:
         )
         barrier.wait()  # start together: the processes report to the store at the same moments
         trainer = fit(mlp(LEARNING_RATES[worker], seed=worker), [callback], max_epochs=4)
-        outcome = callback.outcomes[worker]
+        outcome = callback.endings[worker]
         results.put((worker, callback.status, outcome.rung, trainer.current_epoch, None))
     except BaseException:
         results.put((worker, None, None, None, traceback.format_exc()))

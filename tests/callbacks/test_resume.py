@@ -78,7 +78,7 @@ def test_resume_after_sigkill_gives_the_same_decisions_and_results(kind, tmp_pat
 
     resumed, resumed_callback = run(kind, directory, resume=True)
 
-    assert resumed_callback.outcomes == reference_callback.outcomes
+    assert resumed_callback.endings == reference_callback.endings
     assert [(r.trial_id, r.milestone, r.budget) for r in resumed_callback.rule.store.records()] == [
         (r.trial_id, r.milestone, r.budget) for r in reference_callback.rule.store.records()
     ]
@@ -123,9 +123,27 @@ def test_a_resumed_single_trial_keeps_its_id_and_budget(tmp_path):
 
     resumed = ASHA("val_loss", max_t=4, reduction_factor=2, storage=storage)
     trainer = fit_checkpointed(mlp(0.3), [resumed], directory, max_epochs=4, resume=True)
-    assert resumed._trial_key == first._trial_key  # the same trial in the shared store, not a new one
+    assert resumed._view.key == first._view.key  # the same trial in the shared store, not a new one
     assert (resumed.status, resumed.result["budget"], trainer.current_epoch) == ("completed", 4, 4)
     assert [r.milestone for r in resumed.rule.records()] == [1, 2, 4]
+
+
+def test_a_checkpoint_that_names_the_endings_outcomes_still_resumes(tmp_path):
+    """Checkpoints written before ``endings`` was renamed hold them under ``"outcomes"``."""
+    directory = tmp_path / "checkpoints"
+    first = ASHA("val_loss", grace_period=1, reduction_factor=2, max_t=4)
+    with pytest.raises(Preempted):
+        fit_checkpointed(fused(LEARNING_RATES[:4]), [first, InterruptAt(2)], directory, max_epochs=4, resume=False)
+    stopped = dict(first.endings)
+    assert len(stopped) == 3  # cut at the rungs of epochs 0 and 1, all in the checkpoint of epoch 1
+    checkpoint = torch.load(directory / "last.ckpt", weights_only=False)
+    (key,) = [k for k in checkpoint["callbacks"] if k.startswith("ASHA")]
+    checkpoint["callbacks"][key]["outcomes"] = checkpoint["callbacks"][key].pop("endings")
+    torch.save(checkpoint, directory / "last.ckpt")
+
+    resumed = ASHA("val_loss", grace_period=1, reduction_factor=2, max_t=4)
+    fit_checkpointed(fused(LEARNING_RATES[:4]), [resumed], directory, max_epochs=4, resume=True)
+    assert {tid: resumed.endings[tid] for tid in stopped} == stopped
 
 
 @pytest.mark.parametrize("kind", ["successive_halving", "deadline"])
@@ -144,7 +162,7 @@ def test_interrupted_and_resumed_in_process_ends_as_uninterrupted(kind, tmp_path
     module, resumed = fused(LEARNING_RATES[:4]), make()
     fit_checkpointed(module, [resumed], directory, max_epochs=4, resume=True)
 
-    assert resumed.outcomes == reference.outcomes
+    assert resumed.endings == reference.endings
     assert {t: (r["status"], r["epochs"]) for t, r in module.results.items()} == {
         t: (r["status"], r["epochs"]) for t, r in reference_module.results.items()
     }

@@ -28,7 +28,7 @@ def test_nine_trials_are_cut_to_three_and_the_stacked_state_shrinks():
         else:
             assert (result["status"], result["epochs"]) == ("stopped", 1)
             assert result["reason"].startswith("SuccessiveHalving rung 0 (budget 1): val_loss ")
-            assert callback.outcomes[tid].rung == 0
+            assert callback.endings[tid].rung == 0
     expected = successive_halving_budget(9, callback.config)
     assert (callback.budget.spent, callback.budget.exhaustive) == (expected.spent, 27) == (15, 27)
     assert module.trial_ids == []  # every trial ended: completed at max_t or stopped

@@ -7,8 +7,9 @@ import pytest
 from lightning.pytorch.callbacks import Callback
 
 from lightning_hydro.callbacks import ASHA, SuccessiveHalving
+from lightning_hydro.callbacks.fused_trials import FusedTrials
 from lightning_hydro.callbacks.halving_callback import HalvingCallback
-from lightning_hydro.callbacks.trials_view import FusedTrials, ProcessTrial
+from lightning_hydro.callbacks.process_trial import ProcessTrial
 from tests.callbacks.trials import LEARNING_RATES, fit, fused, mlp
 
 
@@ -20,7 +21,7 @@ class OutcomesAtEpochEnd(Callback):
         self.ended: list[int] = []
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.ended.append(len(self.watched.outcomes))
+        self.ended.append(len(self.watched.endings))
 
 
 def test_without_validation_a_fused_group_is_judged_in_the_epoch_its_values_come_from():
@@ -33,7 +34,7 @@ def test_without_validation_a_fused_group_is_judged_in_the_epoch_its_values_come
     stopped = [tid for tid, r in module.results.items() if r["status"] == "stopped"]
     assert len(stopped) == 3
     for tid in stopped:  # judged on its last training loss (DigitsMLP logs it per step), as its results keep it
-        assert callback.outcomes[tid].value == module.results[tid]["metrics"]["train_loss"]
+        assert callback.endings[tid].value == module.results[tid]["metrics"]["train_loss"]
         assert len(module.results[tid]["history"]) == 1  # its epoch's history entry is written all the same
 
 
@@ -51,7 +52,7 @@ def test_a_budget_counted_in_steps_is_given_in_steps_with_its_unit():
     fit(module, [callback], max_epochs=2)  # 3 batches per epoch: rungs at steps 3 and 6
     for tid, result in module.results.items():
         assert result["budget_unit"] == "steps"
-        assert result["budget"] == result["steps"] == callback.outcomes[tid].budget
+        assert result["budget"] == result["steps"] == callback.endings[tid].budget
     assert {r["budget"] for r in module.results.values()} <= {3, 6}
     plain = fused(LEARNING_RATES[:2])
     fit(plain, [], max_epochs=1)

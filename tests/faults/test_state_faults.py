@@ -84,7 +84,7 @@ def counts(module: Any) -> dict[int, tuple[str, int, int]]:
 
 
 def decisions(callback: ASHA) -> list[tuple[Any, ...]]:
-    return sorted((o.trial_id, o.status, o.budget, o.rung) for o in callback.outcomes.values())
+    return sorted((o.trial_id, o.status, o.budget, o.rung) for o in callback.endings.values())
 
 
 # every=3 and 4: checkpoints written mid-epoch (after steps 6 and 8, in epoch 1), resumed there
@@ -171,7 +171,7 @@ def fit_group(tmp_path: Path, optimizers: dict[int, str], *, slots: int, stoppin
     def build(trial_id: int) -> L.LightningModule:
         return DigitsMLP(hidden_dim=8, lr=0.1 + 0.05 * trial_id, optimizer=optimizers[trial_id])  # type: ignore[arg-type]
 
-    spec = EarlyStoppingSpec(name=stopping, metric="val_acc", mode="max", reduction_factor=2, max_budget=2)
+    spec = EarlyStoppingSpec(name=stopping, metric="val_acc", mode="max", reduction_factor=2, max_t=2)
     return fit_trials(
         build,
         list(optimizers),
@@ -338,7 +338,7 @@ def test_a_monitor_a_fused_group_never_logs_without_validation_is_reported_after
 def test_a_monitor_logged_in_validation_or_training_is_not_reported(monitor):
     callback = ASHA(monitor, mode="max" if monitor == "val_acc" else "min", max_t=2)
     fit(fused(LEARNING_RATES[:2]), [callback], max_epochs=2, num_sanity_val_steps=1)
-    assert len(callback.outcomes) == 2
+    assert len(callback.endings) == 2
 
 
 # -- Surrogate.load_from_checkpoint loads weights-only -------------------------------------------------------------
@@ -410,4 +410,4 @@ def test_a_module_that_logs_nothing_in_the_sanity_check_is_judged_at_the_first_v
     module = FusedLightningModule([QuietInSanityCheck(hidden_dim=8, lr=lr) for lr in (0.1, 0.2)], backend="vmap")
     callback = ASHA("val_loss", max_t=2)
     fit(module, [callback], max_epochs=2, num_sanity_val_steps=1)
-    assert len(callback.outcomes) == 2
+    assert len(callback.endings) == 2

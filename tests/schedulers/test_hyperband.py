@@ -35,14 +35,16 @@ def test_default_ceil_rounding_keeps_what_asha_batches_keep() -> None:
 
 def test_bracket_attributes_and_budget() -> None:
     bracket = hyperband_brackets(R81)[1]
-    assert (bracket.s, bracket.trials, bracket.min_budget) == (3, 34, 3)
+    assert (bracket.s, bracket.trials, bracket.grace_period) == (3, 34, 3)
     assert bracket.config == R81.with_grace_period(3)
     assert bracket.budget.spent == 34 * 3 + 12 * 6 + 4 * 18 + 2 * 54
 
 
 def test_brackets_anchor_on_milestones_when_max_t_is_not_one() -> None:
     brackets = hyperband_brackets(HalvingConfig("min", 1, 3, 10))
-    assert [(b.s, b.trials, b.min_budget) for b in brackets] == [(2, 9, 1), (1, 5, 3), (0, 3, 9)]
+    assert [(b.s, b.trials, b.grace_period) for b in brackets] == [(2, 9, 1), (1, 5, 3), (0, 3, 9)]
+    with pytest.warns(DeprecationWarning, match=r"HyperbandBracket.min_budget is renamed grace_period"):
+        assert [b.min_budget for b in brackets] == [1, 3, 9]
     assert brackets[-1].config.milestones == (9,)
 
 

@@ -107,7 +107,7 @@ def test_errors(tmp_path):
 
 def test_a_fused_group_with_asha_refills_freed_slots_from_its_pending_trials(tmp_path):
     lrs = {10: 0.001, 11: 0.3, 12: 0.002, 13: 0.2, 14: 0.25, 15: 0.001}
-    spec = EarlyStoppingSpec(name="asha", metric="val_acc", mode="max", reduction_factor=3, min_budget=1, max_budget=3)
+    spec = EarlyStoppingSpec(name="asha", metric="val_acc", mode="max", reduction_factor=3, grace_period=1, max_t=3)
     results = fit_trials(
         builder(lrs),
         list(lrs),
@@ -165,7 +165,7 @@ def test_fused_settings_carry_compile_to_the_group():
 
 def test_a_group_of_different_widths_fuses_padded_with_asha_and_refills(tmp_path):
     widths = {20: 8, 21: 32, 22: 16, 23: 24, 24: 40}
-    spec = EarlyStoppingSpec(name="asha", metric="val_acc", mode="max", reduction_factor=3, min_budget=1, max_budget=3)
+    spec = EarlyStoppingSpec(name="asha", metric="val_acc", mode="max", reduction_factor=3, grace_period=1, max_t=3)
     results = fit_trials(
         lambda tid: DigitsMLP(hidden_dim=widths[tid], lr=0.05),
         list(widths),

@@ -37,7 +37,7 @@ def channel_spec(tmp_path, sampler="tpe"):
 
 def asha(storage=None):
     return EarlyStoppingSpec(
-        name="asha", metric="val_acc", mode="max", reduction_factor=3, min_budget=1, storage=storage
+        name="asha", metric="val_acc", mode="max", reduction_factor=3, grace_period=1, storage=storage
     )
 
 

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from lightning_hydro.sweeper.samplers import GridSampler, RandomSampler, TrialOutcome, make_sampler
+from lightning_hydro.sweeper.samplers import GridSampler, RandomSampler, SamplerFeedback, make_sampler
 from lightning_hydro.sweeper.search_space import parse_search_space
 
 SPACE = parse_search_space(
@@ -62,13 +62,13 @@ def test_tpe_asks_tells_and_replays():
         for tid, conf in zip(ids, tpe.ask(ids)):
             value = (conf.values["x"] - 1) ** 2 + (0.5 if conf.values["c"] == "a" else 0.0)
             status = "stopped" if tid % 5 == 0 else "completed"
-            tpe.tell(tid, conf, TrialOutcome(status, value, budget=3))
+            tpe.tell(tid, conf, SamplerFeedback(status, value, budget=3))
     # A trial told without having been asked (finished before a resume) is added as a finished trial.
     conf = tpe.ask([100])[0]
     fresh = make_sampler("tpe", space, seed=0, mode="min")
-    fresh.tell(100, conf, TrialOutcome("completed", 0.1, budget=3))
-    fresh.tell(101, conf, TrialOutcome("stopped", 0.2, budget=1))
-    fresh.tell(102, conf, TrialOutcome("diverged", math.nan, budget=1))
+    fresh.tell(100, conf, SamplerFeedback("completed", 0.1, budget=3))
+    fresh.tell(101, conf, SamplerFeedback("stopped", 0.2, budget=1))
+    fresh.tell(102, conf, SamplerFeedback("diverged", math.nan, budget=1))
     study = fresh._study  # the replayed trials are in Optuna's study
     assert [t.state.name for t in study.trials] == ["COMPLETE", "PRUNED", "FAIL"]
     best = min(tpe._study.trials, key=lambda t: t.value if t.value is not None else math.inf)

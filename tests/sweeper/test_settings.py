@@ -149,6 +149,11 @@ def test_storage_plots_and_continuous_search():
     assert not SweepSettings.from_config(sampler="random", n_trials=8, scheduler={"name": "asha"}).continuous
     named = SweepSettings.from_config(sampler="optuna.samplers.CmaEsSampler", n_trials=8, scheduler={"name": "asha"})
     assert named.continuous
+    for refilling in ("hyperband", "deadline"):  # deadline was left out when it was renamed from hypersched
+        assert SweepSettings.from_config(sampler="tpe", n_trials=8, scheduler={"name": refilling}).continuous
+    with pytest.warns(DeprecationWarning, match="name=hypersched is renamed deadline"):
+        assert SweepSettings.from_config(sampler="tpe", n_trials=8, scheduler={"name": "hypersched"}).continuous
+    assert not SweepSettings.from_config(sampler="tpe", n_trials=8, scheduler={"name": "successive_halving"}).continuous
     url = "postgresql://user@host/sweeps"
     assert SweepSettings.from_config(n_trials=4, storage=url).request([])["storage"] == url
     with pytest.raises(ValueError, match=r"storage must be a database URL .* got 'sweep\.db'"):

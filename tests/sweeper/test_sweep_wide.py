@@ -59,3 +59,17 @@ def test_groups_ask_the_sweeps_sampler_and_share_one_rung_store(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/group_result.json")} == finished
     assert read_results(tmp_path)["trials"] == results["trials"]
     assert len(study.get_trials()) == 10
+
+
+def test_a_deadline_sweep_is_one_search_too(tmp_path):
+    """``deadline`` refills like ``asha``: its freed slots ask the sweep's sampler (it used to ask per group)."""
+    sweep = [arg for arg in SWEEP if "scheduler.name" not in arg]
+    run_sweep(
+        tmp_path, [*sweep, "hydra.sweeper.scheduler.name=deadline", "+hydra.sweeper.scheduler.options.deadline=600"]
+    )
+    assert sorted(t["trial_id"] for t in read_results(tmp_path)["trials"]) == list(range(10))
+    plan = json.loads((tmp_path / "lightning_hydro" / "plan.json").read_text())
+    groups = [g for g in plan["groups"] if g["kind"] == "search"]
+    asked = [tid for g in groups for tid, _ in json.loads((tmp_path / g["group_id"] / ASKED_FILE).read_text())["asked"]]
+    assert len(asked) == 10 - 3  # the sweeper asked the first round; the jobs asked the rest as slots freed
+    assert sum(plan["quotas"].values()) == 10

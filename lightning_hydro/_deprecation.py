@@ -1,0 +1,112 @@
+"""Old public names that keep working for one release: a module ``__getattr__`` that warns and resolves them.
+
+Pure Python (imports nothing of ours, no torch), so every layer of the package may use it, the pure core
+included.
+
+Example::
+
+    >>> import warnings
+    >>> __getattr__ = renamed_names(
+    ...     "lightning_hydro.demo",
+    ...     {"OldPath": Renamed("os.path:join", "is now os.path.join; import it from there")},
+    ... )
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     join = __getattr__("OldPath")
+    >>> join("a", "b")
+    'a/b'
+    >>> print(caught[0].category.__name__, caught[0].message)  # doctest: +NORMALIZE_WHITESPACE
+    DeprecationWarning lightning_hydro.demo.OldPath is now os.path.join; import it from there. The old name will be
+    removed in the next release.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Renamed", "RenamedAttribute", "renamed_names"]
+
+
+@dataclass(frozen=True)
+class Renamed:
+    """Where an old name now lives, and what the warning says about it.
+
+    Attributes:
+        target: ``"package.module:Name"``: what the old name resolves to (imported when first asked for).
+        change: The warning's text after ``"{module}.{old name} "``: what changed and the fix.
+    """
+
+    target: str
+    change: str
+
+
+def renamed_names(module: str, renamed: Mapping[str, Renamed]) -> Callable[[str], Any]:
+    """A module-level ``__getattr__`` (PEP 562) for ``module`` that resolves the old names in ``renamed``.
+
+    Each old name raises a ``DeprecationWarning`` (attributed to the importing line) and returns its target;
+    any other name raises Python's usual ``AttributeError``.
+
+    Args:
+        module: The module's dotted name (its ``__name__``).
+        renamed: Old name -> :class:`Renamed`.
+
+    Returns:
+        The function to assign to the module's ``__getattr__``.
+    """
+
+    def __getattr__(name: str) -> Any:
+        if name not in renamed:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        entry = renamed[name]
+        warnings.warn(
+            f"{module}.{name} {entry.change}. The old name will be removed in the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        where, _, attribute = entry.target.partition(":")
+        return getattr(importlib.import_module(where), attribute)
+
+    return __getattr__
+
+
+class RenamedAttribute:
+    """A class attribute that reads ``new`` (on the instance) under its old name, with a ``DeprecationWarning``.
+
+    Args:
+        new: The attribute's name now.
+        change: The warning's text after ``"{class}.{old name} "``: what changed and the fix.
+
+    Example::
+
+        >>> class Run:
+        ...     old = RenamedAttribute("new", "is renamed new; use .new")
+        ...     def __init__(self) -> None:
+        ...         self.new = 3
+        >>> import warnings
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore")
+        ...     Run().old
+        3
+    """
+
+    def __init__(self, new: str, change: str) -> None:
+        self.new = new
+        self.change = change
+        self.old = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.old = name
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        warnings.warn(
+            f"{type(instance).__name__}.{self.old} {self.change}. The old name will be removed in the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(instance, self.new)
