@@ -100,9 +100,8 @@ class TrialRoster:
     def stop(self, trainer: L.Trainer | None, trial_id: int, reason: str, *, status: TrialStatus) -> None:
         """Compact a running trial out of the group (see ``FusedLightningModule.stop_trial``)."""
         self.slots.check_stop(trial_id, status)
-        self.settle_health(
-            trainer, credit_epoch=False
-        )  # rows are about to change; a trial found diverged leaves as such
+        # rows are about to change; a trial found diverged leaves as such
+        self.settle_health(trainer, credit_epoch=False)
         if trial_id not in self.slots.trial_ids:
             return
         self.slots.book.update_metrics(trial_id, self.metrics.step_values().get(trial_id, {}))  # e.g. last train_loss
