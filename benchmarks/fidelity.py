@@ -152,13 +152,12 @@ def train_group(
     trainer = L.Trainer(max_steps=task.steps, limit_val_batches=0, num_sanity_val_steps=0, **quiet)
     trainer.fit(fused, datamodule=datamodule)
     validated = L.Trainer(**quiet).validate(fused, datamodule=datamodule, verbose=False)[0] if fused.trial_ids else {}
-    # validate evaluates the ended trials too: a diverged one (non-finite weights) counts as inf, as before
+    # validate evaluates the ended trials too: a diverged one (its weights may be non-finite) counts as inf, as before
     diverged = {tid for tid, result in fused.results.items() if result["status"] == "diverged"}
     values = [
         math.inf if tid in diverged else float(validated.get(f"{task.metric}/trial_{tid}", math.inf))
         for tid in range(len(models))
     ]
-    values = [value if math.isfinite(value) else math.inf for value in values]
     seconds = time.perf_counter() - start
     print(f"{task_name} {parametrization} S={ratio} seed={seed}: {seconds:.1f}s on {fused.backend}", flush=True)
     return {"values": values, "seconds": seconds, "backend": fused.backend}
