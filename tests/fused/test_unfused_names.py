@@ -128,6 +128,16 @@ def test_without_monitor_only_a_group_of_one_has_unfused_names():
     assert trainer.callback_metrics["test/score"].item() == 0.625
 
 
+def test_a_name_the_best_trial_never_logged_is_not_filled_from_another_trial():
+    fused = scored_group(monitor="val/score", mode="max")
+    trainer = make_trainer(max_epochs=1)
+    trainer.fit(fused)
+    fused.trial_record(1).metrics["only/trial_1"] = 0.5  # a name that trial 1 alone has (not the best: trial 0)
+    trainer.validate(fused)
+    assert trainer.callback_metrics["val/score"].item() == 0.875
+    assert "only/trial_1" not in trainer.callback_metrics
+
+
 def test_a_monitor_that_no_trial_logged_is_named_in_a_warning():
     fused = scored_group(monitor="val/acc", mode="max")
     trainer = make_trainer(max_epochs=1)

@@ -119,6 +119,7 @@ def test_the_template_project_sweeps_fused_with_its_own_train_py(tmp_path):
     assert "nothing fuses" not in out.stdout
 
 
+@pytest.mark.slow
 def test_the_template_project_runs_unfused_as_the_template_does(tmp_path):
     # the fixture itself: one model, fit and test with the best checkpoint, the metric read back
     project = make_project(tmp_path, add_search=False)
