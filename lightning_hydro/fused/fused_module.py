@@ -92,7 +92,11 @@ class FusedLightningModule(L.LightningModule):
             ``"universal"`` always steps each trial's own optimizer; ``"fused"`` requires the fast path.
         verify: on the first batch, compare each trial's fused loss with its own module's (vmap/hfta).
         summary: print a per-trial table at the end of ``fit``.
-        monitor: metric that orders that table and marks the best trial (e.g. ``"val_acc"``).
+        monitor: metric that orders that table and marks the best trial (e.g. ``"val_acc"``). After ``fit``,
+            ``validate`` and ``test``, ``trainer.callback_metrics`` and ``trainer.logged_metrics`` also hold that
+            trial's values under the unfused names (``"val_acc"``, ``"test_acc"``: every name it logged, as its
+            ``results`` entry holds them), for code that reads a metric back as for one model. Without
+            ``monitor`` they hold each trial's ``"name/trial_{id}"`` only (unless the group has one trial).
         mode: ``"min"`` or ``"max"``: which ``monitor`` value is best.
         trial_factory: builds the module of a trial id (or returns None); used when a checkpoint holds
             trials that joined the group during the run (refills). Otherwise they are rebuilt as
@@ -545,6 +549,8 @@ class FusedLightningModule(L.LightningModule):
     def on_validation_end(self) -> None:
         if self.trainer.state.fn == TrainerFn.FITTING and not self.trainer.sanity_checking:
             self._end_fit_if_empty()  # after the callbacks' on_validation_end, where early stopping decides
+        elif self.trainer.state.fn == TrainerFn.VALIDATING:
+            self._publish_chosen_trial("validate")
 
     @override
     def on_test_epoch_start(self) -> None:
@@ -554,6 +560,10 @@ class FusedLightningModule(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._forward_hook("on_test_epoch_end")
         self._publisher.publish_epoch("test", self.log, sanity_checking=self.trainer.sanity_checking)
+
+    @override
+    def on_test_end(self) -> None:
+        self._publish_chosen_trial("test")
 
     @override
     def on_train_end(self) -> None:
@@ -568,6 +578,11 @@ class FusedLightningModule(L.LightningModule):
         if self.summary and self.trainer.is_global_zero:
             # plain stdout (the progress bar is finished): Lightning's print goes through the bar, to stderr
             print(format_results_table(self._slots.book.records, monitor=self.monitor, mode=self.mode))
+        self._publish_chosen_trial("fit")
+
+    def _publish_chosen_trial(self, stage: str) -> None:
+        # after Lightning's own updates of the stage's metrics: see TrialPublisher.publish_chosen_trial
+        self._publisher.publish_chosen_trial(self.trainer, monitor=self.monitor, mode=self.mode, stage=stage)
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
 

@@ -249,7 +249,9 @@ class TrialModelCheckpoint(ModelCheckpoint):
         live = set(fused.trial_ids)
         for tid, callback, view in self._trials.run(trainer, fused, self._targets(trainer, fused)):
             getattr(callback, hook)(view, view.lightning_module, *args)
-            if tid not in live:
+            # a trial that left at this step is done after the epoch's end, not at validation end: Lightning's
+            # ModelCheckpoint saves at the training epoch's end when validation runs once per epoch
+            if tid not in live and hook == "on_train_epoch_end":
                 self._finished.add(tid)
 
     @override

@@ -5,22 +5,31 @@ publisher hands it on under ``"{name}/trial_{id}"``: step values straight to the
 ``log_every_n_steps``), epoch values through the fused module's ``self.log`` (so that callbacks and LR schedulers
 monitoring ``"val_loss/trial_3"`` see them) and into each trial's record, and the count of running, stopped and
 diverged trials on the progress bar.
+
+After ``fit``, ``validate`` and ``test``, :meth:`TrialPublisher.publish_chosen_trial` also puts one trial's values under
+the unfused names (``"val/acc"``) into ``trainer.callback_metrics`` and ``trainer.logged_metrics``, for code that
+reads a metric back after the fit as for one model (lightning-hydra-template's ``train.py``, which returns
+``trainer.callback_metrics[cfg.optimized_metric]``): the group's best trial by ``monitor`` and ``mode``
+(:func:`chosen_trial`), each name with the value its record holds (the same as ``results[id]["metrics"]``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_hydro.backends import StackedLog
 from lightning_hydro.fused.trial_book import TrialBook
 from lightning_hydro.fused.trial_hooks import record_step_logs
 from lightning_hydro.fused.trial_metrics import TrialMetrics
 from lightning_hydro.fused.trial_slots import TrialSlots
+from lightning_hydro.schedulers.trial_record import TrialRecord, best_trial
 
-__all__ = ["LogFunction", "TrialPublisher"]
+__all__ = ["LogFunction", "TrialPublisher", "chosen_trial"]
 
 LogFunction = Callable[..., None]  # LightningModule.log of the fused module
 
@@ -91,6 +100,34 @@ class TrialPublisher:
         # a loader of unknown length has no recognisable last batch: the epoch is credited here instead
         self.book.end_epoch(epoch, self.slots.trial_ids)
 
+    def publish_chosen_trial(
+        self, trainer: L.Trainer, *, monitor: str | None, mode: Literal["min", "max"], stage: str
+    ) -> int | None:
+        """The chosen trial's values (:func:`chosen_trial`) under the unfused names; returns its id.
+
+        Into ``trainer.callback_metrics`` and ``trainer.logged_metrics``, which Lightning keeps until the next
+        stage starts; a name already there (logged by a callback on the group itself) is left as it is. Call it
+        once the stage's values are recorded and Lightning's own updates are over (``on_fit_end``, and the end of
+        ``validate`` and ``test``). The loggers get nothing new: they have each trial's values already.
+        """
+        records = self.book.records
+        chosen = chosen_trial(records, monitor, mode)
+        if chosen is None:
+            if monitor is not None and records:
+                logged = sorted({name for record in records.values() for name in record.metrics})
+                rank_zero_warn(
+                    f"FusedLightningModule: after {stage}, no trial has a finite value of monitor={monitor!r} (the "
+                    f"trials logged {logged}), so trainer.callback_metrics holds each trial's values as "
+                    f"'name/trial_<id>' only, none under the unfused names. Fix: monitor one of the logged names."
+                )
+            return None
+        # float64: the very numbers of the trial's record (and so of results.json), whatever the logged dtype
+        values = {name: torch.tensor(value, dtype=torch.float64) for name, value in records[chosen].metrics.items()}
+        for metrics in (trainer.callback_metrics, trainer.logged_metrics):
+            for name, value in values.items():
+                metrics.setdefault(name, value)
+        return chosen
+
     def training_epoch_values(self) -> dict[int, dict[str, float]]:
         """Each running trial's latest values, with this training epoch's values so far."""
         latest = {tid: dict(self.book.records[tid].metrics) for tid in self.slots.trial_ids}
@@ -99,6 +136,25 @@ class TrialPublisher:
                 if tid in latest:
                     latest[tid].update(values)
         return latest
+
+
+def chosen_trial(records: Mapping[int, TrialRecord], monitor: str | None, mode: Literal["min", "max"]) -> int | None:
+    """The trial whose values the unfused names stand for: the best finite ``monitor`` value (ties: the lowest id).
+
+    Without ``monitor`` only a group of one trial has an answer; None where there is none (no trial, or no trial
+    with a finite ``monitor`` value: all diverged, or the name was never logged).
+
+    Example::
+
+        >>> records = {0: TrialRecord(0, metrics={"val/acc": 0.5}), 1: TrialRecord(1, metrics={"val/acc": 0.75})}
+        >>> chosen_trial(records, "val/acc", "max"), chosen_trial(records, "val/acc", "min")
+        (1, 0)
+        >>> chosen_trial(records, None, "max"), chosen_trial({4: records[0]}, None, "max")  # one trial: no doubt
+        (None, 4)
+    """
+    if monitor is None:
+        return next(iter(records)) if len(records) == 1 else None
+    return best_trial(records, monitor, mode)
 
 
 def _should_log_step(trainer: L.Trainer) -> bool:

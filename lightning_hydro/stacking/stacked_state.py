@@ -32,12 +32,23 @@ import torch
 from torch import Tensor, nn
 
 from lightning_hydro.stacking.padding import Shape, pad_to, padded_shape, true_region
+from lightning_hydro.stacking.width_plan import plan_widths
 
 __all__ = ["ArchitectureMismatchError", "StackedState", "check_same_architecture", "storage_key"]
 
 
 class ArchitectureMismatchError(ValueError):
-    """Trial modules that cannot be stacked: their parameters or buffers differ in name, shape or dtype."""
+    """Trial modules that cannot be stacked: their parameters or buffers differ in name, shape or dtype.
+
+    Attributes:
+        differing_sizes: where the trials differ only in sizes (the same names, ranks and dtypes: what
+            ``pad_widths=True`` fuses), each differing tensor's name and its two shapes (the refused trial's,
+            then the reference's); empty for a refusal for other reasons.
+    """
+
+    def __init__(self, message: str, *, differing_sizes: Mapping[str, tuple[Shape, Shape]] | None = None) -> None:
+        super().__init__(message)
+        self.differing_sizes = dict(differing_sizes or {})
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,58 @@ def _raise_mismatch(trial_id: int, reference_id: int | str, problems: list[str])
     )
 
 
+def _differing_sizes(reference: _Signature, other: _Signature) -> dict[str, tuple[Shape, Shape]]:
+    """Each tensor whose size differs, with its two shapes (``other``'s, then ``reference``'s)."""
+    return {
+        name: (other[kind][name].shape, reference[kind][name].shape)
+        for kind in (0, 1)
+        for name in sorted(reference[kind].keys() & other[kind].keys())
+        if reference[kind][name].shape != other[kind][name].shape
+    }
+
+
+def _raise_size_mismatch(trial_id: int, reference_id: str, sizes: Mapping[str, tuple[Shape, Shape]]) -> None:
+    """The refusal of trials that differ only in sizes: it names them and ``pad_widths=True``, which fuses them."""
+    shown = [f"{name!r} is {list(own)} where {reference_id} has {list(ref)}" for name, (own, ref) in sizes.items()]
+    listed = "; ".join(shown[:8]) + ("; ..." if len(shown) > 8 else "")
+    raise ArchitectureMismatchError(
+        f"Trial {trial_id} cannot be fused with {reference_id}: they differ only in sizes ({listed}). "
+        "pad_widths=True fuses them: FusedLightningModule(..., pad_widths=True) zero-pads each tensor to the "
+        "group's largest size and trains each trial at its own (in a sweep: hydra.sweeper.pad_widths=true, the "
+        "default, with the keys that set these sizes in hydra.sweeper.non_fusible). Otherwise put trials of "
+        "different sizes into separate groups.",
+        differing_sizes=sizes,
+    )
+
+
+def _refuse(
+    trial_id: int,
+    reference_id: str,
+    reference: _Signature,
+    module: nn.Module,
+    *,
+    pad_widths: bool,
+    reference_module: nn.Module | None,
+) -> None:
+    """Raise :class:`ArchitectureMismatchError` if ``module`` cannot join the group of ``reference``; else nothing.
+
+    Trials that differ only in sizes that zero-padding computes exactly (the width plan of ``module`` and
+    ``reference_module`` holds) are told that ``pad_widths=True`` fuses them; any other refusal is not.
+    """
+    theirs = _signature(module)
+    problems = _mismatches(reference, theirs, sizes_may_differ=pad_widths)
+    if not problems:
+        return
+    if (
+        not pad_widths
+        and reference_module is not None
+        and not _paddable_mismatches(reference, theirs)
+        and not plan_widths([reference_module, module], ids=[0, 1]).refusals
+    ):
+        _raise_size_mismatch(trial_id, reference_id, _differing_sizes(reference, theirs))
+    _raise_mismatch(trial_id, reference_id, problems)
+
+
 def check_same_architecture(modules: Sequence[nn.Module], *, ids: Sequence[int] | None = None) -> None:
     """Raise :class:`ArchitectureMismatchError` unless all modules have the same parameters and buffers.
 
@@ -100,9 +163,7 @@ def check_same_architecture(modules: Sequence[nn.Module], *, ids: Sequence[int] 
     ids = list(range(len(modules))) if ids is None else list(ids)
     reference = _signature(modules[0])
     for tid, module in zip(ids[1:], modules[1:]):
-        problems = _mismatches(reference, _signature(module))
-        if problems:
-            _raise_mismatch(tid, f"trial {ids[0]}", problems)
+        _refuse(tid, f"trial {ids[0]}", reference, module, pad_widths=False, reference_module=modules[0])
 
 
 def storage_key(name: str) -> str:
@@ -147,15 +208,10 @@ class StackedState:
         if not modules:
             raise ValueError("StackedState needs at least one trial module, got none.")
         self.pad_widths = pad_widths
-        if pad_widths:
-            reference_signature = _signature(modules[0])
-            for tid, module in zip(list(trial_ids)[1:], modules[1:]):
-                problems = _paddable_mismatches(reference_signature, _signature(module))
-                if problems:
-                    _raise_mismatch(tid, f"trial {trial_ids[0]}", problems)
-        else:
-            check_same_architecture(modules, ids=trial_ids)
-        self._reference = _signature(modules[0])
+        reference = _signature(modules[0])
+        for tid, module in zip(list(trial_ids)[1:], modules[1:]):
+            _refuse(tid, f"trial {trial_ids[0]}", reference, module, pad_widths=pad_widths, reference_module=modules[0])
+        self._reference = reference
         # each row's own shape of every parameter and buffer (all equal to the stacked shape unless padded)
         self.true_shapes: list[dict[str, Shape]] = [_shapes(m) for m in modules]
         self.storage = storage
@@ -278,10 +334,8 @@ class StackedState:
 
     def append(self, module: nn.Module, trial_id: int) -> None:
         """Add a trial in a new last row, its tensors copied from the module, which is then bound."""
-        check = _paddable_mismatches if self.pad_widths else _mismatches
-        problems = check(self._reference, _signature(module))
-        if problems:
-            _raise_mismatch(trial_id, "the group", problems)
+        live = self.modules[0] if self.modules else None  # of the reference's shapes (unpadded groups are uniform)
+        _refuse(trial_id, "the group", self._reference, module, pad_widths=self.pad_widths, reference_module=live)
         self.true_shapes.append(_shapes(module))
         self._repad()  # a wider newcomer widens the group first
         with torch.no_grad():

@@ -157,11 +157,17 @@ def fused_group_model(**node: Any) -> L.LightningModule:
         module = SweepGroupModule.for_group(spec, build_trial, job_dir=job_dir, search=search, backend_cache=cache)
     except ArchitectureMismatchError as err:
         keys = differing_keys(spec)
+        outcome = (
+            "with hydra.sweeper.pad_widths=true (the default) trials that differ only in integer sizes under "
+            "model. then share groups, zero-padded; other values get groups of their own"
+            if err.differing_sizes
+            else "each value then gets groups of its own"
+        )
         raise ArchitectureMismatchError(
             f"lightning_hydro sweeper: the trials of group {spec.group_id} cannot train as one model: they "
             f"differ in {', '.join(keys) or 'no searched key'}, and their modules' shapes differ. {err} Fix: "
-            f"declare {keys or 'the shape-changing keys'} in hydra.sweeper.non_fusible (each value then gets "
-            "groups of its own)."
+            f"declare {keys or 'the shape-changing keys'} in hydra.sweeper.non_fusible ({outcome}).",
+            differing_sizes=err.differing_sizes,
         ) from err
     built_groups.add(spec.group_id)
     return module

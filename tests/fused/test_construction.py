@@ -20,23 +20,59 @@ def test_non_lightning_modules_are_rejected():
         FusedLightningModule([DigitsMLP(), nn.Linear(2, 2)])  # type: ignore[list-item]
 
 
-def test_different_widths_cannot_be_fused():
+def test_different_widths_are_refused_with_pad_widths_named_as_the_remedy():
+    with pytest.raises(ArchitectureMismatchError) as refused:
+        FusedLightningModule([DigitsMLP(hidden_dim=32), DigitsMLP(hidden_dim=16)])
+    message = str(refused.value)
+    assert message.startswith("Trial 1 cannot be fused with trial 0: they differ only in sizes (")
+    # every differing size is named, the refused trial's against the reference's
+    assert "'body.0.weight' is [16, 64] where trial 0 has [32, 64]" in message
+    assert "'head.weight' is [10, 16] where trial 0 has [10, 32]" in message
+    assert "pad_widths=True fuses them: FusedLightningModule(..., pad_widths=True) zero-pads" in message
+    assert "in a sweep: hydra.sweeper.pad_widths=true" in message
+    assert refused.value.differing_sizes["body.0.weight"] == ((16, 64), (32, 64))
+    # and it is so: the same trials fuse with pad_widths=True
+    fused = FusedLightningModule([DigitsMLP(hidden_dim=32), DigitsMLP(hidden_dim=16)], pad_widths=True)
+    assert fused.trial_ids == [0, 1]
+
+
+def test_a_trial_added_at_another_width_is_told_of_pad_widths():
+    fused = FusedLightningModule([DigitsMLP(hidden_dim=8)], max_slots=2, summary=False)
     with pytest.raises(
         ArchitectureMismatchError,
-        match=r"Trial 1 cannot be fused with trial 0: .*parameter .body.0.weight. "
-        r"is \[16, 64\] torch.float32 requires_grad=True, expected \[32, 64\].*separate groups",
+        match=r"Trial 1 cannot be fused with the group: they differ only in sizes \('body.0.bias' is \[16\] where "
+        r"the group has \[8\];.*pad_widths=True fuses them",
     ):
-        FusedLightningModule([DigitsMLP(hidden_dim=32), DigitsMLP(hidden_dim=16)])
+        fused.add_trial(DigitsMLP(hidden_dim=16))
 
 
 def test_different_depths_name_missing_tensors():
-    with pytest.raises(ArchitectureMismatchError, match=r"parameter 'body.4.weight' is extra"):
+    with pytest.raises(ArchitectureMismatchError, match=r"parameter 'body.4.weight' is extra") as refused:
         FusedLightningModule([DigitsMLP(depth=2), DigitsMLP(depth=3)])
+    assert "pad_widths" not in str(refused.value)  # padding would not fuse them: not suggested
+    assert refused.value.differing_sizes == {}
 
 
 def test_different_dtypes_cannot_be_fused():
-    with pytest.raises(ArchitectureMismatchError, match=r"torch.float64.*expected \[32, 64\] torch.float32"):
+    with pytest.raises(
+        ArchitectureMismatchError, match=r"torch.float64.*expected \[32, 64\] torch.float32.*separate groups"
+    ) as refused:
         FusedLightningModule([DigitsMLP(hidden_dim=32), DigitsMLP(hidden_dim=32).double()])
+    assert "pad_widths" not in str(refused.value)
+
+
+def test_sizes_that_padding_would_change_are_refused_without_pad_widths():
+    # a different number of classes differs only in sizes, but padding the output layer would change the loss:
+    # the width plan refuses it, so pad_widths=True is not offered as the fix
+    twelve_classes = DigitsMLP(hidden_dim=32)
+    twelve_classes.head = nn.Linear(32, 12)
+    with pytest.raises(
+        ArchitectureMismatchError,
+        match=r"parameter 'head.weight' is \[12, 32\] torch.float32 requires_grad=True, expected \[10, 32\] .*"
+        r"Fused trials must share one architecture .* separate groups\.$",
+    ) as refused:
+        FusedLightningModule([DigitsMLP(hidden_dim=32), twelve_classes])
+    assert "pad_widths" not in str(refused.value)
 
 
 def test_same_object_twice_is_rejected():

@@ -22,6 +22,7 @@ from lightning.pytorch.callbacks import (
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_hydro import FusedLightningModule
+from lightning_hydro.callbacks import ASHA
 from lightning_hydro.demos import DigitsMLP
 from lightning_hydro.demos.template_mnist import DigitsMNISTDataModule, MNISTLitModule, SimpleDenseNet
 from lightning_hydro.fused.trial_callbacks import CallbackNotPerTrialError, per_trial_callbacks
@@ -206,6 +207,26 @@ def test_checkpoint_of_a_trial_holds_its_optimizer_state_and_loads_into_its_clas
         assert torch.equal(loaded.state_dict()[key], value)
     # a trial's checkpoint holds that trial only (its tensors are not views of the group's)
     assert all(value.shape == trials[1].state_dict()[key].shape for key, value in checkpoint["state_dict"].items())
+
+
+@pytest.mark.parametrize("max_t", [1, 2])
+def test_a_trial_that_early_stopping_ends_gets_its_final_checkpoint(tmp_path: Path, max_t: int) -> None:
+    # ASHA ends trials in on_validation_end; Lightning's ModelCheckpoint (validation once per epoch) saves at the
+    # training epoch's end, after that: each ended trial's copy must still save the epoch it ended in
+    trials = [DigitsMLP(hidden_dim=8, lr=lr) for lr in (1e-3, 0.1)]
+    fused = FusedLightningModule(trials, backend="vmap", summary=False)
+    callbacks = [
+        ASHA(monitor="val_acc", mode="max", max_t=max_t, grace_period=1, reduction_factor=2),
+        # every epoch kept: whatever its val_acc, the epoch a trial ended in must be there
+        ModelCheckpoint(dirpath=str(tmp_path), monitor="val_acc", mode="max", save_top_k=-1, filename="{epoch}"),
+    ]
+    trainer = make_trainer(max_epochs=max_t, limit_train_batches=3, callbacks=callbacks, enable_checkpointing=True)
+    fit_digits(trainer, fused)
+    for tid, result in fused.results.items():
+        assert result["status"] != "running"
+        saved = sorted(p.name for p in (tmp_path / f"trial_{tid}").glob("*.ckpt"))
+        # one per epoch it trained, the epoch it ended in included (every trial started at epoch 0)
+        assert saved == [f"epoch={e}.ckpt" for e in range(result["epochs"])], (tid, result["status"])
 
 
 def test_per_trial_callback_states_survive_a_resume(tmp_path: Path) -> None:

@@ -182,7 +182,7 @@ def test_a_group_of_different_widths_fuses_padded_with_asha_and_refills(tmp_path
 
 
 def test_without_pad_widths_a_group_of_different_widths_is_refused(tmp_path):
-    with pytest.raises(ValueError, match=r"cannot be fused .* put trials whose shapes differ"):
+    with pytest.raises(ValueError, match=r"cannot be fused .* differ only in sizes .* pad_widths=True fuses them"):
         fit_trials(
             lambda tid: DigitsMLP(hidden_dim=8 * (tid + 1), lr=0.05),
             [0, 1],

@@ -100,4 +100,20 @@ def test_a_searched_key_that_changes_shapes_is_named_with_the_fix(tmp_path):
         sweep_with(builds_the_group, tmp_path, overrides)
     written = (tmp_path / "group_0000" / ERROR_FILE).read_text()
     assert "the trials of group group_0000 cannot train as one model: they differ in model.hidden_dim" in written
-    assert "Fix: declare ['model.hidden_dim'] in hydra.sweeper.non_fusible" in written
+    fix = "Fix: declare ['model.hidden_dim'] in hydra.sweeper.non_fusible (with hydra.sweeper.pad_widths=true"
+    assert fix in written
+    assert "they differ only in sizes ('body.0.bias' is [16] where trial 0 has [8]" in written
+
+
+def test_a_searched_key_that_changes_more_than_sizes_is_not_told_of_padding(tmp_path):
+    overrides = [*TINY, "hydra.sweeper.n_trials=2", "hydra.sweeper.non_fusible=[]", "hydra.sweeper.params=null"]
+    overrides += ["hydra.sweeper.sampler=grid", "model.depth=choice(2, 3)"]
+    with pytest.raises(RuntimeError, match=r"the trials of group group_0000 cannot train as one model"):
+        sweep_with(builds_the_group, tmp_path, overrides)
+    written = (tmp_path / "group_0000" / ERROR_FILE).read_text()
+    assert "parameter 'body.4.weight' is extra" in written
+    fix = "Fix: declare ['model.depth'] in hydra.sweeper.non_fusible (each value then gets groups of its own)"
+    assert fix in written
+    messages = [line for line in written.splitlines() if "ArchitectureMismatchError:" in line]
+    assert messages
+    assert not any("pad_widths" in line for line in messages)  # padding would not fuse them: not suggested

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from .template_project import make_project, read_json, run_train
+from .template_project import FEW_BATCHES, make_project, read_json, run_train
 
-SEARCH = ["-m", "hparams_search=mnist_lightning_hydro", "logger=csv", "extras.print_config=false"]
+SEARCH = ["-m", "hparams_search=mnist_lightning_hydro", "logger=csv", "extras.print_config=false", *FEW_BATCHES]
 WIDTHS = ["model.net.lin1_size", "model.net.lin2_size", "model.net.lin3_size"]
 SMALL = [
     "hydra.sweeper.n_trials=4",
@@ -28,8 +28,10 @@ def _groups(sweep_dir):
     return [g for g in plan["groups"] if g["kind"] == "search"]
 
 
-def test_a_template_search_over_layer_sizes_fuses_trials_of_different_widths(tmp_path):
+def test_a_template_search_over_layer_sizes_fuses_trials_of_different_widths(tmp_path, monkeypatch):
     project = make_project(tmp_path)
+    # the template's save_hyperparameters(logger=False) keeps the network in each checkpoint: loading one imports src
+    monkeypatch.syspath_prepend(str(project))
     sweep_dir = tmp_path / "sweep"
     sizes = [f"{key}=choice(16,32)" for key in WIDTHS]
     out = run_train(project, [*SEARCH, *SMALL, *sizes, f"hydra.sweep.dir={sweep_dir}"])
