@@ -125,7 +125,9 @@ class TrialModelCheckpoint(ModelCheckpoint):
         live = set(fused.trial_ids)
         for tid, callback, view in self._trials.run(trainer, fused, self._targets(trainer, fused)):
             getattr(callback, hook)(view, view.lightning_module, *args)
-            if tid not in live:
+            # a trial that left at this step is done once its copy has saved this step (Lightning saves at the
+            # training epoch's end where validation closes each epoch: not yet in on_validation_end)
+            if tid not in live and getattr(callback, "_last_global_step_saved", None) == trainer.global_step:
                 self._finished.add(tid)
         self._summarize()
 

@@ -36,11 +36,14 @@ def test_the_template_project_sweeps_fused_with_its_own_train_py(tmp_path):
     for trial in trials:
         assert trial["status"] == "completed"
         assert trial["budget"] == 1
+        assert trial["backend"] in ("vmap", "hfta", "loop")  # what the group ran on: the user's own task function
         # the module's own metrics, per trial; test/acc from the template's trainer.test after fit
         assert {"val/acc", "val/acc_best", "train/loss", "test/acc"} <= set(trial["metrics"])
         assert isinstance(trial["seed"], int)  # seed: null in the template: each trial gets one, recorded
     seeds = {t["seed"] for t in trials}
     assert len(seeds) == len(trials)
+    with open(sweep_dir / "results.csv") as f:
+        assert {row["backend"] for row in csv.DictReader(f)} <= {"vmap", "hfta", "loop"}
     for group in groups:
         job_dir = sweep_dir / group["group_id"]
         batch_sizes = {trials[t]["params"]["data.batch_size"] for t in group["trial_ids"]}
