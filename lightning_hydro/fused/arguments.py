@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lightning_hydro.backends import BACKEND_NAMES, FusionError
 
@@ -29,6 +30,14 @@ def check_fused_arguments(
         raise ValueError(
             f"FusedLightningModule: trials {manual} use manual optimization (automatic_optimization = False) and the "
             "others automatic optimization; a group runs one kind of training step. Fuse them in separate groups."
+        )
+    if not manual and is_overridden("optimizer_step", trials[0], L.LightningModule):
+        raise ValueError(
+            f"FusedLightningModule: {type(trials[0]).__name__} overrides optimizer_step (e.g. a learning-rate "
+            "warm-up written there), which a fused group does not call per trial: the group steps every trial's "
+            "optimizer after one fused backward, so the override would be skipped. Express the change as an LR "
+            "scheduler (a warm-up: LambdaLR with 'interval': 'step'), which steps per trial, or use manual "
+            "optimization (self.automatic_optimization = False), whose training_step runs per trial."
         )
     if manual and backend in ("vmap", "hfta"):
         raise FusionError(

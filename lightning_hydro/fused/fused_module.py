@@ -445,6 +445,13 @@ class FusedLightningModule(L.LightningModule):
 
     @override
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        trial_id = getattr(scheduler, "trial_id", None)
+        if trial_id in self._group.trial_ids:
+            module = self.trial_module(trial_id)
+            if is_overridden("lr_scheduler_step", module, L.LightningModule):
+                # the trial's own rule, as Lightning asks for schedulers of other libraries (timm: step(epoch=...))
+                module.lr_scheduler_step(scheduler.scheduler, metric)
+                return
         if metric is None:
             scheduler.step()
         else:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import lightning as L
@@ -186,3 +187,64 @@ def test_callbacks_see_the_trials_own_optimizers_too() -> None:
         assert view.optimizers == [fused._optimizer.trials[tid].optimizer]  # type: ignore[union-attr]
         assert view.optimizers == module.trainer.optimizers
         assert [c.scheduler for c in view.lr_scheduler_configs] == [module.lr_schedulers()]
+
+
+class EpochCosine:
+    """A scheduler of another library's kind (timm's): ``step(epoch=...)`` sets the rate for that epoch."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, epochs: int) -> None:
+        self.optimizer, self.epochs = optimizer, epochs
+        self.base = [group["lr"] for group in optimizer.param_groups]
+
+    def step(self, epoch: int) -> None:
+        scale = 0.5 * (1 + math.cos(math.pi * (epoch + 1) / self.epochs))
+        for group, base in zip(self.optimizer.param_groups, self.base):
+            group["lr"] = base * scale
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"base": self.base}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.base = state["base"]
+
+
+class CustomScheduled(ReadsItsOptimizer):
+    """Lightning's recipe for such a scheduler: override ``lr_scheduler_step``."""
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.SGD(self.parameters(), lr=self.hparams["lr"], momentum=self.hparams["momentum"])
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": EpochCosine(opt, epochs=4), "interval": "epoch"}}
+
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        scheduler.step(epoch=self.current_epoch)
+
+
+def test_a_trials_own_lr_scheduler_step_steps_its_scheduler_of_another_library() -> None:
+    modules = [seeded(lambda lr=lr: CustomScheduled(lr=lr), [i])[0] for i, lr in enumerate((0.1, 0.03))]
+    expected = alone(modules)
+    fused = FusedLightningModule(modules, backend="vmap", summary=False)
+    fit_digits(make_trainer(**LIMITS), fused)
+    for module, own in zip(modules, expected):
+        assert module.seen == own.seen
+        assert [s["lr"] for s in module.seen][1:] == pytest.approx(
+            [module.hparams["lr"] * 0.5 * (1 + math.cos(math.pi * (e + 1) / 4)) for e in range(2)]
+        )
+
+
+class WarmsUpInOptimizerStep(ReadsItsOptimizer):
+    """The LightningModule docs' warm-up, written in an overridden ``optimizer_step``."""
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        optimizer.step(closure=optimizer_closure)
+        for group in optimizer.param_groups:
+            group["lr"] = min(1.0, (self.trainer.global_step + 1) / 10) * self.hparams["lr"]
+
+
+def test_an_overridden_optimizer_step_is_refused_rather_than_skipped() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"WarmsUpInOptimizerStep overrides optimizer_step \(e\.g\. a learning-rate warm-up written there\), "
+        r"which a fused group does not call per trial.* Express the change as an LR scheduler \(a warm-up: LambdaLR "
+        r"with 'interval': 'step'\), which steps per trial, or use manual optimization",
+    ):
+        FusedLightningModule([WarmsUpInOptimizerStep(), WarmsUpInOptimizerStep()])
