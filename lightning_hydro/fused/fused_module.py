@@ -339,6 +339,14 @@ class FusedLightningModule(L.LightningModule):
         return self
 
     @override
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        # Lightning clears the module's gradients before validation and each stage; the trials are not submodules,
+        # and under manual optimization their parameters hold gradients of their own (accumulated over batches)
+        super().zero_grad(set_to_none)
+        for module in self._group.modules:
+            module.zero_grad(set_to_none)
+
+    @override
     def train(self, mode: bool = True) -> FusedLightningModule:
         super().train(mode)
         for module in self._group.modules:
@@ -486,6 +494,8 @@ class FusedLightningModule(L.LightningModule):
             group_optimizer._on_before_step()  # type: ignore[union-attr]
             group_optimizer._on_after_step()  # type: ignore[union-attr]
             self._roster.absorb(result.report, self.trainer.global_step)
+        # Lightning logs a manual run's step values after every batch, whether or not it stepped an optimizer
+        self._roster.stepped = True
 
     @override
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
