@@ -210,3 +210,33 @@ def test_a_manual_trials_own_checkpoint_holds_both_optimizers_and_loads_into_its
     limits = dict(max_epochs=epochs, limit_train_batches=5, limit_val_batches=1)
     (own, _) = alone(trials[tid : tid + 1], NoisyDigits, **limits)[0]
     assert max_state_difference(loaded, own) == 0.0  # the trial as it was at its best epoch
+
+
+class CountsItsHooks(GAN):
+    """Counts the backward and optimizer-step hooks Lightning calls around manual_backward and opt.step()."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.calls = {"on_before_backward": 0, "on_after_backward": 0, "on_before_optimizer_step": 0}
+        self.norms: list[float] = []
+
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        self.calls["on_before_backward"] += 1
+
+    def on_after_backward(self) -> None:
+        self.calls["on_after_backward"] += 1
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        self.calls["on_before_optimizer_step"] += 1
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        self.norms.append(float(torch.stack([g.norm() for g in grads]).norm()))
+
+
+def test_the_trials_backward_and_optimizer_step_hooks_run_as_alone() -> None:
+    trials = [seeded(lambda lr=lr: CountsItsHooks(lr=lr), [i])[0] for i, lr in enumerate((2e-4, 5e-3))]
+    expected = alone(trials, NoisyDigits, **GAN_LIMITS)
+    fused = FusedLightningModule(trials, backend="loop", summary=False)
+    fit(fused, NoisyDigits(), **GAN_LIMITS)
+    for module, (own, _) in zip(trials, expected):
+        assert module.calls == own.calls == dict.fromkeys(own.calls, 2 * 3 * 5)
+        assert module.norms == own.norms  # each saw its own gradients
