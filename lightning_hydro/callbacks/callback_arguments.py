@@ -9,6 +9,7 @@ import lightning as L
 from lightning_hydro.schedulers import RungStore, StoreOpenError, StoreSpec, open_store
 
 __all__ = [
+    "MonitorNotLoggedError",
     "check_arguments",
     "check_steps_limit",
     "default_trial_id",
@@ -149,9 +150,22 @@ def check_steps_limit(name: str, max_t: int, trainer: L.Trainer) -> None:
         )
 
 
+class MonitorNotLoggedError(RuntimeError):
+    """An early-stopping callback's ``monitor`` is not logged; ``monitor``, ``logged`` and ``when`` say what was seen.
+
+    The sweeper, whose ``hydra.sweeper.metric`` is the monitor of the callback it builds, restates it in its terms.
+    """
+
+    def __init__(self, message: str, *, monitor: str, logged: list[str], when: str) -> None:
+        super().__init__(message)
+        self.monitor = monitor
+        self.logged = list(logged)
+        self.when = when
+
+
 def monitor_error(
     owner: str, monitor: str, trainer: L.Trainer, logged: list[str], *, per_trial: bool, when: str | None = None
-) -> RuntimeError:
+) -> MonitorNotLoggedError:
     """The error for a ``monitor`` the trials do not log: what is logged instead, and the fix."""
     where = "by any trial of the fused module" if per_trial else "in trainer.callback_metrics"
     shown = ", ".join(repr(name) for name in logged) if logged else "nothing"
@@ -162,6 +176,9 @@ def monitor_error(
         if per_trial
         else " Pass one of these, or log the metric in validation_step (or training_step without validation)."
     )
-    return RuntimeError(
-        f"{owner}(monitor={monitor!r}): the monitor is not logged {where} {when_text}; logged: {shown}.{hint}"
+    return MonitorNotLoggedError(
+        f"{owner}(monitor={monitor!r}): the monitor is not logged {where} {when_text}; logged: {shown}.{hint}",
+        monitor=monitor,
+        logged=logged,
+        when=when_text,
     )

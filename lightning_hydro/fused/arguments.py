@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from lightning_hydro.backends import BACKEND_NAMES
+from lightning_hydro.backends import BACKEND_NAMES, FusionError
 
 __all__ = ["check_deterministic", "check_fused_arguments", "check_precision"]
 
@@ -24,11 +25,28 @@ def check_fused_arguments(
                 f"FusedLightningModule: trial {index} is a {type(trial).__name__}, expected a "
                 "lightning.LightningModule (wrap plain nn.Modules in a LightningModule)."
             )
-        if not trial.automatic_optimization:
-            raise ValueError(
-                f"FusedLightningModule: trial {index} ({type(trial).__name__}) uses manual optimization; "
-                "fused trials need automatic optimization (Lightning's default)."
-            )
+    manual = [index for index, trial in enumerate(trials) if not trial.automatic_optimization]
+    if manual and len(manual) != len(trials):
+        raise ValueError(
+            f"FusedLightningModule: trials {manual} use manual optimization (automatic_optimization = False) and the "
+            "others automatic optimization; a group runs one kind of training step. Fuse them in separate groups."
+        )
+    if not manual and is_overridden("optimizer_step", trials[0], L.LightningModule):
+        raise ValueError(
+            f"FusedLightningModule: {type(trials[0]).__name__} overrides optimizer_step (e.g. a learning-rate "
+            "warm-up written there), which a fused group does not call per trial: the group steps every trial's "
+            "optimizer after one fused backward, so the override would be skipped. Express the change as an LR "
+            "scheduler (a warm-up: LambdaLR with 'interval': 'step'), which steps per trial, or use manual "
+            "optimization (self.automatic_optimization = False), whose training_step runs per trial."
+        )
+    if manual and backend in ("vmap", "hfta"):
+        raise FusionError(
+            f"FusedLightningModule(backend={backend!r}): {type(trials[0]).__name__} uses manual optimization "
+            "(automatic_optimization = False): its training_step calls manual_backward and opt.step() itself, which "
+            "runs per trial only on backend='loop' (each trial's step in turn, with its own optimizers); under "
+            f"{backend} one call runs every trial's step at once, and a backward or an optimizer step cannot run "
+            "inside it. Use backend='loop', or backend='auto', which chooses 'loop' for manual optimization."
+        )
     if len({id(t) for t in trials}) != len(trials):
         raise ValueError("FusedLightningModule: the same module object appears twice; pass distinct trials.")
     if len(ids) != len(trials) or len(set(ids)) != len(ids):

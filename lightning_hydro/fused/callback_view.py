@@ -9,25 +9,30 @@ metrics under their unfused names), this view
   its slot; the fit goes on while other trials run);
 - writes ``trainer.save_checkpoint(path)`` as a checkpoint of the trial's own module, in Lightning's format,
   so that the user's class loads it with ``load_from_checkpoint`` as a checkpoint of the trial trained alone;
-- answers ``optimizers`` / ``lr_scheduler_configs`` with the trial's own optimizer and schedulers;
+- answers ``optimizers`` / ``lr_scheduler_configs`` with the trial's own optimizers and schedulers (as any trial's
+  view does);
 - logs through ``loggers`` under ``"{name}/trial_{id}"``.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities.types import LRSchedulerConfig
+from lightning.pytorch.callbacks import Callback
 
 from lightning_hydro.fused.trainer_view import TrialTrainerView
 
 if TYPE_CHECKING:
     from lightning_hydro.fused.fused_module import FusedLightningModule
 
-__all__ = ["CallbackTrainerView", "LogBuffer", "TrialLogger", "trial_checkpoint"]
+__all__ = ["TRIAL_CHECKPOINT_KEY", "CallbackTrainerView", "LogBuffer", "TrialCopies", "TrialLogger", "trial_checkpoint"]
+
+TRIAL_CHECKPOINT_KEY = "lightning_hydro_trial"
+"""Marks a trial's own checkpoint (``{"trial_id": id}``), so that a fused group given one restores the group."""
 
 
 # What per-trial copies of a callback logged in one round, by real logger: (logger, step, metrics).
@@ -76,7 +81,8 @@ def trial_checkpoint(
 
     Holds the epoch, the global step, the weights, the hyperparameters saved by ``save_hyperparameters`` and
     what the module's ``on_save_checkpoint`` adds; unless ``weights_only``, also the trial's optimizer and LR
-    scheduler states while the trial runs (a trial that has left its slot has none any more).
+    scheduler states while the trial runs (a trial that has left its slot has none any more). An entry
+    :data:`TRIAL_CHECKPOINT_KEY` names the trial (``load_from_checkpoint`` ignores it).
     """
     module = fused.trial_module(trial_id)
     checkpoint: dict[str, Any] = {
@@ -84,11 +90,12 @@ def trial_checkpoint(
         "global_step": trainer.global_step,
         "pytorch-lightning_version": L.__version__,
         "state_dict": _clone(module.state_dict()),
+        TRIAL_CHECKPOINT_KEY: {"trial_id": trial_id},
     }
     optimization = None if fused._optimizer is None else fused._optimizer.trials.get(trial_id)
     if not weights_only and optimization is not None:
         fused._optimizer.materialize()  # type: ignore[union-attr]  # the fused fast path keeps state stacked
-        checkpoint["optimizer_states"] = [_clone(optimization.optimizer.state_dict())]
+        checkpoint["optimizer_states"] = [_clone(o.state_dict()) for o in optimization.optimizers]
         checkpoint["lr_schedulers"] = [copy.deepcopy(spec.scheduler.state_dict()) for spec in optimization.schedulers]
         fused._optimizer.rebuild()  # type: ignore[union-attr]
     if module.hparams:
@@ -116,7 +123,7 @@ class CallbackTrainerView(TrialTrainerView):
     def __init__(
         self, trainer: L.Trainer, fused: FusedLightningModule, trial_id: int, log_buffer: LogBuffer | None = None
     ) -> None:
-        super().__init__(trainer, fused.trial_module(trial_id), trial_id)
+        super().__init__(trainer, fused.trial_module(trial_id), trial_id, fused._optimizers)
         object.__setattr__(self, "_fused", fused)
         object.__setattr__(self, "_stop", False)
         object.__setattr__(self, "_log_buffer", log_buffer)
@@ -129,31 +136,6 @@ class CallbackTrainerView(TrialTrainerView):
     @should_stop.setter
     def should_stop(self, value: bool) -> None:
         object.__setattr__(self, "_stop", bool(value))
-
-    @property
-    def optimizers(self) -> list[Any]:
-        """The trial's own optimizer (none once the trial has left its slot)."""
-        optimization = self._optimization()
-        return [] if optimization is None else [optimization.optimizer]
-
-    @property
-    def lr_scheduler_configs(self) -> list[LRSchedulerConfig]:
-        """The trial's own LR schedulers, with the configuration its ``configure_optimizers`` returned."""
-        optimization = self._optimization()
-        if optimization is None:
-            return []
-        return [
-            LRSchedulerConfig(
-                scheduler=spec.scheduler,
-                name=spec.name,
-                interval=spec.interval,
-                frequency=spec.frequency,
-                reduce_on_plateau=spec.reduce_on_plateau,
-                monitor=spec.monitor,
-                strict=spec.strict,
-            )
-            for spec in optimization.schedulers
-        ]
 
     @property
     def loggers(self) -> list[Any]:
@@ -174,12 +156,52 @@ class CallbackTrainerView(TrialTrainerView):
         self._trainer.strategy.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
         self._trainer.strategy.barrier("Trainer.save_checkpoint")
 
-    def _optimization(self) -> Any:
-        optimizer = self._fused._optimizer
-        return None if optimizer is None else optimizer.trials.get(self._trial_id)
-
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "should_stop":
             object.__setattr__(self, "_stop", bool(value))
             return
         super().__setattr__(name, value)
+
+
+class TrialCopies:
+    """One copy of a user callback per trial, made when a hook first meets the trial.
+
+    Each copy's hooks are called with the Trainer as its trial sees it (:class:`CallbackTrainerView`); states of
+    copies not yet made (after a resume) wait in ``pending_states``.
+
+    Args:
+        template: the user's callback.
+        prepare: adapts a fresh copy to its trial (e.g. its own checkpoint directory) before its ``setup``.
+    """
+
+    def __init__(self, template: Callback, prepare: Callable[[Callback, int], None] | None = None) -> None:
+        self.template = template
+        self.prepare = prepare
+        self.copies: dict[int, Callback] = {}
+        self.pending_states: dict[int, dict[str, Any]] = {}
+        self.stage: str | None = None
+
+    def get(self, trial_id: int, view: CallbackTrainerView) -> Callback:
+        """The trial's copy (made, set up and restored on first use)."""
+        if trial_id not in self.copies:
+            callback = copy.deepcopy(self.template)
+            if self.prepare is not None:
+                self.prepare(callback, trial_id)
+            if self.stage is not None:
+                callback.setup(view, view.lightning_module, self.stage)  # type: ignore[arg-type]
+            if trial_id in self.pending_states:
+                callback.load_state_dict(self.pending_states.pop(trial_id))
+            self.copies[trial_id] = callback
+        return self.copies[trial_id]
+
+    def run(
+        self, trainer: L.Trainer, fused: FusedLightningModule, trial_ids: Sequence[int]
+    ) -> Iterator[tuple[int, Callback, CallbackTrainerView]]:
+        """``(trial id, its copy, its view)`` for each of ``trial_ids``."""
+        for tid in trial_ids:
+            view = CallbackTrainerView(trainer, fused, tid)
+            yield tid, self.get(tid, view), view
+
+    def state_dict(self) -> dict[int, dict[str, Any]]:
+        """Every trial's copy's state (made or pending), by trial id."""
+        return {**self.pending_states, **{tid: c.state_dict() for tid, c in self.copies.items()}}

@@ -35,6 +35,7 @@ from lightning_hydro.backends import Backend, FusionError, LoopBackend, StepOutp
 from lightning_hydro.fused.backend_policy import BackendPolicy
 from lightning_hydro.fused.evaluation_layout import EvaluationLayout
 from lightning_hydro.fused.trainer_view import attach_trainer
+from lightning_hydro.fused.trial_strategy import TrialOptimizerSource
 
 __all__ = ["EvaluationSteps", "predictions_by_trial"]
 
@@ -44,10 +45,12 @@ class EvaluationSteps:
 
     Args:
         policy: the group's backend policy (it holds the slots).
+        optimizers: where each trial's view of the Trainer finds its optimizers.
     """
 
-    def __init__(self, policy: BackendPolicy) -> None:
+    def __init__(self, policy: BackendPolicy, optimizers: TrialOptimizerSource | None = None) -> None:
         self.policy = policy
+        self.optimizers = optimizers
         self.layout: EvaluationLayout | None = None  # every trial, ended ones too, while test/validate/predict
 
     def enter(self, trainer: L.Trainer) -> None:
@@ -56,7 +59,7 @@ class EvaluationSteps:
         if trainer.state.fn != TrainerFn.FITTING:
             self.layout = EvaluationLayout.enter(self.policy.slots, self.policy)
             for tid, module in self.policy.slots.running():
-                attach_trainer(module, trainer, tid)  # type: ignore[arg-type]
+                attach_trainer(module, trainer, tid, self.optimizers)  # type: ignore[arg-type]
 
     def refuse_slot_change(self, what: str, trainer: L.Trainer | None) -> None:
         """Raise if an evaluation stage runs: ``what`` (``stop_trial``, ``add_trial``) would change its layout."""

@@ -37,7 +37,14 @@ from lightning_hydro.backends.compiled_step import CompileSetting, check_compile
 from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments, check_precision
 from lightning_hydro.fused.backend_policy import BackendPolicy
 from lightning_hydro.fused.evaluation_steps import EvaluationSteps, predictions_by_trial
-from lightning_hydro.fused.group_checkpoint import CHECKPOINT_KEY, group_state, restore_group
+from lightning_hydro.fused.group_checkpoint import (
+    CHECKPOINT_KEY,
+    group_checkpoint_for_trial,
+    group_state,
+    load_group_checkpoint,
+    restore_group,
+)
+from lightning_hydro.fused.manual_steps import ManualSteps, choose_loop_for_manual
 from lightning_hydro.fused.row_health import RowHealth
 from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_callbacks import per_trial_callbacks, refuse_module_callbacks
@@ -109,10 +116,15 @@ class FusedLightningModule(L.LightningModule):
             ``"reduce-overhead"`` adds CUDA graphs on a GPU. What cannot be compiled runs eagerly, said in one
             log line. ``backend="auto"`` times the candidates eagerly, then compiles its choice.
 
+    Trials that use manual optimization (``automatic_optimization = False``: several optimizers, a GAN) run their
+    own ``training_step`` one after another on the loop backend, each stepping its own optimizers (see
+    :mod:`.manual_steps`); ``backend="auto"`` chooses the loop for them.
+
     Raises:
-        ValueError / TypeError: an empty list, non-LightningModules, a trial that uses manual optimization,
-            duplicate ids, an unknown backend, or trials of different architectures (the message names the
-            trial and the tensors that differ).
+        ValueError / TypeError: an empty list, non-LightningModules, trials of which some use manual optimization
+            and some not, duplicate ids, an unknown backend, or trials of different architectures (the message
+            names the trial and the tensors that differ).
+        FusionError: ``backend="vmap"`` or ``"hfta"`` for trials that use manual optimization.
     """
 
     def __init__(
@@ -152,9 +164,11 @@ class FusedLightningModule(L.LightningModule):
         self._health = RowHealth(check_every=divergence_check_every)
         self._metrics = TrialMetrics()
         self._modes = TrialModes()
-        self._optimizers = TrialOptimizers(self._slots, optimizer_path)
+        self.automatic_optimization = trials[0].automatic_optimization  # the same for all (checked)
+        self._manual = None if self.automatic_optimization else ManualSteps(self._slots, self._health)
+        self._optimizers = TrialOptimizers(self._slots, optimizer_path, self._manual)
         self._roster = TrialRoster(self._policy, self._optimizers, self._metrics, self._health, self._modes)
-        self._eval_steps = EvaluationSteps(self._policy)
+        self._eval_steps = EvaluationSteps(self._policy, self._optimizers)
         self._publisher = TrialPublisher(self._slots, self._metrics)
         self._diverged_on_resume: dict[int, str] = {}
         self._open_batch: int | None = None
@@ -263,7 +277,16 @@ class FusedLightningModule(L.LightningModule):
 
     def unfuse(self, trial_id: int) -> L.LightningModule:
         """A standalone copy of the trial's module with its trained weights and buffers."""
-        module = copy.deepcopy(self.trial_module(trial_id))
+        trial = self.trial_module(trial_id)
+        # a tensor the step kept as an attribute (the Lightning GAN tutorial's self.generated_imgs) is part of an
+        # autograd graph, which deepcopy refuses: the copy gets it detached
+        memo: dict[int, Any] = {
+            id(value): value.detach().clone()
+            for owner in trial.modules()
+            for value in vars(owner).values()
+            if isinstance(value, Tensor) and value.grad_fn is not None
+        }
+        module = copy.deepcopy(trial, memo)
         self._group.detach(module)  # its own compact tensors, not a copy of the whole stacked storage
         for param in module.parameters():
             param.grad = None
@@ -318,6 +341,14 @@ class FusedLightningModule(L.LightningModule):
             module.to(device=self._group.device)  # updates each trial's `self.device`; bound tensors are already there
         self._policy.rebind()
         return self
+
+    @override
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        # Lightning clears the module's gradients before validation and each stage; the trials are not submodules,
+        # and under manual optimization their parameters hold gradients of their own (accumulated over batches)
+        super().zero_grad(set_to_none)
+        for module in self._group.modules:
+            module.zero_grad(set_to_none)
 
     @override
     def train(self, mode: bool = True) -> FusedLightningModule:
@@ -388,7 +419,7 @@ class FusedLightningModule(L.LightningModule):
         # test/validate/predict evaluate the ended trials too (see EvaluationSteps.enter): they are set up as well
         trials = self._running() if stage == "fit" else [*self._running(), *self._slots.retired.items()]
         for tid, module in trials:
-            attach_trainer(module, self.trainer, tid)  # type: ignore[arg-type]
+            attach_trainer(module, self.trainer, tid, self._optimizers)  # type: ignore[arg-type]
             if is_overridden("setup", module, L.LightningModule):
                 module.setup(stage)  # type: ignore[operator]
 
@@ -426,6 +457,13 @@ class FusedLightningModule(L.LightningModule):
 
     @override
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        trial_id = getattr(scheduler, "trial_id", None)
+        if trial_id in self._group.trial_ids:
+            module = self.trial_module(trial_id)
+            if is_overridden("lr_scheduler_step", module, L.LightningModule):
+                # the trial's own rule, as Lightning asks for schedulers of other libraries (timm: step(epoch=...))
+                module.lr_scheduler_step(scheduler.scheduler, metric)
+                return
         if metric is None:
             scheduler.step()
         else:
@@ -447,10 +485,29 @@ class FusedLightningModule(L.LightningModule):
         if loss is not None:
             torch.where(torch.isfinite(loss.detach()), loss, torch.zeros_like(loss)).sum().backward()
 
+    def _manual_training_step(self, batch: Any, batch_idx: int) -> None:
+        # manual optimization: each trial's own step runs in turn and steps its own optimizers (manual_steps.py)
+        self._policy.for_training(lambda backend: None, choose_loop_for_manual, type(self._first()).__name__)
+        assert self._manual is not None
+        result = self._manual.run(batch, batch_idx)
+        self._publisher.record_step("train", "training_step", result.outputs.logs, batch)
+        group_optimizer = self.optimizers()
+        for _ in range(result.steps):
+            # Lightning counts a manual run's steps (global_step) through the hooks its manual loop puts on the
+            # module's LightningOptimizer around step(); the trials stepped their own optimizers, so count here
+            group_optimizer._on_before_step()  # type: ignore[union-attr]
+            group_optimizer._on_after_step()  # type: ignore[union-attr]
+            self._roster.absorb(result.report, self.trainer.global_step)
+        # Lightning logs a manual run's step values after every batch, whether or not it stepped an optimizer
+        self._roster.stepped = True
+
     @override
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
         if not self._group.trial_ids:
             return None  # every trial has stopped (on_train_batch_start skips such batches)
+        if self._manual is not None:
+            self._manual_training_step(batch, batch_idx)
+            return None
         backend = self._policy.for_training(
             lambda b: self._training_forward_backward(b, batch, batch_idx),
             choose_backend,  # looked up here, so that tests can replace the module's chooser
@@ -592,13 +649,50 @@ class FusedLightningModule(L.LightningModule):
         epoch_done = self._open_batch is not None and self._open_batch + 1 >= self.trainer.num_training_batches
         checkpoint[CHECKPOINT_KEY] = group_state(self._slots, self._policy, self._health.peek(), epoch_done=epoch_done)
 
+    @classmethod
+    def load_group_checkpoint(
+        cls,
+        path: Any,
+        *,
+        trial_factory: Callable[[int], L.LightningModule | None] | None = None,
+        map_location: Any = None,
+        weights_only: bool | None = None,
+        **kwargs: Any,
+    ) -> FusedLightningModule:
+        """The fused group a group checkpoint holds, built without a Trainer: every trial, running or ended.
+
+        A group checkpoint is what ``trainer.save_checkpoint`` writes for a fused group, and what a per-trial
+        ``ModelCheckpoint`` writes directly into its ``dirpath`` (``trainer.checkpoint_callback.group_model_path``,
+        ``last.ckpt``); a trial's own checkpoints (``{dirpath}/trial_{id}/``) load into the trial's class instead.
+        Trials are rebuilt by ``trial_factory(id)`` or as ``class(**hparams)``; then ``unfuse(id)`` gives each
+        trial's module, and ``trainer.test(fused)`` evaluates every trial.
+
+        Args:
+            path: the group checkpoint.
+            trial_factory: builds a trial id's module (needed where the class saved too few hyperparameters to be
+                rebuilt, e.g. lightning-hydra-template's ``save_hyperparameters(ignore=["net"])``).
+            map_location: as for ``torch.load``.
+            weights_only: as for ``torch.load`` (``False`` for hyperparameters such as ``functools.partial``).
+            **kwargs: the rest of ``FusedLightningModule``'s arguments (``backend``, ``summary``, ...).
+
+        Raises:
+            ValueError: ``path`` is not a group checkpoint.
+        """
+        return load_group_checkpoint(
+            cls, path, trial_factory=trial_factory, map_location=map_location, weights_only=weights_only, **kwargs
+        )
+
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         fitting = self._trainer is None or self.trainer.state.fn == TrainerFn.FITTING
+        group = group_checkpoint_for_trial(checkpoint, self._trainer, fitting=fitting)
+        if group is not None:  # Lightning loads what this dict holds after this hook: the group's state
+            checkpoint.clear()
+            checkpoint.update(group)
         self._diverged_on_resume = restore_group(
             checkpoint, self._slots, self._policy, self.trial_factory, fitting=fitting
         )
         self._health.reset()
         if self._trainer is not None:
             for tid, module in [*self._running(), *self._slots.retired.items()]:
-                attach_trainer(module, self.trainer, tid)  # type: ignore[arg-type]
+                attach_trainer(module, self.trainer, tid, self._optimizers)  # type: ignore[arg-type]

@@ -6,10 +6,11 @@ find no ``"val/acc"``. At fit start (``FusedLightningModule.configure_callbacks`
 replaces each of them by a group version that runs one copy of the user's callback per trial, its hooks
 called with the Trainer as that trial sees it (:class:`~lightning_hydro.fused.callback_view.CallbackTrainerView`):
 
-- :class:`TrialModelCheckpoint`: each trial's copy keeps that trial's best/last checkpoints in
-  ``{dirpath}/trial_{id}/``, written as checkpoints of the trial's own module (``MyModule.load_from_checkpoint``
-  loads them). The group instance itself (``trainer.checkpoint_callback``) saves the fused group as Lightning
-  does without a monitor (the latest epoch, and ``last.ckpt`` with ``save_last``), to resume the group.
+- :class:`~.trial_model_checkpoint.TrialModelCheckpoint`: each trial's copy keeps that trial's best/last
+  checkpoints in ``{dirpath}/trial_{id}/``, written as checkpoints of the trial's own module
+  (``MyModule.load_from_checkpoint`` loads them); the group's own checkpoint goes to ``{dirpath}/`` (the latest
+  epoch, and ``last.ckpt`` with ``save_last``), to resume the group; ``best_model_path`` (of
+  ``trainer.checkpoint_callback`` and of the user's own callback object) names the best trial's own checkpoint.
 - :class:`TrialEarlyStopping`: each trial's copy decides on the trial's own metric and patience; a trial
   it stops leaves its slot (``stop_trial``); the fit ends when no trial is left.
 - :class:`TrialLearningRateMonitor`: logs each trial's learning rates as ``"lr-Adam/trial_{id}"``.
@@ -21,11 +22,9 @@ no monitor, act on the group as before. Callbacks that cannot act per trial rais
 
 from __future__ import annotations
 
-import copy
-import os
 import re
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import lightning as L
 import torch
@@ -43,10 +42,8 @@ from lightning.pytorch.callbacks import (
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from typing_extensions import override
 
-from lightning_hydro.fused.callback_view import CallbackTrainerView, LogBuffer
-
-if TYPE_CHECKING:
-    from lightning_hydro.fused.fused_module import FusedLightningModule
+from lightning_hydro.fused.callback_view import CallbackTrainerView, LogBuffer, TrialCopies
+from lightning_hydro.fused.trial_model_checkpoint import TrialModelCheckpoint
 
 __all__ = [
     "CallbackNotPerTrialError",
@@ -146,155 +143,6 @@ def per_trial_callbacks(callbacks: Sequence[Callback]) -> list[Callback]:
     return result
 
 
-class _TrialCopies:
-    """One copy of a user callback per trial, made when a hook first meets the trial.
-
-    Args:
-        template: the user's callback.
-        prepare: adapts a fresh copy to its trial (e.g. its own checkpoint directory) before its ``setup``.
-    """
-
-    def __init__(self, template: Callback, prepare: Callable[[Callback, int], None] | None = None) -> None:
-        self.template = template
-        self.prepare = prepare
-        self.copies: dict[int, Callback] = {}
-        self.pending_states: dict[int, dict[str, Any]] = {}
-        self.stage: str | None = None
-
-    def get(self, trial_id: int, view: CallbackTrainerView) -> Callback:
-        if trial_id not in self.copies:
-            callback = copy.deepcopy(self.template)
-            if self.prepare is not None:
-                self.prepare(callback, trial_id)
-            if self.stage is not None:
-                callback.setup(view, view.lightning_module, self.stage)  # type: ignore[arg-type]
-            if trial_id in self.pending_states:
-                callback.load_state_dict(self.pending_states.pop(trial_id))
-            self.copies[trial_id] = callback
-        return self.copies[trial_id]
-
-    def run(
-        self, trainer: L.Trainer, fused: FusedLightningModule, trial_ids: Sequence[int]
-    ) -> Iterator[tuple[int, Callback, CallbackTrainerView]]:
-        for tid in trial_ids:
-            view = CallbackTrainerView(trainer, fused, tid)
-            yield tid, self.get(tid, view), view
-
-    def state_dict(self) -> dict[int, dict[str, Any]]:
-        return {**self.pending_states, **{tid: c.state_dict() for tid, c in self.copies.items()}}
-
-
-class TrialModelCheckpoint(ModelCheckpoint):
-    """The user's ``ModelCheckpoint`` per trial, plus the group's own resumable checkpoint (module docstring).
-
-    Args:
-        template: the user's ``ModelCheckpoint``; each trial's copy has its settings, in ``{dirpath}/trial_{id}``.
-
-    Attributes:
-        trial_callbacks: each trial's copy, by trial id (``best_model_path``, ``best_model_score``, ...).
-    """
-
-    def __init__(self, template: ModelCheckpoint) -> None:
-        super().__init__(
-            dirpath=template.dirpath,
-            filename=template.filename,
-            monitor=None,
-            verbose=template.verbose,
-            save_last=template.save_last,
-            save_top_k=1,
-            save_weights_only=template.save_weights_only,
-            auto_insert_metric_name=template.auto_insert_metric_name,
-            every_n_train_steps=template._every_n_train_steps,
-            train_time_interval=template._train_time_interval,
-            every_n_epochs=template._every_n_epochs,
-            save_on_train_epoch_end=template._save_on_train_epoch_end,
-            enable_version_counter=template._enable_version_counter,
-        )
-        self.template = template
-        self._trials = _TrialCopies(template, self._prepare_copy)
-        self._live_at: dict[int, int] = {}  # the global step at which each trial was last seen in its slot
-        self._finished: set[int] = set()
-
-    @property
-    @override
-    def state_key(self) -> str:
-        # the group's own settings (no monitor) are the same for every translated ModelCheckpoint: the user's
-        # callback names it, so that two of them keep two states in a checkpoint
-        return self._generate_state_key(per_trial=self.template.state_key)
-
-    @property
-    def trial_callbacks(self) -> dict[int, ModelCheckpoint]:
-        """Each trial's ``ModelCheckpoint``, by trial id."""
-        return dict(self._trials.copies)  # type: ignore[arg-type]
-
-    @property
-    def trial_best_model_paths(self) -> dict[int, str]:
-        """Each trial's best checkpoint so far (a checkpoint of the trial's own module), by trial id."""
-        return {tid: c.best_model_path for tid, c in self.trial_callbacks.items()}
-
-    def _prepare_copy(self, callback: Callback, trial_id: int) -> None:
-        if isinstance(callback, ModelCheckpoint):  # self.dirpath: resolved by setup, which precedes every copy
-            callback.dirpath = os.path.join(str(self.dirpath), f"trial_{trial_id}")
-
-    def _targets(self, trainer: L.Trainer, fused: Any) -> list[int]:
-        """The running trials, and those that left their slot at this very step (their final checkpoint)."""
-        step = trainer.global_step
-        live = fused.trial_ids
-        for tid in live:
-            self._live_at[tid] = step
-        left = [t for t, s in self._live_at.items() if t not in live and t not in self._finished and s == step]
-        return [*live, *left]
-
-    def _each_trial(self, trainer: L.Trainer, fused: Any, hook: str, *args: Any) -> None:
-        live = set(fused.trial_ids)
-        for tid, callback, view in self._trials.run(trainer, fused, self._targets(trainer, fused)):
-            getattr(callback, hook)(view, view.lightning_module, *args)
-            # a trial that left at this step is done after the epoch's end, not at validation end: Lightning's
-            # ModelCheckpoint saves at the training epoch's end when validation runs once per epoch
-            if tid not in live and hook == "on_train_epoch_end":
-                self._finished.add(tid)
-
-    @override
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        self._trials.stage = stage
-        for tid, callback in self._trials.copies.items():
-            callback.setup(CallbackTrainerView(trainer, pl_module, tid), pl_module, stage)  # type: ignore[arg-type]
-
-    @override
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_train_start(trainer, pl_module)
-        self._each_trial(trainer, pl_module, "on_train_start")
-
-    @override
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        super().on_train_batch_end(trainer, pl_module, *args)
-        if not self._every_n_train_steps and self._train_time_interval is None:
-            self._targets(trainer, pl_module)  # nothing to save per step; only note who is running
-            return
-        self._each_trial(trainer, pl_module, "on_train_batch_end", *args)
-
-    @override
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_train_epoch_end(trainer, pl_module)
-        self._each_trial(trainer, pl_module, "on_train_epoch_end")
-
-    @override
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_validation_end(trainer, pl_module)
-        self._each_trial(trainer, pl_module, "on_validation_end")
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "trials": self._trials.state_dict()}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        state = dict(state_dict)
-        self._trials.pending_states.update(state.pop("trials", {}))
-        super().load_state_dict(state)
-
-
 class TrialEarlyStopping(EarlyStopping):
     """The user's ``EarlyStopping`` per trial: a copy per trial stops that trial through its slot.
 
@@ -308,7 +156,7 @@ class TrialEarlyStopping(EarlyStopping):
     def __init__(self, template: EarlyStopping) -> None:
         super().__init__(monitor=template.monitor, patience=template.patience, mode=template.mode)
         self.template = template
-        self._trials = _TrialCopies(template)
+        self._trials = TrialCopies(template)
         self._pending_stops: dict[int, str] = {}
 
     @property
@@ -383,7 +231,7 @@ class TrialLearningRateMonitor(LearningRateMonitor):
             log_weight_decay=template.log_weight_decay,
         )
         self.template = template
-        self._trials = _TrialCopies(template)
+        self._trials = TrialCopies(template)
         self._started: set[int] = set()
 
     def _each_trial(self, trainer: L.Trainer, fused: Any, hook: str) -> None:

@@ -5,6 +5,9 @@ strategy. For a fused group the answer is one :class:`~lightning_hydro.optim.gro
 built from each trial's own ``configure_optimizers`` and one scheduler config per trial scheduler (names and
 monitored keys get ``/trial_{id}``: see :mod:`.trial_schedulers`). When trials join or leave, their scheduler
 configs join or leave Lightning's list here; gradients are clipped per trial (see :mod:`.trial_clipping`).
+Trials that use manual optimization get a :class:`~lightning_hydro.optim.manual_group_optimizer.ManualGroupOptimizer`
+(their steps step their own optimizers, and their schedulers are theirs to step: Lightning hands none of them
+a config). Each trial's Trainer view asks here for the trial's own optimizers (:mod:`.trial_strategy`).
 
 Example::
 
@@ -24,10 +27,12 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 
+from lightning_hydro.fused.manual_steps import ManualSteps
 from lightning_hydro.fused.trial_clipping import clip_trial_gradients
 from lightning_hydro.fused.trial_schedulers import drop_scheduler_configs, scheduler_configs
 from lightning_hydro.fused.trial_slots import TrialSlots
 from lightning_hydro.optim.group_optimizer import OptimizerPath, TrialGroupOptimizer
+from lightning_hydro.optim.manual_group_optimizer import ManualGroupOptimizer
 from lightning_hydro.optim.trial_optimization import TrialOptimization, parse_optimizer_config
 
 __all__ = ["TrialOptimizers"]
@@ -39,11 +44,26 @@ class TrialOptimizers:
     Args:
         slots: the group's slots (the optimizer is kept there, so that stop and add update it in step).
         path: ``"auto"``, ``"universal"`` or ``"fused"`` (see ``FusedLightningModule(optimizer_path=...)``).
+        manual_steps: for trials that use manual optimization, the guard of their steps.
     """
 
-    def __init__(self, slots: TrialSlots, path: OptimizerPath) -> None:
+    def __init__(self, slots: TrialSlots, path: OptimizerPath, manual_steps: ManualSteps | None = None) -> None:
         self.slots = slots
         self.path: OptimizerPath = path
+        self._manual_steps = manual_steps
+
+    @property
+    def manual_steps(self) -> ManualSteps | None:
+        """The guard of the trials' own steps under manual optimization (None: automatic optimization)."""
+        return self._manual_steps
+
+    def optimization(self, trial_id: int) -> TrialOptimization | None:
+        """The trial's own optimizers and schedulers (None before Lightning asked, or once the trial left)."""
+        return None if self.optimizer is None else self.optimizer.trials.get(trial_id)
+
+    def group_size(self) -> int:
+        """How many trials the group runs now."""
+        return self.slots.group.size
 
     @property
     def optimizer(self) -> TrialGroupOptimizer | None:
@@ -53,17 +73,27 @@ class TrialOptimizers:
     def configure(self) -> tuple[list[TrialGroupOptimizer], list[dict[str, Any]]]:
         """What ``configure_optimizers`` returns: the group optimizer, and every running trial's scheduler configs."""
         trials = {tid: self.trial_optimization(tid, module) for tid, module in self.slots.running()}
-        self.slots.optimizer = TrialGroupOptimizer(self.slots.group, trials, path=self.path)
+        if self._manual_steps is not None:
+            self.slots.optimizer = ManualGroupOptimizer(self.slots.group, trials)
+        else:
+            self.slots.optimizer = TrialGroupOptimizer(self.slots.group, trials, path=self.path)
         configs = [config for tid in self.slots.trial_ids for config in self.scheduler_configs(tid)]
         return [self.slots.optimizer], [vars(c).copy() for c in configs]
 
     def trial_optimization(self, trial_id: int, module: Any) -> TrialOptimization:
         """The trial's own ``configure_optimizers()`` output, parsed."""
-        return parse_optimizer_config(module.configure_optimizers(), trial_id=trial_id, module=module)
+        manual = self._manual_steps is not None
+        return parse_optimizer_config(module.configure_optimizers(), trial_id=trial_id, module=module, manual=manual)
 
     def scheduler_configs(self, trial_id: int) -> list[LRSchedulerConfig]:
-        """Lightning's configs for the trial's schedulers (none before the optimizer exists)."""
-        return [] if self.optimizer is None else scheduler_configs(self.optimizer, trial_id)
+        """Lightning's configs for the trial's schedulers (none before the optimizer exists).
+
+        Under manual optimization Lightning steps no scheduler (the trial's step does: ``self.lr_schedulers()``
+        answers with its own), so it gets none.
+        """
+        if self.optimizer is None or self._manual_steps is not None:
+            return []
+        return scheduler_configs(self.optimizer, trial_id)
 
     def trial_added(self, trainer: L.Trainer | None, trial_id: int) -> None:
         """Lightning steps the newcomer's schedulers from now on."""

@@ -119,14 +119,18 @@ class TrialRoster:
             raise ValueError("add_trial: this module is already in the group.")
         self.settle_health(trainer, credit_epoch=False)
         tid = self.slots.new_id(trial_id)
-        if not module.automatic_optimization:
-            raise ValueError("add_trial: the trial uses manual optimization; fused trials need automatic optimization.")
+        if module.automatic_optimization != (self.optimizers.manual_steps is None):
+            kinds = ("automatic", "manual") if module.automatic_optimization else ("manual", "automatic")
+            raise ValueError(
+                f"add_trial: the trial uses {kinds[0]} optimization and the group's trials {kinds[1]} optimization; a "
+                "group runs one kind of training step. Add it to a group of its kind."
+            )
         self.policy.check_newcomer(module, tid)
         module.to(device=self.slots.group.device)
         self.modes.set_newcomer(owner, module)
         self.metrics.reslot()
         if trainer is not None:
-            attach_trainer(module, trainer, tid)
+            attach_trainer(module, trainer, tid, self.optimizers)
         optimization = None if self.optimizers.optimizer is None else self.optimizers.trial_optimization(tid, module)
         self.slots.add(module, tid, optimization)
         self.health.reslot(self.slots.trial_ids)

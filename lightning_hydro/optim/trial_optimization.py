@@ -46,10 +46,20 @@ class SchedulerSpec:
 
 @dataclass
 class TrialOptimization:
-    """A trial's optimizer and its LR schedulers."""
+    """A trial's optimizer(s) and its LR schedulers.
+
+    ``optimizer`` is the first optimizer ``configure_optimizers()`` returned (under automatic optimization, the
+    only one); ``more_optimizers`` the others, in order (manual optimization, e.g. a GAN's discriminator's).
+    """
 
     optimizer: Optimizer
     schedulers: list[SchedulerSpec] = field(default_factory=list)
+    more_optimizers: list[Optimizer] = field(default_factory=list)
+
+    @property
+    def optimizers(self) -> list[Optimizer]:
+        """Every optimizer of the trial, in ``configure_optimizers()``'s order."""
+        return [self.optimizer, *self.more_optimizers]
 
 
 class OptimizerConfigError(ValueError):
@@ -135,7 +145,9 @@ def _split(config: Any, trial_id: int) -> tuple[list[Any], list[Any], str | None
     )
 
 
-def parse_optimizer_config(config: Any, *, trial_id: int, module: nn.Module | None = None) -> TrialOptimization:
+def parse_optimizer_config(
+    config: Any, *, trial_id: int, module: nn.Module | None = None, manual: bool = False
+) -> TrialOptimization:
     """Normalise one trial's ``configure_optimizers()`` output.
 
     Args:
@@ -143,26 +155,34 @@ def parse_optimizer_config(config: Any, *, trial_id: int, module: nn.Module | No
         trial_id: the trial, for error messages.
         module: if given, every optimized parameter must belong to it (a fused group can only step a
             trial's own parameters).
+        manual: the trial uses manual optimization (``automatic_optimization = False``): it may return several
+            optimizers, which its ``training_step`` steps itself (as Lightning requires for several optimizers).
 
     Raises:
-        OptimizerConfigError: no optimizer, several optimizers (that needs manual optimization, which
-            fused trials do not support), a malformed scheduler entry, or foreign parameters.
+        OptimizerConfigError: no optimizer, several optimizers under automatic optimization, a malformed
+            scheduler entry, or foreign parameters.
     """
     if config is None:
         raise OptimizerConfigError(
             f"Trial {trial_id}: configure_optimizers() returned None; a fused trial needs an optimizer to train."
         )
     optimizers, schedulers, monitor = _split(config, trial_id)
-    if len(optimizers) != 1 or not isinstance(optimizers[0], Optimizer):
+    named = ", ".join(type(o).__name__ for o in optimizers) or "none"
+    if not optimizers or not all(isinstance(o, Optimizer) for o in optimizers):
         raise OptimizerConfigError(
-            f"Trial {trial_id}: configure_optimizers() must return exactly one torch optimizer for a fused "
-            f"trial, got {len(optimizers)} ({', '.join(type(o).__name__ for o in optimizers) or 'none'}). "
-            "Several optimizers need manual optimization, which fused trials do not support."
+            f"Trial {trial_id}: configure_optimizers() must return torch optimizers for a fused trial, got "
+            f"{len(optimizers)} ({named})."
         )
-    optimizer = optimizers[0]
+    if len(optimizers) != 1 and not manual:
+        raise OptimizerConfigError(
+            f"Trial {trial_id}: configure_optimizers() returned {len(optimizers)} optimizers ({named}) under "
+            "automatic optimization, which steps exactly one. Several optimizers need manual optimization, as "
+            "in Lightning itself: set self.automatic_optimization = False in the module's __init__ and step "
+            "them in training_step (opt_a, opt_b = self.optimizers(); self.manual_backward(loss); opt_a.step())."
+        )
     if module is not None:
         own = {id(p) for p in module.parameters()}
-        foreign = sum(1 for g in optimizer.param_groups for p in g["params"] if id(p) not in own)
+        foreign = sum(1 for o in optimizers for g in o.param_groups for p in g["params"] if id(p) not in own)
         if foreign:
             raise OptimizerConfigError(
                 f"Trial {trial_id}: its optimizer holds {foreign} parameter(s) that do not belong to the trial "
@@ -170,10 +190,10 @@ def parse_optimizer_config(config: Any, *, trial_id: int, module: nn.Module | No
             )
     specs = [_scheduler_spec(entry, monitor, trial_id) for entry in schedulers]
     for spec in specs:
-        owner = getattr(spec.scheduler, "optimizer", optimizer)
-        if owner is not optimizer:
+        owner = getattr(spec.scheduler, "optimizer", optimizers[0])
+        if not any(owner is o for o in optimizers):
             raise OptimizerConfigError(
                 f"Trial {trial_id}: an LR scheduler is attached to an optimizer that configure_optimizers() "
                 "did not return."
             )
-    return TrialOptimization(optimizer=optimizer, schedulers=specs)
+    return TrialOptimization(optimizer=optimizers[0], schedulers=specs, more_optimizers=list(optimizers[1:]))

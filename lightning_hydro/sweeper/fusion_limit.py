@@ -105,14 +105,17 @@ def probe_fusion(
         trainer_factory: the app's Trainer settings; its ``accelerator`` is used for the probe.
         steps: training steps per measurement (the first is excluded from the time).
         backend: the fusion backend measured, the same at B=1 and B=2 (not ``auto``, whose choice could
-            differ between the two and spoil the extrapolation).
+            differ between the two and spoil the extrapolation); ``loop`` for trials that use manual optimization.
     """
     from lightning_hydro.fused.memory_probe import device_capacity_bytes, measure_fused_step
 
     accelerator = str(getattr(trainer_factory, "trainer_kwargs", {}).get("accelerator", "auto"))
     pair = list(trial_ids[:2]) if len(trial_ids) >= 2 else [trial_ids[0], trial_ids[0]]
+    first = build_module(pair[0])
+    if not first.automatic_optimization:  # manual optimization runs on the loop only (fused/manual_steps.py)
+        backend = "loop"
     measure = partial(measure_fused_step, datamodule=datamodule, steps=steps, backend=backend, accelerator=accelerator)
-    one = measure([build_module(pair[0])])
+    one = measure([first])
     two = measure([build_module(t) for t in pair])
     return FusionProbe(
         memory_bytes=(one.peak_bytes, two.peak_bytes),

@@ -24,10 +24,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from lightning_hydro.callbacks.callback_arguments import MonitorNotLoggedError
 from lightning_hydro.sweeper.group_model import built_groups, describe_trials, rewrite_model_node
-from lightning_hydro.sweeper.group_spec import RESULT_FILE, job_dirs, read_group_spec
+from lightning_hydro.sweeper.group_spec import RESULT_FILE, GroupSpec, job_dirs, read_group_spec
 
-__all__ = ["ERROR_FILE", "GroupResultMissing", "GroupTask", "keys_concerned"]
+__all__ = ["ERROR_FILE", "GroupResultMissing", "GroupTask", "SweepMetricNotLogged", "keys_concerned"]
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,8 @@ class GroupTask:
             returned = self.task_function(cfg)
             if not (job_dir / RESULT_FILE).is_file():
                 raise GroupResultMissing(_missing_message(spec.group_id, built=spec.group_id in built_groups))
-        except Exception as err:
+        except Exception as raised:
+            err = _in_sweep_terms(raised, spec)
             err.add_note(f"lightning_hydro sweep group {spec.group_id} ({job_dir}): {describe_trials(spec)}")
             keys = keys_concerned(cfg, str(err))
             if keys:
@@ -70,8 +72,27 @@ class GroupTask:
             text = "".join(traceback.format_exception(err))
             (job_dir / ERROR_FILE).write_text(text, encoding="utf-8")
             log.error("lightning_hydro: group %s failed (traceback also in %s):\n%s", spec.group_id, ERROR_FILE, text)
-            raise
+            if err is raised:
+                raise
+            raise err from raised
         return returned
+
+
+class SweepMetricNotLogged(ValueError):
+    """``hydra.sweeper.metric`` is not logged by a group's trials (the early stopping the sweeper added found it)."""
+
+
+def _in_sweep_terms(err: Exception, spec: GroupSpec) -> Exception:
+    """``err``, or, where the early stopping the sweeper built misses ``hydra.sweeper.metric``, an error saying so."""
+    if not isinstance(err, MonitorNotLoggedError) or err.monitor != spec.early_stopping.metric:
+        return err
+    logged = ", ".join(repr(name) for name in err.logged) if err.logged else "nothing"
+    return SweepMetricNotLogged(
+        f"lightning_hydro sweeper: hydra.sweeper.metric={err.monitor!r} is not logged by the trials of group "
+        f"{spec.group_id} ({err.when}); they log {logged}. Fix: set hydra.sweeper.metric to one of them (the name "
+        "the module gives self.log, without '/trial_{id}') and re-run the same command (same hydra.sweep.dir): "
+        "finished groups are kept."
+    )
 
 
 def _resume_from_last_checkpoint(cfg: DictConfig, job_dir: Path) -> None:

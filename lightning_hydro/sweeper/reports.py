@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,10 @@ def format_best_table(records: Sequence[Record], metric: str, mode: str, *, top:
     ranked = rank_trials(records, metric, mode)[:top]
     if not ranked:
         logged = sorted(_union_keys(r.get("metrics", {}) for r in records))
+        if not logged:  # no trial has any result: their groups failed (the errors are logged) or did not run
+            counts = Counter(str(r.get("status")) for r in records)
+            statuses = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+            return f"No trial has a {metric!r} to rank: no trial has results ({statuses}; failed groups: see above)."
         return (
             f"No trial logged a finite {metric!r} (logged metrics: {logged}); set hydra.sweeper.metric to one of them."
         )

@@ -169,6 +169,7 @@ class GroupResultWriter(Callback):
                     "metrics": r["metrics"],
                     "history": r["history"],
                     "seed": seeds.get(tid),
+                    "backend": r.get("backend", ""),  # what the group ran on, for results.json/csv
                 }
                 for tid, r in results.items()
             }

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from lightning_hydro import ArchitectureMismatchError, FusedLightningModule
+from lightning_hydro.backends import FusionError
 from lightning_hydro.demos import DigitsMLP
 
 
@@ -91,11 +92,11 @@ def test_unknown_backend_lists_the_choices():
         FusedLightningModule([DigitsMLP()], backend="jax")  # type: ignore[arg-type]
 
 
-def test_manual_optimization_is_rejected():
+def test_manual_optimization_on_vmap_is_refused_with_the_backend_to_use():
     trial = DigitsMLP()
-    trial.automatic_optimization = False
-    with pytest.raises(ValueError, match="uses manual optimization; fused trials need automatic optimization"):
-        FusedLightningModule([trial])
+    trial.automatic_optimization = False  # it runs on the loop: tests/fused/test_manual_optimization.py
+    with pytest.raises(FusionError, match=r"DigitsMLP uses manual optimization .* Use backend='loop', or backend="):
+        FusedLightningModule([trial], backend="vmap")
 
 
 def test_max_slots_below_trial_count_is_rejected():

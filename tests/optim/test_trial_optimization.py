@@ -42,7 +42,7 @@ def test_formats():
     ("config", "message"),
     [
         (None, r"Trial 4: configure_optimizers\(\) returned None"),
-        ([], r"exactly one torch optimizer for a fused trial, got 0 \(none\)"),
+        ([], r"must return torch optimizers for a fused trial, got 0 \(none\)"),
         ("adam", r"returned str, which is not one of Lightning's formats"),
         ({"lr_scheduler": None}, r"needs an 'optimizer' key, got keys \['lr_scheduler'\]"),
     ],
@@ -53,8 +53,24 @@ def test_malformed_configs(config, message):
 
 
 def test_two_optimizers_need_manual_optimization():
-    with pytest.raises(OptimizerConfigError, match=r"got 2 \(SGD, SGD\).*need manual optimization"):
+    with pytest.raises(
+        OptimizerConfigError,
+        match=r"returned 2 optimizers \(SGD, SGD\) under automatic optimization, which steps exactly one\. Several "
+        r"optimizers need manual optimization, as in Lightning itself: set self\.automatic_optimization = False",
+    ):
         parse_optimizer_config([sgd(), sgd()], trial_id=1)
+
+
+def test_manual_optimization_keeps_every_optimizer_and_its_schedulers_in_order():
+    first, second = sgd(), sgd()
+    step = torch.optim.lr_scheduler.StepLR(second, 2)
+    parsed = parse_optimizer_config(([first, second], [step]), trial_id=0, manual=True)
+    assert parsed.optimizer is first
+    assert parsed.optimizers == [first, second]
+    assert parsed.schedulers[0].scheduler is step
+    stray = torch.optim.lr_scheduler.StepLR(sgd(), 2)
+    with pytest.raises(OptimizerConfigError, match="attached to an optimizer that configure_optimizers"):
+        parse_optimizer_config(([first, second], [stray]), trial_id=0, manual=True)
 
 
 def test_scheduler_entries_are_checked():

@@ -62,3 +62,19 @@ def test_the_probe_measures_the_partition_fused_at_one_and_two_trials():
     assert all(t > 0 for t in probe.step_seconds)
     assert probe.capacity_bytes > 2**28  # this machine's available memory
     assert limit == 8  # a tiny MLP: the cap, not the memory, limits the group
+
+
+def test_the_probe_measures_trials_that_use_manual_optimization_on_the_loop():
+    from lightning_hydro.demos import DigitsDataModule
+    from lightning_hydro.sweeper import ConfigTrainerFactory
+    from tests.fused.manual_modules import ManualMLP
+
+    _, probe = measure_fusion_limit(
+        lambda t: ManualMLP(lr=0.1 * (t + 1), accumulate=1),
+        [0, 1],
+        datamodule=DigitsDataModule(),
+        trainer_factory=ConfigTrainerFactory({"accelerator": "cpu"}),
+        safety_margin=0.2,
+        max_limit=8,
+    )  # vmap, the probe's backend otherwise, refuses manual optimization
+    assert all(t > 0 for t in probe.step_seconds)

@@ -183,6 +183,23 @@ def test_a_failed_job_is_reported_and_the_others_are_kept(tmp_path):
     }
 
 
+def test_a_metric_the_trials_do_not_log_is_reported_as_the_sweepers_setting(tmp_path):
+    """The early stopping the sweeper adds monitors hydra.sweeper.metric: its error names that setting."""
+    overrides = [*TINY, "hydra.sweeper.n_trials=2", "hydra.sweeper.scheduler.name=asha"]
+    overrides.append("hydra.sweeper.metric=val_accu")
+    with pytest.raises(
+        RuntimeError,
+        match=r"1 job\(s\) failed \(group_0000: SweepMetricNotLogged: lightning_hydro sweeper: "
+        r"hydra\.sweeper\.metric='val_accu' is not logged by the trials of group group_0000 \(after the sanity check "
+        r"and the first training batch\); they log 'train_loss', 'val_acc', 'val_loss'\. Fix: set "
+        r"hydra\.sweeper\.metric to one of them \(the name the module gives self\.log, without '/trial_\{id\}'\) and "
+        r"re-run the same command",
+    ):
+        run_sweep(tmp_path, overrides)
+    written = (tmp_path / "group_0000" / "job_error.txt").read_text()
+    assert "SweepMetricNotLogged: lightning_hydro sweeper: hydra.sweeper.metric='val_accu'" in written
+
+
 def test_a_task_that_skips_fit_from_config_is_reported(tmp_path):
     sweep = KeptSweep()
     sweep.calling_file, sweep.calling_module = str(TRAIN), None

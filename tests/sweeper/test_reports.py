@@ -58,6 +58,13 @@ def test_best_table_and_missing_metric_hint():
     )
 
 
+def test_the_best_table_of_a_sweep_whose_groups_all_failed_says_so():
+    failed = [{**record, "status": "failed", "metrics": {}} for record in RECORDS]
+    assert format_best_table(failed, "val_acc", "max") == (
+        "No trial has a 'val_acc' to rank: no trial has results (4 failed; failed groups: see above)."
+    )
+
+
 def test_plots_are_written(tmp_path):
     paths = plot_sweep(RECORDS, "val_acc", tmp_path / "plots", log_scale_keys={"model.lr"})
     assert [p.name for p in paths] == ["learning_curves.png", "metric_vs_params.png"]

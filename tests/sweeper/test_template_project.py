@@ -92,6 +92,7 @@ def test_the_template_project_sweeps_fused_with_its_own_train_py(tmp_path):
     for trial in trials:
         assert trial["status"] == "completed"
         assert trial["budget"] == 1
+        assert trial["backend"] in ("vmap", "hfta", "loop")  # what the group ran on: the user's own task function
         # the module's own metrics, per trial; test/acc from the template's trainer.test after fit
         assert {"val/acc", "val/acc_best", "train/loss", "test/acc"} <= set(trial["metrics"])
         assert isinstance(trial["seed"], int)  # seed: null in the template: each trial gets one, recorded
@@ -99,6 +100,8 @@ def test_the_template_project_sweeps_fused_with_its_own_train_py(tmp_path):
     assert len(seeds) == len(trials)
     # the test value of the group's best trial by validation accuracy: never a choice by test values
     assert_each_job_returned_its_best_trials_value(sweep_dir, "test/acc")
+    with open(sweep_dir / "results.csv") as f:
+        assert {row["backend"] for row in csv.DictReader(f)} <= {"vmap", "hfta", "loop"}
     for group in groups:
         job_dir = sweep_dir / group["group_id"]
         batch_sizes = {trials[t]["params"]["data.batch_size"] for t in group["trial_ids"]}
