@@ -351,9 +351,28 @@ class HalvingCallback(Callback):
         return self.config
 
     def _on_rank_zero(self, trainer: L.Trainer, compute: Callable[[], T]) -> T:
-        """``compute()`` on global rank zero, its result broadcast to every rank."""
-        value = compute() if trainer.is_global_zero else None
-        return trainer.strategy.broadcast(value, src=0)  # type: ignore[return-value]
+        """``compute()`` on global rank zero, its result broadcast to every rank.
+
+        If it raises on rank zero, every rank raises (the others name rank zero's error), instead of the others
+        waiting for a decision that never comes.
+        """
+        if trainer.world_size <= 1:
+            return compute()
+        value: T | None = None
+        failure: BaseException | None = None
+        if trainer.is_global_zero:
+            try:
+                value = compute()
+            except Exception as err:  # re-raised below, once every rank knows
+                failure = err
+        failed = None if failure is None else f"{type(failure).__name__}: {failure}"
+        value, failed = trainer.strategy.broadcast((value, failed), src=0)
+        if failure is not None:
+            raise failure
+        if failed is not None:
+            name = type(self).__name__
+            raise RuntimeError(f"{name}: the decision on rank 0 failed ({failed}); see rank 0's traceback.")
+        return value  # type: ignore[return-value]
 
     def _restore(self, state: Mapping[str, Any]) -> None:
         mine, theirs = self._settings(), dict(state["settings"])
