@@ -101,3 +101,22 @@ def test_a_searched_key_that_changes_shapes_is_named_with_the_fix(tmp_path):
     written = (tmp_path / "group_0000" / ERROR_FILE).read_text()
     assert "the trials of group group_0000 cannot train as one model: they differ in model.hidden_dim" in written
     assert "Fix: declare ['model.hidden_dim'] in hydra.sweeper.non_fusible" in written
+
+
+def test_a_job_dealt_a_gpu_trains_on_it(monkeypatch):
+    import torch
+    from omegaconf import OmegaConf
+
+    from lightning_hydro.sweeper.device_plan import DEVICES_ENV
+    from lightning_hydro.sweeper.group_task import _use_assigned_devices
+
+    cfg = OmegaConf.create({"trainer": {"accelerator": "auto", "devices": "auto"}})
+    OmegaConf.set_struct(cfg, True)
+    monkeypatch.setenv(DEVICES_ENV, "2")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)  # a faked 4-GPU node
+    _use_assigned_devices(cfg, "group_0002")
+    assert cfg.trainer.devices == [2]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # a job without GPUs keeps its trainer
+    cpu = OmegaConf.create({"trainer": {"devices": 1}})
+    _use_assigned_devices(cpu, "group_0002")
+    assert cpu.trainer.devices == 1
