@@ -104,12 +104,19 @@ class RankSync:
             return choose
 
         def chosen_on_rank_zero(group: Any, candidates: Any, run_step: Any, **kwargs: Any) -> Any:
-            name = None
+            choice, failure = None, None
             if trainer.is_global_zero:
-                choice = choose(group, candidates, run_step, **kwargs)
-                name = choice.backend.name
-            name = trainer.strategy.broadcast(name, src=0)
-            if trainer.is_global_zero:
+                try:
+                    choice = choose(group, candidates, run_step, **kwargs)
+                except Exception as err:  # raised below, once the other ranks know
+                    failure = err
+            sent = None if choice is None else choice.backend.name
+            name, failed = trainer.strategy.broadcast((sent, None if failure is None else repr(failure)), src=0)
+            if failure is not None:
+                raise failure
+            if failed is not None:
+                raise RuntimeError(f"FusedLightningModule: backend='auto' failed on rank 0 ({failed}).")
+            if choice is not None:
                 return choice
             return choose(group, [c for c in candidates if c[0] == name], run_step, timed=False)
 

@@ -80,3 +80,19 @@ class FailingDigits(DigitsMLP):
         if self.trainer.global_rank == self.fail_on_rank and self.trainer.global_step >= self.fail_at:
             raise RuntimeError(f"trial failed on rank {self.fail_on_rank} at step {self.trainer.global_step}")
         return super().training_step(batch, batch_idx)
+
+
+class NanOnOneRank(DigitsMLP):
+    """A trial whose loss is NaN on one rank at one optimizer step (lr 0.3 only): its row is bad there alone."""
+
+    def __init__(self, *, nan_on_rank: int, nan_at: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.nan_on_rank = nan_on_rank
+        self.nan_at = nan_at
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        trainer = self.trainer
+        if self.hparams["lr"] == 0.3 and trainer.global_rank == self.nan_on_rank and trainer.global_step == self.nan_at:
+            return loss * float("nan")
+        return loss

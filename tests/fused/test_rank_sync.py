@@ -95,10 +95,23 @@ def test_ddp_group_is_the_same_on_both_ranks_and_as_one_process(tmp_path, one_pr
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
 def test_one_rank_failing_after_a_slot_change_ends_the_fit_without_a_hang(tmp_path, strategy):
     start = time.monotonic()
-    proc = run_ddp_script(tmp_path, strategy, "1", timeout=300)
+    proc = run_ddp_script(tmp_path, strategy, "fail", timeout=300)
     assert proc.returncode != 0
     assert "trial failed on rank 1 at step 5" in proc.stderr
     assert time.monotonic() - start < 240  # not a collective's timeout (30 minutes)
+
+
+@pytest.mark.slow
+def test_a_loss_gone_bad_on_one_rank_only_ends_that_trial_on_every_rank(tmp_path):
+    proc = run_ddp_script(tmp_path, "ddp", "nan", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    assert ranks[0]["results"] == ranks[1]["results"]
+    assert ranks[0]["results"][1]["status"] == "diverged"  # lr 0.3, NaN on rank 1 only
+    assert "non-finite loss" in ranks[0]["results"][1]["reason"]
+    for tid, state in ranks[0]["weights"].items():  # every trial's rows stepped alike on both ranks
+        for key, value in state.items():
+            assert torch.equal(value, ranks[1]["weights"][tid][key]), (tid, key)
 
 
 def test_a_strategy_that_shards_parameters_is_refused():
