@@ -366,8 +366,6 @@ class HalvingCallback(Callback):
         If it raises on rank zero, every rank raises (the others name rank zero's error), instead of the others
         waiting for a decision that never comes.
         """
-        if trainer.world_size <= 1:
-            return compute()
         value: T | None = None
         failure: BaseException | None = None
         if trainer.is_global_zero:

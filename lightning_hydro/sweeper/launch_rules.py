@@ -160,8 +160,8 @@ def check_launch(
     if processes > 1 and kind in ("joblib", "submitit_local", "ray"):
         raise ValueError(
             f"{_P}: each group job would run DDP over {processes} processes (trainer.devices={placement.devices}, "
-            f"strategy={placement.strategy}), but the {kind} launcher runs jobs in worker processes whose command "
-            "line Lightning's DDP launcher cannot re-run for the other ranks. Fix: "
+            f"strategy={placement.strategy}), but the {kind} launcher runs jobs in worker processes, and Lightning's "
+            "DDP launcher starts the other ranks by re-running the command line, which is not the job's there. Fix: "
             f"{one_each}; or DDP groups one after another with hydra/launcher=basic; on SLURM, "
             f"hydra/launcher=submitit_slurm with hydra.launcher.tasks_per_node={processes} "
             f"hydra.launcher.gpus_per_node={processes}."
