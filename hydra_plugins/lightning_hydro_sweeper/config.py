@@ -105,6 +105,14 @@ class LightningHydroSweeperConf:
             keys padded and each group's padding overhead are logged at launch.
         max_padding_overhead: the most a padded group may cost over its trials at their own widths, minus 1
             (1.0: up to twice; 0: only equal widths fuse).
+        devices_per_group: GPUs each group job gets where the jobs run on the sweep's machine (basic, joblib,
+            submitit_local launchers): blocks of this many GPUs are dealt to the jobs round-robin and set as
+            their ``trainer.devices``. ``null``: with a parallel launcher, the Trainer's ``devices`` if it is a
+            number (``auto``/``-1``: one GPU each); with the basic launcher, no assignment. On SLURM and Ray the
+            cluster places GPUs (``hydra.launcher.gpus_per_node``, ``hydra.launcher.ray.remote.num_gpus``).
+        groups_per_device: group jobs that may share one block of GPUs at once; the sweeper launches at most
+            (blocks x this) jobs at a time, and ``fusion_limit: auto`` sizes each group for its share of the
+            memory (and no more than is free).
     """
 
     _target_: str = "hydra_plugins.lightning_hydro_sweeper.lightning_hydro_sweeper.LightningHydroSweeper"
@@ -125,6 +133,8 @@ class LightningHydroSweeperConf:
     plots: bool = True
     pad_widths: bool = True
     max_padding_overhead: float = 1.0
+    devices_per_group: int | None = None
+    groups_per_device: int = 1
 
 
 ConfigStore.instance().store(

@@ -38,6 +38,8 @@ class LightningHydroSweeper(Sweeper):
         plots: bool = True,
         pad_widths: bool = True,
         max_padding_overhead: float = 1.0,
+        devices_per_group: int | None = None,
+        groups_per_device: int = 1,
     ) -> None:
         from lightning_hydro.sweeper._impl import LightningHydroSweeperImpl
 
@@ -59,6 +61,8 @@ class LightningHydroSweeper(Sweeper):
             plots=plots,
             pad_widths=pad_widths,
             max_padding_overhead=max_padding_overhead,
+            devices_per_group=devices_per_group,
+            groups_per_device=groups_per_device,
         )
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:

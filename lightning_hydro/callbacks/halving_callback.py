@@ -302,21 +302,31 @@ class HalvingCallback(Callback):
                 )
 
     def _refill_slots(self, trainer: L.Trainer) -> None:
-        """Fill free slots with new trials, as many as :meth:`_admissions` allows."""
+        """Fill free slots with new trials, as many as :meth:`_admissions` allows.
+
+        Rank zero draws them (a sampler behind the refill source is asked once) and every rank adds the same
+        modules: under DDP they are sent to the other ranks.
+        """
         view = self._trials
-        if self._refill is None or self._refill.exhausted or not view.free_slots():
+        if self._refill is None or not view.free_slots():
             return
-        for _ in range(self._on_rank_zero(trainer, lambda: self._admissions(view.free_slots()))):
-            drawn = self._refill.draw()
-            if drawn is None:
-                return
-            trial_id, module = drawn if isinstance(drawn, tuple) else (None, drawn)
-            if trainer.world_size > 1:  # every rank must hold the same new trial
-                module.load_state_dict(trainer.strategy.broadcast(module.state_dict(), src=0))
+        for trial_id, module in self._on_rank_zero(trainer, lambda: self._draw(view.free_slots())):
             tid = view.add(module, trial_id)
             self._on_trial_started(view.rule_key(tid))
             if self.verbose:
                 rank_zero_info(f"{type(self).__name__}: trial {tid} fills a free slot.")
+
+    def _draw(self, free_slots: int) -> list[tuple[int | None, L.LightningModule]]:
+        """New trials for ``free_slots`` free slots, as many as :meth:`_admissions` allows (rank zero only)."""
+        drawn: list[tuple[int | None, L.LightningModule]] = []
+        if self._refill is None or self._refill.exhausted:
+            return drawn
+        for _ in range(self._admissions(free_slots)):
+            one = self._refill.draw()
+            if one is None:
+                break
+            drawn.append(one if isinstance(one, tuple) else (None, one))
+        return drawn
 
     def _finish(self) -> None:
         """End the trials still running (completed at max_t, else stopped), then log the summary."""
@@ -351,9 +361,26 @@ class HalvingCallback(Callback):
         return self.config
 
     def _on_rank_zero(self, trainer: L.Trainer, compute: Callable[[], T]) -> T:
-        """``compute()`` on global rank zero, its result broadcast to every rank."""
-        value = compute() if trainer.is_global_zero else None
-        return trainer.strategy.broadcast(value, src=0)  # type: ignore[return-value]
+        """``compute()`` on global rank zero, its result broadcast to every rank.
+
+        If it raises on rank zero, every rank raises (the others name rank zero's error), instead of the others
+        waiting for a decision that never comes.
+        """
+        value: T | None = None
+        failure: BaseException | None = None
+        if trainer.is_global_zero:
+            try:
+                value = compute()
+            except Exception as err:  # re-raised below, once every rank knows
+                failure = err
+        failed = None if failure is None else f"{type(failure).__name__}: {failure}"
+        value, failed = trainer.strategy.broadcast((value, failed), src=0)
+        if failure is not None:
+            raise failure
+        if failed is not None:
+            name = type(self).__name__
+            raise RuntimeError(f"{name}: the decision on rank 0 failed ({failed}); see rank 0's traceback.")
+        return value  # type: ignore[return-value]
 
     def _restore(self, state: Mapping[str, Any]) -> None:
         mine, theirs = self._settings(), dict(state["settings"])

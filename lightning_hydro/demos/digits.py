@@ -172,8 +172,9 @@ class DigitsMLP(L.LightningModule):
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
         logits = self(x)
-        self.log("val_loss", F.cross_entropy(logits, y))
-        self.log("val_acc", (logits.argmax(-1) == y).float().mean())
+        # sync_dist: under DDP each epoch value covers every process's share of the data
+        self.log("val_loss", F.cross_entropy(logits, y), sync_dist=True)
+        self.log("val_acc", (logits.argmax(-1) == y).float().mean(), sync_dist=True)
 
     @override
     def configure_optimizers(self) -> Any:

@@ -45,6 +45,7 @@ from lightning_hydro.fused.group_checkpoint import (
     restore_group,
 )
 from lightning_hydro.fused.manual_steps import ManualSteps, choose_loop_for_manual
+from lightning_hydro.fused.rank_sync import RankSync
 from lightning_hydro.fused.row_health import RowHealth
 from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_callbacks import per_trial_callbacks, refuse_module_callbacks
@@ -167,7 +168,10 @@ class FusedLightningModule(L.LightningModule):
         self.automatic_optimization = trials[0].automatic_optimization  # the same for all (checked)
         self._manual = None if self.automatic_optimization else ManualSteps(self._slots, self._health)
         self._optimizers = TrialOptimizers(self._slots, optimizer_path, self._manual)
-        self._roster = TrialRoster(self._policy, self._optimizers, self._metrics, self._health, self._modes)
+        self._ranks = RankSync()  # several processes (DDP): every rank holds and decides the same trials
+        self._roster = TrialRoster(
+            self._policy, self._optimizers, self._metrics, self._health, self._modes, self._ranks.mark_rows_changed
+        )
         self._eval_steps = EvaluationSteps(self._policy, self._optimizers)
         self._publisher = TrialPublisher(self._slots, self._metrics)
         self._diverged_on_resume: dict[int, str] = {}
@@ -177,6 +181,9 @@ class FusedLightningModule(L.LightningModule):
         self.mode = mode
         self.trial_factory = trial_factory
         hide_absent_hooks(self, trials[0])  # Lightning then sees the loops of an unfused run
+        # under ddp_spawn the group's state returns to this process with the weights (see rank_sync.py)
+        self.register_state_dict_post_hook(_hand_back_group)
+        self.register_load_state_dict_pre_hook(_take_back_group)
 
     @classmethod
     def from_configs(
@@ -415,6 +422,7 @@ class FusedLightningModule(L.LightningModule):
     @override
     def setup(self, stage: str) -> None:
         check_precision(self.trainer.precision)
+        self._metrics.reduce = self._ranks.setup(self.trainer)
         self._eval_steps.leave()  # after a stage that raised
         # test/validate/predict evaluate the ended trials too (see EvaluationSteps.enter): they are set up as well
         trials = self._running() if stage == "fit" else [*self._running(), *self._slots.retired.items()]
@@ -510,7 +518,8 @@ class FusedLightningModule(L.LightningModule):
             return None
         backend = self._policy.for_training(
             lambda b: self._training_forward_backward(b, batch, batch_idx),
-            choose_backend,  # looked up here, so that tests can replace the module's chooser
+            # looked up here, so that tests can replace the module's chooser; several processes take rank 0's
+            self._ranks.chooser(choose_backend, self.trainer),
             type(self._first()).__name__,
         )
         if self._policy.verify_ids:
@@ -520,7 +529,7 @@ class FusedLightningModule(L.LightningModule):
         loss = out.loss()
         if loss is None:
             return None
-        loss = loss.reshape(self._group.size)
+        loss = self._ranks.losses(loss.reshape(self._group.size))  # a row bad on any rank is skipped on all
         # no host sync: the rows' finiteness stays on the device (row_health.py); a non-finite row adds 0
         self._health.record_losses(self._group.trial_ids, loss)
         return torch.where(torch.isfinite(loss.detach()), loss, torch.zeros_like(loss)).sum()
@@ -553,6 +562,7 @@ class FusedLightningModule(L.LightningModule):
         if not self._group.trial_ids:  # the last trial left outside the hooks that end the fit (e.g. at epoch start)
             self.trainer.should_stop = True
             return -1  # Lightning's way to skip the rest of the epoch: no step runs for an empty group
+        self._ranks.rewrap(self.trainer)  # DDP's wrapper holds the rows it was built with
         self._open_batch = batch_idx  # a checkpoint written before on_train_batch_end must settle the batch
         return None
 
@@ -629,6 +639,7 @@ class FusedLightningModule(L.LightningModule):
 
     @override
     def on_fit_end(self) -> None:
+        self._ranks.fit_ended()
         self._forward_hook("on_fit_end")
         if not self.trainer.interrupted:
             self._slots.book.set_status(self._group.trial_ids, "completed")
@@ -696,3 +707,24 @@ class FusedLightningModule(L.LightningModule):
         if self._trainer is not None:
             for tid, module in [*self._running(), *self._slots.retired.items()]:
                 attach_trainer(module, self.trainer, tid, self._optimizers)  # type: ignore[arg-type]
+
+
+def _hand_back_group(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    """State-dict hook: a ``ddp_spawn`` worker's state dict carries the group's state back (see rank_sync.py)."""
+    assert isinstance(module, FusedLightningModule)
+    fused = module
+    fused._ranks.hand_back(
+        state_dict,
+        prefix,
+        lambda: group_state(fused._slots, fused._policy, fused._health.peek(), epoch_done=False),
+    )
+
+
+def _take_back_group(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """Load pre-hook: the group's state a ``ddp_spawn`` worker handed back is restored before its weights load."""
+    assert isinstance(module, FusedLightningModule)
+    entry = RankSync.take_back(state_dict, prefix)
+    if entry is not None:
+        checkpoint = {CHECKPOINT_KEY: entry, "state_dict": state_dict}
+        restore_group(checkpoint, module._slots, module._policy, module.trial_factory, fitting=False)
+        module._health.reset()

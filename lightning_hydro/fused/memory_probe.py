@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-__all__ = ["StepMeasurement", "device_capacity_bytes", "measure_fused_step"]
+__all__ = ["StepMeasurement", "device_capacity_bytes", "measure_fused_step", "shared_capacity_bytes"]
 
 
 @dataclass(frozen=True)
@@ -105,11 +105,12 @@ def measure_fused_step(
     steps: int = 5,
     backend: str = "vmap",
     accelerator: str = "auto",
+    devices: int | list[int] = 1,
 ) -> StepMeasurement:
     """Train ``modules`` fused for ``steps`` steps and measure peak memory and the median step time.
 
     The first step (start-up, backend choice) is excluded from the time and the activation count when
-    there are several.
+    there are several. ``devices``: the Trainer's (one device: ``1`` or the GPU's index in a list, e.g. ``[2]``).
     """
     from lightning_hydro.fused.fused_module import FusedLightningModule
 
@@ -118,7 +119,7 @@ def measure_fused_step(
     trainer = L.Trainer(
         max_steps=steps,
         accelerator=accelerator,
-        devices=1,
+        devices=devices,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -134,13 +135,15 @@ def measure_fused_step(
     else:
         peak = float(_state_bytes(fused) + meter.peak_saved)
     times = meter.seconds[1:] or meter.seconds
-    return StepMeasurement(peak_bytes=peak, step_seconds=statistics.median(times), device=device.type)
+    return StepMeasurement(peak_bytes=peak, step_seconds=statistics.median(times), device=str(device))
 
 
-def device_capacity_bytes(device: str = "cpu") -> float:
-    """Memory a group may use on ``device``: the GPU's total memory, or the machine's available RAM."""
+def device_capacity_bytes(device: str = "cpu", groups_per_device: int = 1) -> float:
+    """Memory a group may use on ``device``: its share of the GPU (:func:`shared_capacity_bytes`), or available RAM."""
     if device.startswith("cuda"):
-        return float(torch.cuda.get_device_properties(torch.device(device)).total_memory)
+        index = torch.device(device)
+        free, total = torch.cuda.mem_get_info(index)
+        return shared_capacity_bytes(total, free, torch.cuda.memory_reserved(index), groups_per_device)
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
@@ -151,3 +154,21 @@ def device_capacity_bytes(device: str = "cpu") -> float:
     import os
 
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def shared_capacity_bytes(total: float, free: float, own: float, groups_per_device: int) -> float:
+    """Memory one group may plan for on a GPU it shares.
+
+    Its share of the device (``total / groups_per_device``: the sweep runs that many group jobs on it at once), and
+    never more than what is free now plus what this process holds itself (``own``, e.g. the probe's cached blocks):
+    memory that other jobs or processes hold on the device is not there to take.
+
+    Example::
+
+        >>> gib = 2**30
+        >>> shared_capacity_bytes(80 * gib, free=80 * gib, own=0, groups_per_device=2) / gib
+        40.0
+        >>> shared_capacity_bytes(80 * gib, free=30 * gib, own=2 * gib, groups_per_device=2) / gib  # others hold 48
+        32.0
+    """
+    return min(total / groups_per_device, free + own)

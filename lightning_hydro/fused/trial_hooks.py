@@ -72,7 +72,8 @@ def forward_hook(hook: str, running: Sequence[tuple[int, Any]], metrics: TrialMe
             getattr(module, hook)()
         if phase is not None:
             for call in calls:
-                metrics.record_epoch_value(phase, call.name, {tid: _as_float(call.value)})
+                options = resolve_options(hook, call.options) if call.options.get("sync_dist") else None
+                metrics.record_epoch_value(phase, call.name, {tid: _as_float(call.value)}, options)
 
 
 def record_step_logs(

@@ -9,6 +9,12 @@ Slots can change mid-epoch (a trial stopped, another added): :meth:`TrialMetrics
 accumulated so far into per-trial partial results, so each trial's epoch value covers exactly the
 batches it trained on.
 
+Under several processes (DDP) a value logged with ``sync_dist=True`` is reduced across them as Lightning
+reduces it: a step value when it is recorded, an epoch value when it is read (weighted sums and batch sizes
+summed over every rank, so a mean is the mean over all the data). Every rank holds the same trials, so each
+reduction is one collective per metric, whatever the number of trials. :attr:`TrialMetrics.reduce` is set by
+the fused module when it runs on more than one process.
+
 Example::
 
     >>> import torch
@@ -30,9 +36,11 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-__all__ = ["MetricOptions", "ReduceFx", "TrialMetrics", "resolve_options"]
+__all__ = ["MetricOptions", "ReduceFx", "Reducer", "TrialMetrics", "resolve_options"]
 
 ReduceFx = Literal["mean", "sum", "max", "min"]
+# Reduces a tensor element-wise across the processes of a distributed run ("mean", "sum", "max" or "min").
+Reducer = Callable[[Tensor, ReduceFx], Tensor]
 
 # Lightning's defaults for on_step / on_epoch depend on the hook that logs.
 _STEP_HOOKS = {"training_step": (True, False)}
@@ -48,6 +56,7 @@ class MetricOptions:
     reduce_fx: ReduceFx = "mean"
     logger: bool = True
     prog_bar: bool = False
+    sync_dist: bool = False
 
 
 def resolve_options(hook: str, options: dict[str, Any]) -> MetricOptions:
@@ -74,6 +83,7 @@ def resolve_options(hook: str, options: dict[str, Any]) -> MetricOptions:
         reduce_fx=reduce_fx,
         logger=True if logger is None else bool(logger),
         prog_bar=bool(options.get("prog_bar", False)),
+        sync_dist=bool(options.get("sync_dist", False)),
     )
 
 
@@ -126,11 +136,28 @@ class _Accumulator:
                 self.folded[tid] = (total, weight)
         self.total = self.weight = None
 
-    def result(self) -> dict[int, float]:
+    def result(self, reduce: Reducer | None = None) -> dict[int, float]:
+        """Each trial's epoch value; with ``reduce``, over every process's batches (``sync_dist=True``)."""
         self.fold()
+        folded = self.folded
+        if reduce is not None and self.options.sync_dist:
+            folded = _reduce_folded(folded, self.options.reduce_fx, reduce)
         if self.options.reduce_fx == "mean":
-            return {tid: total / weight if weight else math.nan for tid, (total, weight) in self.folded.items()}
-        return {tid: total for tid, (total, _) in self.folded.items()}
+            return {tid: total / weight if weight else math.nan for tid, (total, weight) in folded.items()}
+        return {tid: total for tid, (total, _) in folded.items()}
+
+
+def _reduce_folded(
+    folded: dict[int, tuple[float, float]], reduce_fx: ReduceFx, reduce: Reducer
+) -> dict[int, tuple[float, float]]:
+    """``(total, weight)`` per trial, combined over every process (all hold the same trials)."""
+    tids = sorted(folded)
+    pairs = torch.tensor([folded[tid] for tid in tids], dtype=torch.float64).reshape(len(tids), 2)
+    if reduce_fx in ("mean", "sum"):
+        pairs = reduce(pairs, "sum")  # weighted totals and batch sizes: the mean over all the data
+    else:
+        pairs = torch.stack([reduce(pairs[:, 0].contiguous(), reduce_fx), pairs[:, 1]], dim=1)
+    return {tid: (float(total), float(weight)) for tid, (total, weight) in zip(tids, pairs.tolist())}
 
 
 class TrialMetrics:
@@ -140,8 +167,11 @@ class TrialMetrics:
         self._epoch: dict[str, dict[str, _Accumulator]] = {}
         self._step: dict[str, tuple[list[int], Tensor, MetricOptions]] = {}
         self._epoch_values: dict[str, dict[int, dict[str, float]]] = {}
+        self._epoch_value_options: dict[str, dict[str, MetricOptions]] = {}
         self._objects: dict[str, dict[str, tuple[MetricOptions, dict[int, Any]]]] = {}
         self.names: set[str] = set()  # every name logged so far, in any phase (the sanity check included)
+        self.reduce: Reducer | None = None  # set when several processes train the group (sync_dist=True)
+        self.unsynced: set[str] = set()  # epoch-level names logged without sync_dist=True under several processes
 
     def record(
         self,
@@ -155,8 +185,13 @@ class TrialMetrics:
     ) -> None:
         """Record one logged metric for the trials ``trial_ids`` (``values[i]`` belongs to ``trial_ids[i]``)."""
         self.names.add(name)
+        if self.reduce is not None and options.on_epoch and not options.sync_dist:
+            self.unsynced.add(name)
         if options.on_step:
-            self._step[name] = (list(trial_ids), values.detach(), options)
+            step = values.detach()
+            if self.reduce is not None and options.sync_dist:  # as Lightning syncs a step value: when logged
+                step = self.reduce(step.to(torch.float64), options.reduce_fx).to(step.dtype)
+            self._step[name] = (list(trial_ids), step, options)
         if options.on_epoch:
             accumulators = self._epoch.setdefault(phase, {})
             if name not in accumulators:
@@ -173,12 +208,19 @@ class TrialMetrics:
         _, known = per_name.get(name, (options, {}))
         per_name[name] = (options, {**known, **objects})
 
-    def record_epoch_value(self, phase: str, name: str, values: dict[int, float]) -> None:
-        """Record values that are already per-trial epoch results (logged from an epoch-end hook)."""
+    def record_epoch_value(
+        self, phase: str, name: str, values: dict[int, float], options: MetricOptions | None = None
+    ) -> None:
+        """Record values that are already per-trial epoch results (logged from an epoch-end hook).
+
+        With ``options.sync_dist`` they are reduced across processes (by ``options.reduce_fx``) when read.
+        """
         self.names.add(name)
         per_trial = self._epoch_values.setdefault(phase, {})
         for tid, value in values.items():
             per_trial.setdefault(tid, {})[name] = value
+        if options is not None and options.sync_dist:
+            self._epoch_value_options.setdefault(phase, {})[name] = options
 
     def reslot(self) -> None:
         """Fold current rows into per-trial partials: call whenever the group's rows change.
@@ -210,13 +252,19 @@ class TrialMetrics:
         """The per-trial epoch values of ``phase`` so far, the accumulation left running."""
         out: dict[int, dict[str, float]] = {}
         for name, accumulator in self._epoch.get(phase, {}).items():
-            for tid, value in accumulator.result().items():
+            for tid, value in accumulator.result(self.reduce).items():
                 out.setdefault(tid, {})[name] = value
         for name, (_, objects) in self._objects.get(phase, {}).items():
             for tid, metric in objects.items():
-                out.setdefault(tid, {})[name] = float(metric.compute())
+                out.setdefault(tid, {})[name] = float(metric.compute())  # torchmetrics syncs across processes
         for tid, values in self._epoch_values.get(phase, {}).items():
             out.setdefault(tid, {}).update(values)
+        if self.reduce is not None:
+            for name, options in self._epoch_value_options.get(phase, {}).items():
+                tids = sorted(tid for tid, values in out.items() if name in values)
+                local = torch.tensor([out[tid][name] for tid in tids], dtype=torch.float64)
+                for tid, value in zip(tids, self.reduce(local, options.reduce_fx).tolist()):
+                    out[tid][name] = value
         return out
 
     def finish_epoch(self, phase: str) -> dict[int, dict[str, float]]:
@@ -227,4 +275,5 @@ class TrialMetrics:
             for metric in objects.values():
                 metric.reset()
         self._epoch_values.pop(phase, None)
+        self._epoch_value_options.pop(phase, None)
         return out

@@ -15,6 +15,8 @@ reads a metric back after the fit as for one model (lightning-hydra-template's `
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -74,14 +76,21 @@ class TrialPublisher:
                     log(status, float(counts[status]), prog_bar=True, logger=False)
 
     def publish_epoch(self, phase: str, log: LogFunction, *, sanity_checking: bool) -> None:
-        """Log each trial's epoch values as ``name/trial_{id}`` and keep them in the results."""
+        """Log each trial's epoch values as ``name/trial_{id}`` and keep them in the results.
+
+        Under several processes a value the trial logged with ``sync_dist=True`` is the same on every rank (reduced
+        by :class:`TrialMetrics`) and is logged with ``sync_dist=True`` again, as the trial asked; one logged without
+        it is each rank's own, which a warning says once per name.
+        """
         options = self.metrics.epoch_options(phase)
         values = self.metrics.finish_epoch(phase)
         if sanity_checking:
             return
+        _warn_unsynced(self.metrics)
         for tid, metrics in values.items():
             self.book.record_metrics(tid, metrics)
             for name, value in metrics.items():
+                synced = name in options and options[name].sync_dist and self.metrics.reduce is not None
                 log(
                     f"{name}/trial_{tid}",
                     value,
@@ -90,6 +99,7 @@ class TrialPublisher:
                     # None means Lightning's default (True) without its warning when no logger is configured
                     logger=None if name not in options or options[name].logger else False,
                     batch_size=1,
+                    sync_dist=synced,
                 )
 
     def end_training_epoch(self, epoch: int, log: LogFunction, *, sanity_checking: bool) -> None:
@@ -155,6 +165,23 @@ def chosen_trial(records: Mapping[int, TrialRecord], monitor: str | None, mode: 
     if monitor is None:
         return next(iter(records)) if len(records) == 1 else None
     return best_trial(records, monitor, mode)
+
+
+def _warn_unsynced(metrics: TrialMetrics) -> None:
+    """Say once per name that an epoch value logged without ``sync_dist=True`` is each process's own."""
+    for name in sorted(metrics.unsynced - _WARNED_UNSYNCED):
+        _WARNED_UNSYNCED.add(name)
+        rank_zero_warn(
+            f"FusedLightningModule: the trials log {name!r} on epoch level without sync_dist=True under several "
+            "processes, so each trial's value (its results, and early-stopping decisions on it) covers rank 0's "
+            f"share of the data only. Fix: self.log({name!r}, ..., sync_dist=True) in the trial module.",
+        )
+        # Lightning would repeat its own advice for every trial's key of this name
+        per_trial_key = rf"It is recommended to use `self\.log\('{re.escape(name)}/trial_\d+'"
+        warnings.filterwarnings("ignore", message=per_trial_key)
+
+
+_WARNED_UNSYNCED: set[str] = set()
 
 
 def _should_log_step(trainer: L.Trainer) -> bool:

@@ -15,6 +15,8 @@ callbacks of that hook have had their say (a callback may stop the last trial an
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
@@ -40,6 +42,8 @@ class TrialRoster:
         metrics: the per-trial metrics of the current step and epoch.
         health: the rows' health on the device.
         modes: the trial modules' train/eval modes around evaluation.
+        on_rows_changed: called after every slot change (a DDP wrapper must then be rebuilt: see
+            :mod:`.rank_sync`).
     """
 
     def __init__(
@@ -49,8 +53,10 @@ class TrialRoster:
         metrics: TrialMetrics,
         health: RowHealth,
         modes: TrialModes,
+        on_rows_changed: Callable[[], None] | None = None,
     ) -> None:
         self.policy = policy
+        self.on_rows_changed = on_rows_changed or (lambda: None)
         self.slots = policy.slots
         self.optimizers = optimizers
         self.metrics = metrics
@@ -110,6 +116,7 @@ class TrialRoster:
         self.health.reslot(self.slots.trial_ids)
         self.optimizers.trial_removed(trainer, trial_id)
         self.policy.trial_removed(trial_id)
+        self.on_rows_changed()
 
     def add(self, trainer: L.Trainer | None, owner: nn.Module, module: L.LightningModule, trial_id: int | None) -> int:
         """Put a new trial into a free slot (see ``FusedLightningModule.add_trial``); returns its id."""
@@ -136,4 +143,5 @@ class TrialRoster:
         self.health.reslot(self.slots.trial_ids)
         self.optimizers.trial_added(trainer, tid)
         self.policy.trial_added(tid)
+        self.on_rows_changed()
         return tid

@@ -26,9 +26,10 @@ from hydra.core.plugins import Plugins
 from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from lightning_hydro.sweeper.app_config import SEED_KEY, check_sweep_keys
+from lightning_hydro.sweeper.app_config import SEED_KEY, TRAINER_KEY, check_sweep_keys
+from lightning_hydro.sweeper.device_plan import DevicePlan, device_env_override, visible_gpus
 from lightning_hydro.sweeper.fusion_report import warn_if_nothing_fuses
 from lightning_hydro.sweeper.group_model import trial_seed
 from lightning_hydro.sweeper.group_spec import (
@@ -42,7 +43,9 @@ from lightning_hydro.sweeper.group_spec import (
 )
 from lightning_hydro.sweeper.group_task import ERROR_FILE, GroupTask
 from lightning_hydro.sweeper.json_files import write_json_atomic
+from lightning_hydro.sweeper.launch_rules import TrainerPlacement, check_launch, launcher_kind, plan_devices
 from lightning_hydro.sweeper.plots import plot_in_background
+from lightning_hydro.sweeper.rank_relaunch import RelaunchedJob, relaunched_job
 from lightning_hydro.sweeper.reports import format_best_table, metric_value, rank_trials, write_results
 from lightning_hydro.sweeper.samplers import GridSampler, Sampler, SamplerFeedback, TPESampler, make_sampler
 from lightning_hydro.sweeper.search_space import Interval, override_key, parse_search_space
@@ -110,7 +113,11 @@ class LightningHydroSweeperImpl(Sweeper):
         """
         if self.config is None or self.launcher is None:
             raise RuntimeError("LightningHydroSweeperImpl.sweep: call setup() first.")
+        relaunched = relaunched_job()
+        if relaunched is not None:  # a further DDP rank of one group's fit, not a second sweep
+            return self._run_relaunched(relaunched)
         self.settings = SweepSettings.from_config(**self._raw_settings)
+        self.devices = self._plan_devices()
         lines = [*self.settings.params, *arguments]
         self.space = parse_search_space(lines)
         swept = {dim.key: dim.prefix for dim in self.space.dimensions}
@@ -290,7 +297,9 @@ class LightningHydroSweeperImpl(Sweeper):
             group = TrialGroup(f"probe_{len(self.state.fusion_limits) + i:04d}", "probe", ids, len(ids), partition)
             (self.state.job_dir(group) / RESULT_FILE).unlink(missing_ok=True)
             spec = self._spec(group, self._trial_overrides(members[:2], partition), members[:2])
-            spec = dataclasses.replace(spec, probe=dataclasses.asdict(self.settings.probe))
+            sharing = self.settings.groups_per_device if self.devices is not None else 1  # jobs on one GPU at once
+            probe = {**dataclasses.asdict(self.settings.probe), "groups_per_device": sharing}
+            spec = dataclasses.replace(spec, probe=probe)
             jobs.append((spec, self._job_overrides(group)))
             probes.append(group)
         self._launch(jobs)
@@ -394,14 +403,51 @@ class LightningHydroSweeperImpl(Sweeper):
         kept = [line for line in shared if override_key(line) not in replaced]
         return [*kept, *extra, *group_launch_overrides(group.group_id)]
 
+    def _plan_devices(self) -> DevicePlan | None:
+        """Refuse a launcher that cannot run the jobs' Trainers; deal GPUs to jobs on this machine (launch_rules.py)."""
+        assert self.config is not None
+        launcher = self.config.hydra.launcher
+        kind = launcher_kind(str(launcher.get("_target_", "")))
+        placement = TrainerPlacement.from_config(_trainer_placement(self.config))
+        gpus = visible_gpus()
+        plan = plan_devices(
+            kind,
+            placement,
+            gpus,
+            devices_per_group=self.settings.devices_per_group,
+            groups_per_device=self.settings.groups_per_device,
+        )
+        processes = len(plan.blocks[0]) if plan is not None else placement.processes(len(gpus))
+        tasks_per_node = launcher.get("tasks_per_node")
+        check_launch(kind, placement, gpus=len(gpus), processes=processes, tasks_per_node=tasks_per_node)
+        if plan is not None:
+            log.info(
+                "lightning_hydro: %d GPU(s) in %d block(s) of %d, at most %d group job(s) per block at a time%s",
+                len(gpus),
+                len(plan.blocks),
+                len(plan.blocks[0]),
+                plan.groups_per_device,
+                f" ({len(plan.idle)} GPU(s) idle: they make no whole block)" if plan.idle else "",
+            )
+        elif self.settings.devices_per_group is not None:
+            where = "the cluster places them" if kind not in ("basic", "joblib", "submitit_local") else "no GPU is used"
+            log.info("lightning_hydro: hydra.sweeper.devices_per_group is not applied: %s", where)
+        return plan
+
+    def _run_relaunched(self, job: RelaunchedJob) -> list[dict[str, Any]]:
+        """Run the one group job whose DDP rank Lightning re-launched this process for (see rank_relaunch.py)."""
+        assert self.launcher is not None
+        log.info("lightning_hydro: a further DDP rank of group %s: running that group's job only", job.group_id)
+        (ret,) = self.launcher.launch([job.overrides], initial_job_idx=0)
+        _ = ret.return_value  # a failed rank fails this process, so that Lightning ends the group's other ranks
+        return []
+
     def _launch(self, jobs: Sequence[tuple[GroupSpec, list[str]]]) -> None:
-        """Write each group's spec, launch all groups as one batch, and record the jobs that failed."""
+        """Launch the groups (the first job of a sweep alone, then batches of what the GPUs allow); record failures."""
         if not jobs:
             return
         if self.launcher is None:  # pragma: no cover - sweep() checked it
             raise RuntimeError("LightningHydroSweeperImpl: call setup() first.")
-        for spec, _ in jobs:
-            write_json_atomic(spec_path(self.state.sweep_dir, spec.group_id), spec.to_json())
         if not self._launched_before and len(jobs) > 1:
             # The first job of a sweep goes alone: a task function that cannot produce group results fails
             # there, before the other jobs train.
@@ -417,6 +463,18 @@ class LightningHydroSweeperImpl(Sweeper):
                 ) from first
             jobs = jobs[1:]
         self._launched_before = True
+        for batch in self.devices.batches(jobs) if self.devices is not None else [list(jobs)]:
+            self._launch_batch(batch)
+
+    def _launch_batch(self, jobs: Sequence[tuple[GroupSpec, list[str]]]) -> None:
+        """Write each group's spec (with its launch overrides) and launch the groups together."""
+        assert self.launcher is not None
+        if self.devices is not None:  # a block of GPUs per job, round-robin
+            blocks = self.devices.assign(len(jobs))
+            jobs = [(spec, [*overrides, device_env_override(b)]) for (spec, overrides), b in zip(jobs, blocks)]
+        for spec, overrides in jobs:
+            launched = dataclasses.replace(spec, launch=tuple(overrides))  # a re-launched DDP rank replays them
+            write_json_atomic(spec_path(self.state.sweep_dir, spec.group_id), launched.to_json())
         batch = [overrides for _, overrides in jobs]
         self.validate_batch_is_legal(batch)
         returns = self.launcher.launch(batch, initial_job_idx=self._job_idx)
@@ -546,6 +604,15 @@ class LightningHydroSweeperImpl(Sweeper):
                 format_best_table(retrained, metric, mode, top=len(retrained)).replace("Best", "Retrained: best"),
             )
         log.info("lightning_hydro: results in %s, %s; plots %s", json_path, csv_path, plots)
+
+
+def _trainer_placement(config: DictConfig) -> dict[str, Any]:
+    """The app config's ``trainer.accelerator``, ``devices`` and ``strategy`` (unset ones left out)."""
+    found: dict[str, Any] = {}
+    for key in ("accelerator", "devices", "strategy"):
+        node = OmegaConf.select(config, f"{TRAINER_KEY}.{key}", default=None)
+        found[key] = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig | ListConfig) else node
+    return {k: v for k, v in found.items() if v is not None}
 
 
 def _plain_dict(node: Any) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import Any
 
 import lightning as L
 from hydra.utils import instantiate
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_hydro.schedulers import TrialResult
@@ -40,6 +41,7 @@ from lightning_hydro.sweeper.app_config import (
     TRAINER_KEY,
 )
 from lightning_hydro.sweeper.backend_cache import BACKEND_FILE, BackendCache
+from lightning_hydro.sweeper.device_plan import DEVICES_ENV
 from lightning_hydro.sweeper.fit_trials import FusedSettings, fit_trials
 from lightning_hydro.sweeper.fusion_limit import measure_fusion_limit
 from lightning_hydro.sweeper.group_model import restore_model_node
@@ -125,6 +127,9 @@ def fit_from_config(cfg: DictConfig) -> dict[int, TrialResult]:
         search=search,
         backend_cache=BackendCache(sweep_dir / STATE_DIR / BACKEND_FILE) if in_group and sweep_dir else None,
     )
+    # a further DDP rank of the group's fit: rank zero reports and writes the results
+    if rank_zero_only.rank != 0:  # type: ignore[attr-defined]
+        return results
     for trial_id, result in results.items():
         log.info(
             "trial %d (seed %d): %s after %d epochs, %s",
@@ -142,6 +147,7 @@ def fit_from_config(cfg: DictConfig) -> dict[int, TrialResult]:
                 "job_dir": str(job_dir),
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
+                "devices": os.environ.get(DEVICES_ENV),  # the GPUs the sweeper dealt the job (device_plan.py)
                 "trials": {str(k): {**v, "seed": seeds[k]} for k, v in results.items()},
             },
         )

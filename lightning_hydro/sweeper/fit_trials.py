@@ -224,6 +224,8 @@ def _fit_fused(
         for tid, r in fused.results.items()
     }
     results.update(builder.failed)
+    if not trainer.is_global_zero:  # a further DDP rank: the same results, written by rank zero
+        return results
     if backend_cache is not None and use_cache and settings.backend == "auto":
         backend_cache.record(signature, (r.get("backend", "") for r in results.values()))
     if all(r["status"] != "running" for r in results.values()):

@@ -95,6 +95,7 @@ def probe_fusion(
     trainer_factory: TrainerFactory,
     steps: int = 5,
     backend: str = "vmap",
+    groups_per_device: int = 1,
 ) -> FusionProbe:
     """Measure memory and step time of ``trial_ids`` fused at B=1 and B=2.
 
@@ -102,25 +103,33 @@ def probe_fusion(
         build_module: builds the (seeded) module of a trial id.
         trial_ids: two trials of the partition (one if the partition has a single trial: it is built twice).
         datamodule: the partition's data.
-        trainer_factory: the app's Trainer settings; its ``accelerator`` is used for the probe.
+        trainer_factory: the app's Trainer settings; its ``accelerator`` and, if it names one GPU (``[i]``, as the
+            sweeper sets for a job it gave a GPU), its ``devices`` are used for the probe.
         steps: training steps per measurement (the first is excluded from the time).
         backend: the fusion backend measured, the same at B=1 and B=2 (not ``auto``, whose choice could
             differ between the two and spoil the extrapolation); ``loop`` for trials that use manual optimization.
+        groups_per_device: group jobs that share the GPU at once: each plans for its share of the memory, and no
+            more than is free (what other jobs hold counts: see
+            :func:`~lightning_hydro.fused.memory_probe.shared_capacity_bytes`).
     """
     from lightning_hydro.fused.memory_probe import device_capacity_bytes, measure_fused_step
 
-    accelerator = str(getattr(trainer_factory, "trainer_kwargs", {}).get("accelerator", "auto"))
+    trainer_kwargs = getattr(trainer_factory, "trainer_kwargs", {})
+    accelerator = str(trainer_kwargs.get("accelerator", "auto"))
+    devices = trainer_kwargs.get("devices")
+    one_gpu = list(devices) if isinstance(devices, list | tuple) and len(devices) == 1 else 1
     pair = list(trial_ids[:2]) if len(trial_ids) >= 2 else [trial_ids[0], trial_ids[0]]
     first = build_module(pair[0])
     if not first.automatic_optimization:  # manual optimization runs on the loop only (fused/manual_steps.py)
         backend = "loop"
-    measure = partial(measure_fused_step, datamodule=datamodule, steps=steps, backend=backend, accelerator=accelerator)
+    measure = partial(measure_fused_step, datamodule=datamodule, steps=steps, backend=backend, devices=one_gpu)
+    measure = partial(measure, accelerator=accelerator)
     one = measure([first])
     two = measure([build_module(t) for t in pair])
     return FusionProbe(
         memory_bytes=(one.peak_bytes, two.peak_bytes),
         step_seconds=(one.step_seconds, two.step_seconds),
-        capacity_bytes=device_capacity_bytes(one.device),
+        capacity_bytes=device_capacity_bytes(one.device, groups_per_device),
     )
 
 
@@ -132,11 +141,18 @@ def measure_fusion_limit(
     trainer_factory: TrainerFactory,
     safety_margin: float,
     max_limit: int,
+    groups_per_device: int = 1,
 ) -> tuple[int, FusionProbe]:
     """Probe the partition of ``trial_ids`` (:func:`probe_fusion`) and extrapolate its fusion limit.
 
     Returns:
         The limit and the measurements it was computed from.
     """
-    probe = probe_fusion(build_module, trial_ids, datamodule=datamodule, trainer_factory=trainer_factory)
+    probe = probe_fusion(
+        build_module,
+        trial_ids,
+        datamodule=datamodule,
+        trainer_factory=trainer_factory,
+        groups_per_device=groups_per_device,
+    )
     return fusion_limit_from_probe(probe, safety_margin=safety_margin, max_limit=max_limit), probe

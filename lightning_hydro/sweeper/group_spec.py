@@ -123,6 +123,8 @@ class GroupSpec:
         search: the group's part in the sweep-wide search (see
             :class:`~lightning_hydro.sweeper.group_search.GroupSearch`): its quota of trials, its partition and
             the sweep's sampler; empty when freed slots take only the group's planned trials.
+        launch: the Hydra overrides the job was launched with; a rank that Lightning's DDP re-launches runs the
+            job again with them (see :mod:`~lightning_hydro.sweeper.rank_relaunch`).
     """
 
     group_id: str
@@ -133,6 +135,7 @@ class GroupSpec:
     probe: dict[str, Any] = field(default_factory=dict)
     fused: dict[str, Any] = field(default_factory=dict)
     search: dict[str, Any] = field(default_factory=dict)
+    launch: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -150,6 +153,7 @@ class GroupSpec:
             probe=dict(data.get("probe", {})),
             fused=dict(data.get("fused", {})),
             search=dict(data.get("search", {})),
+            launch=tuple(data.get("launch", ())),
         )
 
 
@@ -163,13 +167,13 @@ def group_launch_overrides(group_id: str) -> list[str]:
     return [f"hydra.sweep.subdir={group_id}", f"++hydra.job.env_set.{GROUP_ENV}={group_id}"]
 
 
-def read_group_spec(sweep_dir: Path) -> GroupSpec | None:
-    """The spec of the group this job runs, or ``None`` outside a sweep group (a plain run).
+def read_group_spec(sweep_dir: Path, group_id: str | None = None) -> GroupSpec | None:
+    """The spec of ``group_id`` (default: the group this job runs), or ``None`` outside a sweep group (a plain run).
 
     Raises:
         FileNotFoundError: if the environment names a group whose spec file is missing.
     """
-    group_id = os.environ.get(GROUP_ENV)
+    group_id = group_id or os.environ.get(GROUP_ENV)
     if not group_id:
         return None
     path = spec_path(sweep_dir, group_id)

@@ -11,22 +11,32 @@ function, so joblib and submitit run it in their workers). In a group job it:
    overrides attached to the exception, and re-raises it;
 4. raises :class:`GroupResultMissing` if the task function returned without the group's results;
 5. on the rerun of an interrupted group, sets a top-level ``ckpt_path: null`` (lightning-hydra-template's
-   resume key) to the group's latest fused ``last.ckpt``, so that the task function resumes the group.
+   resume key) to the group's latest fused ``last.ckpt``, so that the task function resumes the group;
+6. where the sweeper dealt the job GPUs (:mod:`~lightning_hydro.sweeper.device_plan`) and the job runs on GPUs,
+   sets ``trainer.devices`` to them;
+7. runs the task function in a :func:`~lightning_hydro.sweeper.rank_relaunch.job_scope`: DDP ranks that Lightning
+   re-launches find their group, and the process is left without DDP's traces for the next job. Only global
+   rank zero checks that the results were written (it writes them).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightning_hydro.callbacks.callback_arguments import MonitorNotLoggedError
+from lightning_hydro.sweeper.app_config import TRAINER_KEY
+from lightning_hydro.sweeper.device_plan import assigned_trainer_devices
 from lightning_hydro.sweeper.group_model import built_groups, describe_trials, rewrite_model_node
 from lightning_hydro.sweeper.group_spec import RESULT_FILE, GroupSpec, job_dirs, read_group_spec
+from lightning_hydro.sweeper.rank_relaunch import job_scope
 
 __all__ = ["ERROR_FILE", "GroupResultMissing", "GroupTask", "SweepMetricNotLogged", "keys_concerned"]
 
@@ -54,14 +64,16 @@ class GroupTask:
         """Run the task function on ``cfg`` as the job of its sweep group (a plain call outside one)."""
         job_dir, sweep_dir = job_dirs()
         spec = read_group_spec(sweep_dir) if sweep_dir is not None else None
-        if spec is None:
+        if spec is None or sweep_dir is None:
             return self.task_function(cfg)
         (job_dir / ERROR_FILE).unlink(missing_ok=True)  # from an earlier attempt of this group
         try:
             rewrite_model_node(cfg)
             _resume_from_last_checkpoint(cfg, job_dir)
-            returned = self.task_function(cfg)
-            if not (job_dir / RESULT_FILE).is_file():
+            _use_assigned_devices(cfg, spec.group_id)
+            with job_scope(sweep_dir):
+                returned = self.task_function(cfg)
+            if rank_zero_only.rank == 0 and not (job_dir / RESULT_FILE).is_file():  # type: ignore[attr-defined]
                 raise GroupResultMissing(_missing_message(spec.group_id, built=spec.group_id in built_groups))
         except Exception as raised:
             err = _in_sweep_terms(raised, spec)
@@ -93,6 +105,21 @@ def _in_sweep_terms(err: Exception, spec: GroupSpec) -> Exception:
         "the module gives self.log, without '/trial_{id}') and re-run the same command (same hydra.sweep.dir): "
         "finished groups are kept."
     )
+
+
+def _use_assigned_devices(cfg: DictConfig, group_id: str) -> None:
+    """Set ``trainer.devices`` to the GPUs the sweeper dealt this job, if it runs on GPUs."""
+    import torch
+
+    block = assigned_trainer_devices(os.environ, torch.cuda.device_count())
+    if block is None:
+        return
+    if not isinstance(cfg.get(TRAINER_KEY), DictConfig):
+        log.warning("lightning_hydro: group %s was given GPUs %s; its config has no 'trainer' to set", group_id, block)
+        return
+    with open_dict(cfg):
+        cfg[TRAINER_KEY].devices = block
+    log.info("lightning_hydro: group %s runs on GPU(s) %s (trainer.devices)", group_id, block)
 
 
 def _resume_from_last_checkpoint(cfg: DictConfig, job_dir: Path) -> None:

@@ -83,6 +83,8 @@ class SweepSettings:
     plots: bool = True
     pad_widths: bool = True
     max_padding_overhead: float = 1.0
+    devices_per_group: int | None = None
+    groups_per_device: int = 1
 
     @property
     def continuous(self) -> bool:
@@ -110,6 +112,8 @@ class SweepSettings:
         plots: bool = True,
         pad_widths: bool = True,
         max_padding_overhead: float = 1.0,
+        devices_per_group: int | None = None,
+        groups_per_device: int = 1,
     ) -> SweepSettings:
         """Validate the fields of ``hydra.sweeper`` (plain values, dicts or DictConfigs).
 
@@ -152,6 +156,18 @@ class SweepSettings:
                 f"minus 1), got {max_padding_overhead!r}. Fix: e.g. hydra.sweeper.max_padding_overhead=1.0 "
                 "(a group may cost up to twice its trials at their own widths), or 0 to fuse only equal widths."
             )
+        for name, value, nullable in (
+            ("devices_per_group", devices_per_group, True),
+            ("groups_per_device", groups_per_device, False),
+        ):
+            if (value is None and not nullable) or (
+                value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1)
+            ):
+                raise ValueError(
+                    f"{_P}: hydra.sweeper.{name} must be an integer >= 1{' or null' if nullable else ''}, got "
+                    f"{value!r}. Fix: e.g. hydra.sweeper.devices_per_group=1 hydra.sweeper.groups_per_device=1 (one "
+                    "group job per GPU at a time)."
+                )
         if round_size is not None and round_size < 1:
             raise ValueError(f"{_P}: hydra.sweeper.round_size must be >= 1 or null, got {round_size}.")
         return cls(
@@ -172,12 +188,14 @@ class SweepSettings:
             plots=plots,
             pad_widths=pad_widths,
             max_padding_overhead=float(max_padding_overhead),
+            devices_per_group=devices_per_group,
+            groups_per_device=groups_per_device,
         )
 
     def request(self, search_space: Sequence[str]) -> dict[str, Any]:
-        """What defines the sweep for a resume: everything but ``metric``, ``mode``, ``retrain`` and ``plots``.
+        """What defines the sweep for a resume: all but ``metric``, ``mode``, ``retrain``, ``plots`` and devices.
 
-        Those only rank, retrain and draw finished trials, so a resume may change them.
+        Those only rank, retrain and draw finished trials, or place the jobs, so a resume may change them.
         """
         return {
             "sampler": self.sampler,

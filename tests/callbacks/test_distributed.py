@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -54,3 +55,32 @@ def test_two_ranks_stop_together_on_rank_zeros_decision(tmp_path):
     assert ranks[0]["reason"].startswith("ASHA rung 0 (budget 1): val_loss")
     records = open_store(storage).records()
     assert [(r.trial_id, r.milestone) for r in records].count(("ddp", 1)) == 1  # reported once, by rank zero
+
+
+class FailingRule(ASHA):
+    def _judge(self, reports, *, together):
+        raise ValueError("the rung store is unreachable")
+
+
+def fake_trainer(rank: int, received=None):
+    broadcasts = []
+
+    def broadcast(obj, src=0):
+        broadcasts.append(obj)
+        return obj if received is None else received
+
+    strategy = SimpleNamespace(broadcast=broadcast)
+    return SimpleNamespace(world_size=2, is_global_zero=rank == 0, strategy=strategy), broadcasts
+
+
+def test_a_decision_failing_on_rank_zero_is_raised_on_every_rank_not_waited_for():
+    callback = FailingRule("val_loss")
+    trainer, sent = fake_trainer(0)
+    with pytest.raises(ValueError, match="the rung store is unreachable"):
+        callback._on_rank_zero(trainer, lambda: callback._judge([], together=True))
+    assert sent == [(None, "ValueError: the rung store is unreachable")]  # the other ranks hear of it
+    other, _ = fake_trainer(1, received=sent[0])
+    with pytest.raises(RuntimeError, match=r"FailingRule: the decision on rank 0 failed \(ValueError: the rung store"):
+        callback._on_rank_zero(other, lambda: pytest.fail("rank 1 does not decide"))
+    ok, _ = fake_trainer(1, received=([3], None))
+    assert callback._on_rank_zero(ok, lambda: pytest.fail("rank 1 does not decide")) == [3]

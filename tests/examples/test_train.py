@@ -11,6 +11,7 @@ from tests.helpers import wait_for_file
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [
+    "trainer.accelerator=cpu",  # conf/train.yaml follows the machine (auto); these tests time and compare on the CPU
     "model.hidden_dim=8",
     "trainer.max_epochs=1",
     "+trainer.limit_train_batches=2",

@@ -73,3 +73,56 @@ def test_the_epoch_so_far_is_read_without_ending_the_epoch():
     assert metrics.epoch_so_far("train") == {0: {"loss": 2.0}, 1: {"loss": 4.0}}
     assert metrics.finish_epoch("train") == {0: {"loss": 2.0}, 1: {"loss": 4.0}}
     assert metrics.epoch_so_far("train") == {}
+
+
+def two_ranks(other_rank: dict[str, torch.Tensor]):
+    """A reducer as two DDP ranks would see it: this rank's tensor combined with the other rank's."""
+    ops = {"sum": torch.add, "mean": lambda a, b: (a + b) / 2, "max": torch.maximum, "min": torch.minimum}
+
+    def reduce(values, op):
+        key = "pairs" if values.dim() == 2 else "values"
+        return ops[op](values, other_rank[key].to(values.dtype))
+
+    return reduce
+
+
+def test_sync_dist_epoch_mean_covers_both_ranks_data_weighted_by_batch_size():
+    metrics = TrialMetrics()
+    opts = resolve_options("validation_step", {"sync_dist": True})
+    assert opts.sync_dist
+    metrics.record("validate", "val_loss", torch.tensor([1.0, 4.0]), opts, trial_ids=[0, 1], batch_size=30)
+    # the other rank saw 10 examples of each trial, with means 3.0 and 8.0
+    metrics.reduce = two_ranks({"pairs": torch.tensor([[3.0 * 10, 10.0], [8.0 * 10, 10.0]])})
+    assert metrics.finish_epoch("validate") == {
+        0: {"val_loss": pytest.approx((1.0 * 30 + 3.0 * 10) / 40)},
+        1: {"val_loss": pytest.approx((4.0 * 30 + 8.0 * 10) / 40)},
+    }
+    assert not metrics.unsynced
+
+
+def test_without_sync_dist_each_rank_keeps_its_own_value_and_the_name_is_noted():
+    metrics = TrialMetrics()
+    metrics.reduce = two_ranks({})  # never called
+    metrics.record("validate", "val_acc", torch.tensor([0.5]), resolve_options("validation_step", {}), trial_ids=[0])
+    assert metrics.finish_epoch("validate") == {0: {"val_acc": 0.5}}
+    assert metrics.unsynced == {"val_acc"}
+
+
+def test_sync_dist_step_values_are_reduced_when_logged_and_max_reduces_by_max():
+    metrics = TrialMetrics()
+    opts = resolve_options("training_step", {"sync_dist": True, "on_epoch": True, "reduce_fx": "max"})
+    metrics.reduce = two_ranks({"values": torch.tensor([5.0, 0.0])})  # the other rank's values (step and epoch)
+    metrics.record("train", "grad", torch.tensor([1.0, 2.0]), opts, trial_ids=[0, 1], batch_size=4)
+    assert metrics.step_values() == {0: {"grad_step": 5.0}, 1: {"grad_step": 2.0}}
+    metrics.record("train", "grad", torch.tensor([0.5, 3.0]), opts, trial_ids=[0, 1], batch_size=4)
+    assert metrics.finish_epoch("train") == {0: {"grad": 5.0}, 1: {"grad": 3.0}}
+
+
+def test_sync_dist_values_from_epoch_hooks_are_reduced_too():
+    metrics = TrialMetrics()
+    metrics.reduce = two_ranks({"values": torch.tensor([0.25, 1.0])})
+    opts = resolve_options("on_validation_epoch_end", {"sync_dist": True})
+    metrics.record_epoch_value("validate", "acc_best", {3: 0.75}, opts)
+    metrics.record_epoch_value("validate", "acc_best", {5: 0.5}, opts)
+    metrics.record_epoch_value("validate", "own", {3: 9.0})
+    assert metrics.finish_epoch("validate") == {3: {"acc_best": 0.5, "own": 9.0}, 5: {"acc_best": 0.75}}

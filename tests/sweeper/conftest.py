@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "train.py"
 # Train for seconds: a narrow MLP, two batches per epoch.
 TINY = [
+    "trainer.accelerator=cpu",  # conf/train.yaml follows the machine (auto); these tests time and compare on the CPU
     "hydra.sweeper.scheduler.name=none",  # the plumbing; early stopping has tests of its own
     "trainer.max_epochs=1",
     "model.hidden_dim=8",

@@ -117,3 +117,22 @@ def test_a_searched_key_that_changes_more_than_sizes_is_not_told_of_padding(tmp_
     messages = [line for line in written.splitlines() if "ArchitectureMismatchError:" in line]
     assert messages
     assert not any("pad_widths" in line for line in messages)  # padding would not fuse them: not suggested
+
+
+def test_a_job_dealt_a_gpu_trains_on_it(monkeypatch):
+    import torch
+    from omegaconf import OmegaConf
+
+    from lightning_hydro.sweeper.device_plan import DEVICES_ENV
+    from lightning_hydro.sweeper.group_task import _use_assigned_devices
+
+    cfg = OmegaConf.create({"trainer": {"accelerator": "auto", "devices": "auto"}})
+    OmegaConf.set_struct(cfg, True)
+    monkeypatch.setenv(DEVICES_ENV, "2")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)  # a faked 4-GPU node
+    _use_assigned_devices(cfg, "group_0002")
+    assert cfg.trainer.devices == [2]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # a job without GPUs keeps its trainer
+    cpu = OmegaConf.create({"trainer": {"devices": 1}})
+    _use_assigned_devices(cpu, "group_0002")
+    assert cpu.trainer.devices == 1

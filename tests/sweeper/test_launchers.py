@@ -111,3 +111,29 @@ def test_ray_launcher_jobs_share_the_sweeps_rung_store_and_sampler(tmp_path):
         900,
     )
     check_one_search(tmp_path, 12)
+
+
+def test_joblib_jobs_on_a_gpu_node_get_one_gpu_each_never_two_at_once(tmp_path, monkeypatch, caplog):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("fakes a 2-GPU node on a machine without GPUs (the jobs train on the CPU)")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # what the sweeper deals GPUs by
+    args = [a for a in TWO_GROUPS if a not in ("-m", "model.lr=0.1,0.2", "data.batch_size=32,64")]
+    args += ["data.batch_size=16,32,64,128", "trainer.accelerator=auto", "trainer.devices=auto"]  # devices: all GPUs
+    with caplog.at_level("INFO"):
+        run_sweep(tmp_path, [*args, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"])
+    assert "2 GPU(s) in 2 block(s) of 1, at most 1 group job(s) per block at a time" in caplog.text
+    results = {g: json.loads((tmp_path / g / "group_result.json").read_text()) for g in GROUPS_OF_FOUR}
+    # the first job alone, then launches of two (one per GPU): never two jobs on one GPU at once
+    assert {g: r["devices"] for g, r in results.items()} == {
+        "group_0000": "0",
+        "group_0001": "0",
+        "group_0002": "1",
+        "group_0003": "0",
+    }
+    assert all(t["status"] == "completed" for t in read_results(tmp_path)["trials"])
+
+
+GROUPS_OF_FOUR = ("group_0000", "group_0001", "group_0002", "group_0003")
