@@ -1,0 +1,116 @@
+"""The trial rules installed in ``torch.nn.functional`` while a fused vmap step runs, and only then.
+
+Why patch ``torch.nn.functional``: the ops that vmap batches badly (see :mod:`.attention`,
+:mod:`.normalization`, :mod:`.autocast_policy`) are reached through it by user code (``F.layer_norm(...)``)
+and by torch's own modules, whose Python code looks the function up in that module at call time
+(``nn.Linear`` calls ``F.linear``, ``nn.MultiheadAttention`` calls ``scaled_dot_product_attention`` from
+inside ``F.multi_head_attention_forward``). A ``TorchFunctionMode`` would see the user's calls but not the
+calls inside ``F.multi_head_attention_forward`` (a mode is switched off while it handles a call), and it
+would add a Python call to every op of the step.
+
+What it changes: inside :func:`trial_functional` each listed function is replaced by a wrapper that calls the
+original unchanged unless one of its tensor arguments is mapped over by vmap; so any other code running
+meanwhile (another thread, a fused operator's own calls, the verification of the first batch) computes
+exactly as before. The originals are put back when the outermost :func:`trial_functional` exits, however
+it exits. Code that imported a function by name (``from torch.nn.functional import linear``) keeps the
+original: there vmap's own batching runs, as without these rules.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch.nn.functional as F
+
+from lightning_hydro.backends.trial_ops.attention import attention_rule
+from lightning_hydro.backends.trial_ops.autocast_policy import autocast_policy, cast_for_autocast
+from lightning_hydro.backends.trial_ops.batching import any_batched
+from lightning_hydro.backends.trial_ops.normalization import batch_norm_rule, group_norm_rule, layer_norm_rule
+from lightning_hydro.backends.trial_ops.projection import convolution_rule, linear_rule
+
+__all__ = ["RULES", "trial_functional", "wrap_with_rule"]
+
+Rule = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+
+# torch.nn.functional's name -> the rule that runs it for every trial (None: only autocast's cast policy)
+RULES: dict[str, Rule | None] = {
+    "scaled_dot_product_attention": attention_rule,
+    "batch_norm": batch_norm_rule,
+    "group_norm": group_norm_rule,
+    "layer_norm": layer_norm_rule,
+    "linear": linear_rule,
+    "conv1d": convolution_rule,
+    "conv2d": convolution_rule,
+    "conv3d": convolution_rule,
+}
+for _device in ("cpu", "cuda"):
+    for _name in dir(F):
+        if autocast_policy(_name, _device) is not None:
+            RULES.setdefault(_name, None)
+
+_lock = threading.Lock()
+_depth = 0
+_originals: dict[str, Callable[..., Any]] = {}
+
+
+def wrap_with_rule(name: str, original: Callable[..., Any], rule: Rule | None) -> Callable[..., Any]:
+    """``original``, run by ``rule`` (after autocast's cast policy) when an argument is mapped over by vmap.
+
+    Example::
+
+        >>> import torch
+        >>> from torch.func import vmap
+        >>> layer_norm = wrap_with_rule("layer_norm", F.layer_norm, RULES["layer_norm"])
+        >>> x, weight = torch.randn(4, 3), torch.randn(2, 3)
+        >>> out = vmap(lambda w: layer_norm(x, (3,), w))(weight)
+        >>> torch.allclose(out[1], F.layer_norm(x, (3,), weight[1]), atol=1e-6)
+        True
+    """
+
+    @functools.wraps(original)
+    def run_for_trials(*args: Any, **kwargs: Any) -> Any:
+        if not any_batched(args, kwargs):
+            return original(*args, **kwargs)
+        args, kwargs = cast_for_autocast(name, args, kwargs)
+        if rule is None:
+            return original(*args, **kwargs)
+        return rule(original, args, kwargs)
+
+    run_for_trials.__lightning_hydro_original__ = original  # type: ignore[attr-defined]
+    return run_for_trials
+
+
+@contextmanager
+def trial_functional() -> Iterator[None]:
+    """Install the trial rules in ``torch.nn.functional`` for the duration (re-entrant, thread-safe).
+
+    Example::
+
+        >>> original = F.layer_norm
+        >>> with trial_functional():
+        ...     F.layer_norm is original
+        False
+        >>> F.layer_norm is original
+        True
+    """
+    global _depth
+    with _lock:
+        if _depth == 0:
+            for name, rule in RULES.items():
+                original = getattr(F, name)
+                _originals[name] = original
+                setattr(F, name, wrap_with_rule(name, original, rule))
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0:
+                for name, original in _originals.items():
+                    setattr(F, name, original)
+                _originals.clear()

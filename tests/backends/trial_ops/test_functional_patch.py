@@ -1,0 +1,58 @@
+"""The trial rules live in torch.nn.functional only while a fused vmap step runs (issue 20, item 1)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import vmap
+
+from lightning_hydro.backends.trial_ops.functional_patch import RULES, trial_functional
+
+
+def originals() -> dict[str, object]:
+    return {name: getattr(F, name) for name in RULES}
+
+
+def test_the_rules_are_installed_inside_and_the_originals_restored_after():
+    before = originals()
+    with trial_functional():
+        inside = originals()
+        assert all(inside[name] is not before[name] for name in RULES)
+        assert all(inside[name].__lightning_hydro_original__ is before[name] for name in RULES)
+    assert originals() == before
+
+
+def test_the_originals_come_back_when_the_step_raises():
+    before = originals()
+    with pytest.raises(ZeroDivisionError), trial_functional():
+        1 / 0  # noqa: B018
+    assert originals() == before
+
+
+def test_nested_steps_restore_the_originals_once_the_outermost_exits():
+    before = originals()
+    with trial_functional():
+        installed = originals()
+        with trial_functional():
+            assert originals() == installed
+        assert originals() == installed  # the inner exit leaves the outer step's rules in place
+    assert originals() == before
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_calls_on_tensors_that_vmap_does_not_map_are_the_original_calls(dtype):
+    x, w, b = torch.randn(4, 6, dtype=dtype), torch.randn(6, dtype=dtype), torch.randn(6, dtype=dtype)
+    expected = F.layer_norm(x, (6,), w, b), F.linear(x, w.expand(3, 6), b[:3])
+    with trial_functional():
+        got = F.layer_norm(x, (6,), w, b), F.linear(x, w.expand(3, 6), b[:3])
+    for g, e in zip(got, expected):
+        assert torch.equal(g, e)
+
+
+def test_a_mapped_call_still_reaches_torch_where_no_rule_applies():
+    # a weight shared by all trials: vmap's own batching calls linear on the stacked input
+    x, w = torch.randn(3, 4, 6), torch.randn(5, 6)
+    with trial_functional():
+        out = vmap(lambda row: F.linear(row, w))(x)
+    torch.testing.assert_close(out, x @ w.T)
