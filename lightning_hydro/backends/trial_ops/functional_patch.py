@@ -13,7 +13,9 @@ original unchanged unless one of its tensor arguments is mapped over by vmap; so
 meanwhile (another thread, a fused operator's own calls, the verification of the first batch) computes
 exactly as before. The originals are put back when the outermost :func:`trial_functional` exits, however
 it exits. Code that imported a function by name (``from torch.nn.functional import linear``) keeps the
-original: there vmap's own batching runs, as without these rules.
+original: there vmap's own batching runs, as without these rules. So does a step under ``torch.compile``
+(``compile=True``): dynamo traces an autograd Function's ``forward``, not the vmap rule that the rules are
+made of, so the wrappers hand compiled code to the originals.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 
 from lightning_hydro.backends.trial_ops.attention import attention_rule
@@ -73,7 +76,8 @@ def wrap_with_rule(name: str, original: Callable[..., Any], rule: Rule | None) -
 
     @functools.wraps(original)
     def run_for_trials(*args: Any, **kwargs: Any) -> Any:
-        if not any_batched(args, kwargs):
+        # torch.compile traces an autograd Function's forward, not its vmap rule: compiled, vmap batches alone
+        if torch.compiler.is_compiling() or not any_batched(args, kwargs):
             return original(*args, **kwargs)
         args, kwargs = cast_for_autocast(name, args, kwargs)
         if rule is None:
