@@ -117,7 +117,7 @@ def test_grouped_query_attention_is_folded():
 def test_all_trials_attend_in_one_kernel_call_of_the_kernel_an_unfused_call_uses():
     tensors = qkv()
     step = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-    fused, alone = fused_and_alone(step, tensors, (0, 0, 0))
+    fused, _alone = fused_and_alone(step, tensors, (0, 0, 0))
     unfused_kernel = attention_nodes(F.scaled_dot_product_attention(*(t[0] for t in tensors), is_causal=True))
     assert len(unfused_kernel) == 1
     assert attention_nodes(fused) == unfused_kernel  # one call, the same kernel, for every trial
@@ -155,12 +155,14 @@ def identical_trials_with_dropout(randomness: str) -> Tensor:
 
 def test_attention_dropout_draws_independently_per_trial():
     out = identical_trials_with_dropout("different")
-    assert not torch.equal(out[0], out[1]) and not torch.equal(out[1], out[2])
+    assert not torch.equal(out[0], out[1])
+    assert not torch.equal(out[1], out[2])
 
 
 def test_attention_dropout_under_randomness_same_draws_one_mask_for_all_trials():
     out = identical_trials_with_dropout("same")
-    assert torch.equal(out[0], out[1]) and torch.equal(out[1], out[2])
+    assert torch.equal(out[0], out[1])
+    assert torch.equal(out[1], out[2])
 
 
 def test_attention_dropout_under_randomness_error_raises_as_vmap_does():
