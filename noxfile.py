@@ -3,6 +3,7 @@ torch alone is several GB, so a fresh virtualenv per session would cost minutes 
 
     nox -s lint typecheck tests      # what CI runs
     nox -s slow                      # long tests: whole models, real multi-process sweeps, submitit's local mode
+    nox -s gpu                       # tests that need a CUDA device (pytest -m gpu)
     nox -s examples                  # every example, end to end
     nox -s bench                     # every benchmark (long); `nox -s bench -- fusion` runs the matching ones
 """
@@ -65,6 +66,13 @@ def tests(session: nox.Session) -> None:
 def slow(session: nox.Session) -> None:
     """Long-running tests: whole-model exactness, ResNet-18 fused, DDP ranks, submitit's local launcher."""
     session.run("pytest", "-m", "slow", *session.posargs)
+
+
+@nox.session
+def gpu(session: nox.Session) -> None:
+    """Tests that need a CUDA device (skipped without one): attention kernels, precisions, exactness, compile,
+    checkpoints across devices, host syncs. Not part of CI, which has no GPU."""
+    session.run("pytest", "-m", "gpu", "-p", "no:cacheprovider", *session.posargs)
 
 
 @nox.session

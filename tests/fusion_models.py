@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsDataModule
-from tests.helpers import make_trainer
+from tests.helpers import make_trainer, max_state_difference
 
 Norm = Literal["batch", "group", "layer"]
 
@@ -106,9 +106,9 @@ class AttentionLM(L.LightningModule):
     """A one-block causal language model; ``kind`` picks how the block attends.
 
     ``mha``: nn.MultiheadAttention (need_weights=False, a causal mask); ``encoder_mask`` / ``encoder_is_causal``:
-    nn.TransformerEncoderLayer with a causal ``src_mask`` (and ``is_causal=True``); ``sdpa_*``: a hand-written
-    block calling ``F.scaled_dot_product_attention`` with an additive float mask (causal, with a distance
-    penalty), a boolean causal mask, or ``is_causal=True``.
+    ``layers`` nn.TransformerEncoderLayers in an nn.TransformerEncoder with a causal ``mask`` (and
+    ``is_causal=True``); ``sdpa_*``: a hand-written block calling ``F.scaled_dot_product_attention`` with an
+    additive float mask (causal, with a distance penalty), a boolean causal mask, or ``is_causal=True``.
     """
 
     def __init__(
@@ -119,15 +119,15 @@ class AttentionLM(L.LightningModule):
         heads: int = 4,
         vocab: int = 20,
         dropout: float = 0.0,
+        layers: int = 1,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.embed = nn.Embedding(vocab, d_model)
         self.pos = nn.Parameter(torch.randn(32, d_model) * 0.02)
         if kind.startswith("encoder"):
-            self.block: nn.Module = nn.TransformerEncoderLayer(
-                d_model, heads, 2 * d_model, dropout=dropout, batch_first=True, norm_first=True
-            )
+            layer = nn.TransformerEncoderLayer(d_model, heads, 2 * d_model, dropout=dropout, batch_first=True)
+            self.block: nn.Module = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         elif kind == "mha":
             self.block = nn.MultiheadAttention(d_model, heads, dropout=dropout, batch_first=True)
         else:
@@ -144,9 +144,9 @@ class AttentionLM(L.LightningModule):
         if kind == "mha":
             h = h + self.block(h, h, h, attn_mask=causal, need_weights=False, is_causal=True)[0]
         elif kind == "encoder_mask":
-            h = self.block(h, src_mask=causal)
+            h = self.block(h, mask=causal)
         elif kind == "encoder_is_causal":
-            h = self.block(h, src_mask=causal, is_causal=True)
+            h = self.block(h, mask=causal, is_causal=True)
         else:
             q, k, v = (z.reshape(n, t, heads, -1).transpose(1, 2) for z in self.block(h).chunk(3, dim=-1))
             mask: Tensor | None = None
@@ -218,3 +218,59 @@ def fused_and_separate_first_gradients(
     fused_module = FusedLightningModule([copy.deepcopy(m) for m in trials], backend=backend, summary=False)
     fused = first_step_gradients(fused_module, fit, **trainer_kwargs)
     return [relative_gradient_error(fused, row, grads) for row, grads in enumerate(alone)]
+
+
+def norm_trials(norm: Norm) -> list[NormNet]:
+    """Two NormNet trials that differ in seed and learning rate."""
+    modules = []
+    for seed, lr in enumerate((0.05, 0.1)):
+        torch.manual_seed(seed)
+        modules.append(NormNet(norm, lr=lr))
+    return modules
+
+
+def fit_norm_net(
+    module: L.LightningModule, precision: str, steps: int, order: int | None = None, **trainer_kwargs: Any
+) -> L.LightningModule:
+    """``steps`` steps on the digits at ``precision`` (``order``: the samples of each batch in another order)."""
+    torch.manual_seed(1234)
+    data = DigitsDataModule(batch_size=64) if order is None else PermutedDigits(order, batch_size=64)
+    trainer = make_trainer(max_steps=steps, limit_val_batches=0, precision=precision, **trainer_kwargs)
+    trainer.fit(module, datamodule=data)
+    return module.cpu()
+
+
+def alone_and_spread(
+    norm: Norm, precision: str, steps: int, orders: tuple[int, ...], **trainer_kwargs: Any
+) -> tuple[list[L.LightningModule], float]:
+    """Each trial trained alone, and the precision's spread on it.
+
+    The spread is the largest difference (:func:`~tests.helpers.max_state_difference`) between a trial trained
+    alone and the same trial trained alone with the samples of every batch in another order, over ``orders``.
+    """
+    separate = [fit_norm_net(copy.deepcopy(m), precision, steps, **trainer_kwargs) for m in norm_trials(norm)]
+    spread = max(
+        max_state_difference(fit_norm_net(copy.deepcopy(m), precision, steps, order, **trainer_kwargs), own)
+        for order in orders
+        for m, own in zip(norm_trials(norm), separate)
+    )
+    return separate, spread
+
+
+def token_loader(order: int | None = None, batch_size: int = 16) -> DataLoader:
+    """:func:`attention_tokens` in batches; ``order``: the samples of each batch in another (seeded) order."""
+    if order is None:
+        return DataLoader(attention_tokens(), batch_size=batch_size)
+    generator = torch.Generator().manual_seed(order)
+
+    def permuted(samples: list[Any]) -> Any:
+        return default_collate([samples[i] for i in torch.randperm(len(samples), generator=generator).tolist()])
+
+    return DataLoader(attention_tokens(), batch_size=batch_size, collate_fn=permuted)
+
+
+def gradient_difference(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
+    """``||a - b|| / ||b||`` over all of two unfused runs' first-step gradients at once."""
+    first = torch.cat([a[name].flatten().double() for name in b])
+    second = torch.cat([g.flatten().double() for g in b.values()])
+    return float((first - second).norm() / second.norm())

@@ -16,14 +16,11 @@ from __future__ import annotations
 import copy
 import functools
 
-import lightning as L
 import pytest
-import torch
 
 from lightning_hydro import FusedLightningModule
-from lightning_hydro.demos import DigitsDataModule
-from tests.fusion_models import NormNet, PermutedDigits
-from tests.helpers import make_trainer, max_state_difference
+from tests.fusion_models import Norm, alone_and_spread, fit_norm_net, norm_trials
+from tests.helpers import max_state_difference
 
 PRECISIONS = ["bf16-mixed", "bf16-true", "16-true"]
 NORMS = ["batch", "group", "layer"]
@@ -31,31 +28,9 @@ STEPS = 3
 ORDERS = (1, 2)
 
 
-def trials(norm: str) -> list[NormNet]:
-    modules = []
-    for seed, lr in enumerate((0.05, 0.1)):
-        torch.manual_seed(seed)
-        modules.append(NormNet(norm, lr=lr))  # type: ignore[arg-type]
-    return modules
-
-
-def fit(module: L.LightningModule, precision: str, order: int | None = None) -> L.LightningModule:
-    torch.manual_seed(1234)
-    data = DigitsDataModule(batch_size=64) if order is None else PermutedDigits(order, batch_size=64)
-    make_trainer(max_steps=STEPS, limit_val_batches=0, precision=precision).fit(module, datamodule=data)
-    return module
-
-
 @functools.cache
-def alone(norm: str, precision: str) -> tuple[list[L.LightningModule], float]:
-    """Each trial trained alone, and the precision's spread: the largest difference across sample orders."""
-    separate = [fit(copy.deepcopy(m), precision) for m in trials(norm)]
-    spread = max(
-        max_state_difference(fit(copy.deepcopy(m), precision, order), own)
-        for order in ORDERS
-        for m, own in zip(trials(norm), separate)
-    )
-    return separate, spread
+def alone(norm: Norm, precision: str) -> tuple[list, float]:
+    return alone_and_spread(norm, precision, STEPS, ORDERS)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -64,9 +39,9 @@ def alone(norm: str, precision: str) -> tuple[list[L.LightningModule], float]:
 def test_fused_trials_equal_trials_alone_within_the_precisions_spread(backend, norm, precision):
     separate, spread = alone(norm, precision)
     fused = FusedLightningModule(
-        [copy.deepcopy(m) for m in trials(norm)], backend=backend, optimizer_path="universal", summary=False
+        [copy.deepcopy(m) for m in norm_trials(norm)], backend=backend, optimizer_path="universal", summary=False
     )
-    fit(fused, precision)
+    fit_norm_net(fused, precision, STEPS)
     differences = [max_state_difference(fused.unfuse(tid), own) for tid, own in enumerate(separate)]
     print(f"{precision} {norm} on {backend}: fused vs alone {differences}, spread {spread:.3e}")
     assert all(fused.results[tid]["steps"] == STEPS for tid in (0, 1))
@@ -77,7 +52,9 @@ def test_fused_trials_equal_trials_alone_within_the_precisions_spread(backend, n
 
 def test_auto_under_bf16_mixed_runs_a_batchnorm_group_within_the_spread():
     separate, spread = alone("batch", "bf16-mixed")
-    fused = FusedLightningModule([copy.deepcopy(m) for m in trials("batch")], optimizer_path="universal", summary=False)
-    fit(fused, "bf16-mixed")
+    fused = FusedLightningModule(
+        [copy.deepcopy(m) for m in norm_trials("batch")], optimizer_path="universal", summary=False
+    )
+    fit_norm_net(fused, "bf16-mixed", STEPS)
     assert "skipped" not in fused.backend_report  # every backend runs it; auto picked the fastest
     assert max(max_state_difference(fused.unfuse(tid), own) for tid, own in enumerate(separate)) <= spread
