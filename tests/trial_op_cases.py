@@ -18,7 +18,9 @@ from torch.func import vmap
 from lightning_hydro.backends.trial_ops.functional_patch import trial_functional
 
 TRIALS = 3
-PRECISIONS = ["float32", "bf16-autocast", "bfloat16", "float16"]
+# bf16-autocast: float32 tensors under autocast; bf16-autocast, bf16 input: the same, but the op's input comes in
+# bfloat16, as an activation does from the op before it under bf16-mixed (parameters and statistics stay float32)
+PRECISIONS = ["float32", "bf16-autocast", "bf16-autocast, bf16 input", "bfloat16", "float16"]
 
 
 def r(*shape: int) -> Tensor:
@@ -102,6 +104,8 @@ def in_precision(tensors: list[Tensor], precision: str, device: str) -> tuple[li
     tensors = [t.to(device) for t in tensors]
     if precision == "bf16-autocast":
         return tensors, torch.autocast(device, dtype=torch.bfloat16)
+    if precision == "bf16-autocast, bf16 input":
+        return [tensors[0].bfloat16(), *tensors[1:]], torch.autocast(device, dtype=torch.bfloat16)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[precision]
     return [t.to(dtype) for t in tensors], nullcontext()
 
