@@ -35,7 +35,7 @@ from lightning_hydro.backends.trial_ops.batching import any_batched
 from lightning_hydro.backends.trial_ops.normalization import batch_norm_rule, group_norm_rule, layer_norm_rule
 from lightning_hydro.backends.trial_ops.projection import convolution_rule, linear_rule
 
-__all__ = ["RULES", "trial_functional", "wrap_with_rule"]
+__all__ = ["ALWAYS", "RULES", "reduced_precision", "trial_functional", "wrap_with_rule"]
 
 Rule = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 
@@ -50,6 +50,11 @@ RULES: dict[str, Rule | None] = {
     "conv2d": convolution_rule,
     "conv3d": convolution_rule,
 }
+# Rules needed in float32 too (attention: torch's batching picks kernels that fail on CUDA). The others change
+# float32 results by rounding only, and each call of a rule costs a fixed Python overhead (an autograd Function
+# under vmap: ~0.2-0.5 ms per call on the test machine's CPU, benchmarks/trial_rules.py), so in plain float32
+# vmap's own batching runs them; in half or mixed precision their rules run.
+ALWAYS = frozenset({"scaled_dot_product_attention"})
 for _device in ("cpu", "cuda"):
     for _name in dir(F):
         if autocast_policy(_name, _device) is not None:
@@ -60,6 +65,21 @@ _depth = 0
 _originals: dict[str, Callable[..., Any]] = {}
 
 
+def reduced_precision(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a call computes in half precision: a float16/bfloat16 tensor argument, or autocast on its device.
+
+    Example::
+
+        >>> import torch
+        >>> reduced_precision((torch.ones(2),), {}), reduced_precision((torch.ones(2, dtype=torch.bfloat16),), {})
+        (False, True)
+    """
+    tensors = [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
+    if any(t.dtype in (torch.float16, torch.bfloat16) for t in tensors):
+        return True
+    return bool(tensors) and torch.is_autocast_enabled(tensors[0].device.type)
+
+
 def wrap_with_rule(name: str, original: Callable[..., Any], rule: Rule | None) -> Callable[..., Any]:
     """``original``, run by ``rule`` (after autocast's cast policy) when an argument is mapped over by vmap.
 
@@ -68,11 +88,12 @@ def wrap_with_rule(name: str, original: Callable[..., Any], rule: Rule | None) -
         >>> import torch
         >>> from torch.func import vmap
         >>> layer_norm = wrap_with_rule("layer_norm", F.layer_norm, RULES["layer_norm"])
-        >>> x, weight = torch.randn(4, 3), torch.randn(2, 3)
+        >>> x, weight = torch.randn(4, 3, dtype=torch.bfloat16), torch.randn(2, 3)  # mixed precision
         >>> out = vmap(lambda w: layer_norm(x, (3,), w))(weight)
-        >>> torch.allclose(out[1], F.layer_norm(x, (3,), weight[1]), atol=1e-6)
-        True
+        >>> out.dtype, torch.equal(out[1], F.layer_norm(x, (3,), weight[1]))
+        (torch.bfloat16, True)
     """
+    always = name in ALWAYS
 
     @functools.wraps(original)
     def run_for_trials(*args: Any, **kwargs: Any) -> Any:
@@ -80,7 +101,7 @@ def wrap_with_rule(name: str, original: Callable[..., Any], rule: Rule | None) -
         if torch.compiler.is_compiling() or not any_batched(args, kwargs):
             return original(*args, **kwargs)
         args, kwargs = cast_for_autocast(name, args, kwargs)
-        if rule is None:
+        if rule is None or not (always or reduced_precision(args, kwargs)):
             return original(*args, **kwargs)
         return rule(original, args, kwargs)
 

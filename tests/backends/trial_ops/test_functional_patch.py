@@ -56,3 +56,17 @@ def test_a_mapped_call_still_reaches_torch_where_no_rule_applies():
     with trial_functional():
         out = vmap(lambda row: F.linear(row, w))(x)
     torch.testing.assert_close(out, x @ w.T)
+
+
+def test_in_float32_only_attention_runs_by_its_rule(monkeypatch):
+    from lightning_hydro.backends.trial_ops import projection
+
+    calls = []
+    monkeypatch.setattr(projection, "FoldedLinear", type("Spy", (), {"apply": lambda *a: calls.append(a) or 1 / 0}))
+    x, w = torch.randn(4, 6), torch.randn(3, 5, 6)
+    with trial_functional():
+        vmap(lambda w: F.linear(x, w))(w)  # float32: vmap's own batching (rounding apart, no rule overhead)
+        assert calls == []
+        with pytest.raises(ZeroDivisionError):  # half precision: the rule (one kernel call, bias inside)
+            vmap(lambda w: F.linear(x.bfloat16(), w))(w.bfloat16())
+    assert len(calls) == 1
