@@ -42,6 +42,10 @@ BENCHMARKS = {
         ["python", "benchmarks/width_padding.py", "--repeats", "2", "--model", "tensors"],
     ],
     "first_batch_check": [["python", "benchmarks/first_batch_check.py"]],
+    "trial_rules": [
+        ["python", "benchmarks/trial_rules.py"],
+        ["python", "benchmarks/trial_rules.py", "--precision", "bf16-mixed"],
+    ],
 }
 
 
