@@ -3,7 +3,8 @@
 The rules (``lightning_hydro/backends/trial_ops/``) replace vmap's batching of attention, normalisation, linear
 layers and convolutions while a fused step runs. This times one forward+backward of the vmap backend on the
 first batch, B trials, with the rules installed (as the backend runs) and with the rules switched off (vmap's
-own batching, as before issue 20), alternating, after warm-up; the median of ``--repeats`` rounds. Models: the
+own batching, as before issue 20), and the loop backend (each trial's own step, the arithmetic the rules
+reproduce), alternating, after warm-up; the median of ``--repeats`` rounds. Models: the
 digits MLP, a BatchNorm CNN, and a causal Transformer block (``nn.TransformerEncoderLayer``, d_model 64).
 
     python benchmarks/trial_rules.py --trials 8 --repeats 15
@@ -26,7 +27,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' model zoo
 
-from lightning_hydro.backends import vmap_backend
+from lightning_hydro.backends import LoopBackend, vmap_backend
+from lightning_hydro.backends.base import Backend
 from lightning_hydro.backends.vmap_backend import VmapBackend
 from lightning_hydro.demos import DigitsMLP
 from lightning_hydro.stacking.stacked_state import StackedState
@@ -49,7 +51,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[torch.Generator], Any
 }
 
 
-def step_seconds(backend: VmapBackend, batch: Any, rules: bool, repeats: int, autocast: bool) -> list[float]:
+def step_seconds(backend: Backend, batch: Any, rules: bool, repeats: int, autocast: bool) -> list[float]:
     original = vmap_backend.trial_functional
     if not rules:
         vmap_backend.trial_functional = contextlib.nullcontext  # type: ignore[assignment]
@@ -82,20 +84,23 @@ def main() -> None:
             torch.manual_seed(seed)
             trials.append(factory())
         group = StackedState(nn.Module(), trials, list(range(args.trials)))
-        backend = VmapBackend(group)
+        backend, loop = VmapBackend(group), LoopBackend(group)
         batch = data(torch.Generator().manual_seed(0))
         for rules in (True, False):  # warm-up
             step_seconds(backend, batch, rules, 3, autocast)
-        with_rules, without = [], []
-        for _ in range(args.repeats):  # alternating rounds: load changes hit both alike
+        step_seconds(loop, batch, True, 3, autocast)
+        with_rules, without, alone = [], [], []
+        for _ in range(args.repeats):  # alternating rounds: load changes hit all alike
             with_rules += step_seconds(backend, batch, True, 1, autocast)
             without += step_seconds(backend, batch, False, 1, autocast)
-        a, b = statistics.median(with_rules), statistics.median(without)
-        rows.append(f"| {name} | {args.trials} | {1000 * a:.2f} | {1000 * b:.2f} | {b / a:.2f}x |")
+            alone += step_seconds(loop, batch, True, 1, autocast)
+        a, b, c = (1000 * statistics.median(t) for t in (with_rules, without, alone))
+        rows.append(f"| {name} | {args.trials} | {a:.2f} | {b:.2f} | {b / a:.2f}x | {c:.2f} |")
     print(
         f"torch {torch.__version__}, CPU, 1 thread, precision {args.precision}, forward+backward of one fused step, "
         f"median of {args.repeats}\n"
-        "| model | trials | with the rules (ms) | vmap's own batching (ms) | speed-up |\n|---|---|---|---|---|"
+        "| model | trials | with the rules (ms) | vmap's own batching (ms) | speed-up | loop (ms) |\n"
+        "|---|---|---|---|---|---|"
     )
     print("\n".join(rows))
 

@@ -160,7 +160,7 @@ class VmapBackend(Backend):
                 self._compiled = CompiledStep(self.vmapped, self.compile, where)
             call = self._compiled
         try:
-            with _without_mha_fast_path(), trial_functional():
+            with _without_mha_fast_path(), trial_functional(reduced_precision=self._reduced_precision()):
                 encoded, logged, metric_args, calls, kind = call(caller, recorder, method, params, buffers, args)
         except FusionError:
             raise
@@ -179,6 +179,12 @@ class VmapBackend(Backend):
             calls, list(logged), method, lambda value: recorder.per_row_value(value, replayed, self.group.modules)
         )
         return StepOutputs(output=output, logs=logs)
+
+    def _reduced_precision(self) -> bool:
+        """Whether this step may compute in half or mixed precision (autocast on, or half parameters)."""
+        if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled(self.group.device.type):
+            return True
+        return any(p.dtype in (torch.float16, torch.bfloat16) for p in self.group.params.values())
 
     @property
     def compile_failure(self) -> str:

@@ -7,7 +7,6 @@ fused step runs) exactly as it was. :func:`is_batched` is the one place that ask
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -15,7 +14,6 @@ from torch import Tensor
 
 __all__ = [
     "VmapOnlyFunction",
-    "any_batched",
     "is_batched",
     "trials_first",
     "trials_first_or_shared",
@@ -35,13 +33,6 @@ def is_batched(value: object) -> bool:
         ([True], False)
     """
     return isinstance(value, Tensor) and bool(torch._C._functorch.is_batchedtensor(value))
-
-
-def any_batched(args: Iterable[object], kwargs: Mapping[str, Any] | None = None) -> bool:
-    """Whether any positional or keyword argument is a tensor that vmap maps over."""
-    if any(is_batched(arg) for arg in args):
-        return True
-    return kwargs is not None and any(is_batched(value) for value in kwargs.values())
 
 
 def trials_first(tensor: Tensor, in_dim: int | None, trials: int) -> Tensor:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -31,7 +31,6 @@ import torch.nn.functional as F
 
 from lightning_hydro.backends.trial_ops.attention import attention_rule
 from lightning_hydro.backends.trial_ops.autocast_policy import autocast_policy, cast_for_autocast
-from lightning_hydro.backends.trial_ops.batching import any_batched
 from lightning_hydro.backends.trial_ops.normalization import batch_norm_rule, group_norm_rule, layer_norm_rule
 from lightning_hydro.backends.trial_ops.projection import convolution_rule, linear_rule
 
@@ -63,6 +62,10 @@ for _device in ("cpu", "cuda"):
 _lock = threading.Lock()
 _depth = 0
 _originals: dict[str, Callable[..., Any]] = {}
+_wrappers: dict[tuple[str, int], Callable[..., Any]] = {}  # (name, id(original)) -> wrapper, built once
+
+
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def reduced_precision(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -75,9 +78,9 @@ def reduced_precision(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         (False, True)
     """
     tensors = [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
-    if any(t.dtype in (torch.float16, torch.bfloat16) for t in tensors):
-        return True
-    return bool(tensors) and torch.is_autocast_enabled(tensors[0].device.type)
+    return bool(tensors) and (
+        any(t.dtype in _HALF for t in tensors) or torch.is_autocast_enabled(tensors[0].device.type)
+    )
 
 
 def wrap_with_rule(name: str, original: Callable[..., Any], rule: Rule | None) -> Callable[..., Any]:
@@ -94,14 +97,22 @@ def wrap_with_rule(name: str, original: Callable[..., Any], rule: Rule | None) -
         (torch.bfloat16, True)
     """
     always = name in ALWAYS
+    is_batched = torch._C._functorch.is_batchedtensor  # see batching.is_batched; here inline: every call pays it
+    tensor_type = torch.Tensor
 
     @functools.wraps(original)
     def run_for_trials(*args: Any, **kwargs: Any) -> Any:
+        # one pass over the arguments (this runs for every call of the function while a fused step runs)
+        tensors = [value for value in args if isinstance(value, tensor_type)]
+        if kwargs:
+            tensors += [value for value in kwargs.values() if isinstance(value, tensor_type)]
         # torch.compile traces an autograd Function's forward, not its vmap rule: compiled, vmap batches alone
-        if torch.compiler.is_compiling() or not any_batched(args, kwargs):
+        if not any(is_batched(t) for t in tensors) or torch.compiler.is_compiling():
             return original(*args, **kwargs)
-        args, kwargs = cast_for_autocast(name, args, kwargs)
-        if rule is None or not (always or reduced_precision(args, kwargs)):
+        autocast = torch.is_autocast_enabled(tensors[0].device.type)
+        if autocast:
+            args, kwargs = cast_for_autocast(name, args, kwargs)
+        if rule is None or not (always or autocast or any(t.dtype in _HALF for t in tensors)):
             return original(*args, **kwargs)
         return rule(original, args, kwargs)
 
@@ -109,9 +120,27 @@ def wrap_with_rule(name: str, original: Callable[..., Any], rule: Rule | None) -
     return run_for_trials
 
 
+def _install(names: Iterable[str]) -> None:
+    """Put the wrapper of each name into torch.nn.functional (built once per original function)."""
+    for name in names:
+        if name in _originals:
+            continue
+        original = getattr(F, name)
+        _originals[name] = original
+        wrapper = _wrappers.get((name, id(original)))
+        if wrapper is None or wrapper.__lightning_hydro_original__ is not original:  # type: ignore[attr-defined]
+            wrapper = _wrappers[(name, id(original))] = wrap_with_rule(name, original, RULES[name])
+        setattr(F, name, wrapper)
+
+
 @contextmanager
-def trial_functional() -> Iterator[None]:
+def trial_functional(*, reduced_precision: bool = True) -> Iterator[None]:
     """Install the trial rules in ``torch.nn.functional`` for the duration (re-entrant, thread-safe).
+
+    Args:
+        reduced_precision: whether the step may compute in half or mixed precision (autocast on, or half
+            parameters): then every rule is installed; otherwise only those needed in float32 (:data:`ALWAYS`),
+            so that a float32 step pays nothing for the others.
 
     Example::
 
@@ -124,11 +153,7 @@ def trial_functional() -> Iterator[None]:
     """
     global _depth
     with _lock:
-        if _depth == 0:
-            for name, rule in RULES.items():
-                original = getattr(F, name)
-                _originals[name] = original
-                setattr(F, name, wrap_with_rule(name, original, rule))
+        _install(RULES if reduced_precision else ALWAYS)
         _depth += 1
     try:
         yield

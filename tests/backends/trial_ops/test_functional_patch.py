@@ -70,3 +70,13 @@ def test_in_float32_only_attention_runs_by_its_rule(monkeypatch):
         with pytest.raises(ZeroDivisionError):  # half precision: the rule (one kernel call, bias inside)
             vmap(lambda w: F.linear(x.bfloat16(), w))(w.bfloat16())
     assert len(calls) == 1
+
+
+def test_a_float32_step_installs_only_the_rules_float32_needs():
+    before = originals()
+    with trial_functional(reduced_precision=False):
+        changed = {name for name in RULES if getattr(F, name) is not before[name]}
+        assert changed == {"scaled_dot_product_attention"}
+        with trial_functional():  # a nested step in half precision gets the others, until the outer one ends
+            assert all(getattr(F, name) is not before[name] for name in RULES)
+    assert originals() == before
