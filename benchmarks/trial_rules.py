@@ -4,7 +4,7 @@ The rules (``lightning_hydro/backends/trial_ops/``) replace vmap's batching of a
 layers and convolutions while a fused step runs. This times one forward+backward of the vmap backend on the
 first batch, B trials, with the rules installed (as the backend runs) and with the rules switched off (vmap's
 own batching, as before issue 20), and the loop backend (each trial's own step, the arithmetic the rules
-reproduce), alternating, after warm-up; the median of ``--repeats`` rounds. Models: the
+reproduce), interleaved, after warm-up; the median of ``--repeats`` rounds. Models: the
 digits MLP, a BatchNorm CNN, and a causal Transformer block (``nn.TransformerEncoderLayer``, d_model 64).
 
     python benchmarks/trial_rules.py --trials 8 --repeats 15
@@ -54,7 +54,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[torch.Generator], Any
 def step_seconds(backend: Backend, batch: Any, rules: bool, repeats: int, autocast: bool) -> list[float]:
     original = vmap_backend.trial_functional
     if not rules:
-        vmap_backend.trial_functional = contextlib.nullcontext  # type: ignore[assignment]
+        vmap_backend.trial_functional = lambda **_: contextlib.nullcontext()  # type: ignore[assignment]
     try:
         times = []
         for _ in range(repeats):
@@ -90,10 +90,10 @@ def main() -> None:
             step_seconds(backend, batch, rules, 3, autocast)
         step_seconds(loop, batch, True, 3, autocast)
         with_rules, without, alone = [], [], []
-        for _ in range(args.repeats):  # alternating rounds: load changes hit all alike
-            with_rules += step_seconds(backend, batch, True, 1, autocast)
-            without += step_seconds(backend, batch, False, 1, autocast)
-            alone += step_seconds(loop, batch, True, 1, autocast)
+        runs = [(with_rules, backend, True), (without, backend, False), (alone, loop, True)]
+        for round_ in range(args.repeats):  # interleaved, each first in turn: load changes hit all alike
+            for times, runner, rules in runs[round_ % 3 :] + runs[: round_ % 3]:
+                times += step_seconds(runner, batch, rules, 1, autocast)
         a, b, c = (1000 * statistics.median(t) for t in (with_rules, without, alone))
         rows.append(f"| {name} | {args.trials} | {a:.2f} | {b:.2f} | {b / a:.2f}x | {c:.2f} |")
     print(
