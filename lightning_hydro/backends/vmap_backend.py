@@ -11,9 +11,10 @@ vmap runs ONE template module for all trials, so Python attributes of the trial 
 :class:`~lightning_hydro.backends.errors.FusionError` naming the op and the line.
 
 While the step runs, the trial rules of :mod:`lightning_hydro.backends.trial_ops` replace vmap's own batching of
-attention, normalisation, linear layers and convolutions (and apply autocast's precision policy before vmap
-rewrites an op): each runs every trial in one kernel call with the arguments, and at the dtypes, of the unfused
-call, so the fused step computes what each trial computes alone, on CUDA as on CPU, in every precision.
+attention and, in half or mixed precision, of normalisation, linear layers and convolutions (and apply
+autocast's precision policy before vmap rewrites an op): each runs every trial in one kernel call with the
+arguments, and at the dtypes, of the unfused call, so the fused step computes what each trial computes alone,
+on CUDA as on CPU, in every precision.
 """
 
 from __future__ import annotations
