@@ -78,7 +78,7 @@ def test_each_cuda_kernel_attends_for_all_trials_in_one_call_as_for_each_alone(k
         try:
             alone = torch.stack([step(q[t], k[t], v[t]) for t in range(TRIALS)])
         except RuntimeError as err:  # e.g. cuDNN attention on a card or build without it
-            if "No available kernel" in str(err):
+            if "No available kernel" in str(err) or "No viable backend" in str(err):
                 pytest.skip(f"torch has no {kernel} kernel for this call here: {str(err).splitlines()[0]}")
             raise
         with trial_functional():
@@ -90,8 +90,9 @@ def test_each_cuda_kernel_attends_for_all_trials_in_one_call_as_for_each_alone(k
     close(fused, alone)
     for got, expected in zip(fused_grads, alone_grads):
         close(got, expected)
-    assert len(one) == 1
-    assert attention_nodes(fused) == one  # one call of the kernel an unfused call uses
+    assert attention_nodes(fused) == one  # the kernel an unfused call uses, called once (math: matmul, softmax)
+    if kernel != "math":
+        assert len(one) == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
