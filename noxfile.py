@@ -3,6 +3,7 @@ torch alone is several GB, so a fresh virtualenv per session would cost minutes 
 
     nox -s lint typecheck tests      # what CI runs
     nox -s slow                      # long tests: whole models, real multi-process sweeps, submitit's local mode
+    nox -s gpu                       # tests that need a CUDA device (pytest -m gpu)
     nox -s examples                  # every example, end to end
     nox -s bench                     # every benchmark (long); `nox -s bench -- fusion` runs the matching ones
 """
@@ -41,6 +42,10 @@ BENCHMARKS = {
         ["python", "benchmarks/width_padding.py", "--repeats", "2", "--model", "tensors"],
     ],
     "first_batch_check": [["python", "benchmarks/first_batch_check.py"]],
+    "trial_rules": [
+        ["python", "benchmarks/trial_rules.py"],
+        ["python", "benchmarks/trial_rules.py", "--precision", "bf16-mixed"],
+    ],
 }
 
 
@@ -65,6 +70,13 @@ def tests(session: nox.Session) -> None:
 def slow(session: nox.Session) -> None:
     """Long-running tests: whole-model exactness, ResNet-18 fused, DDP ranks, submitit's local launcher."""
     session.run("pytest", "-m", "slow", *session.posargs)
+
+
+@nox.session
+def gpu(session: nox.Session) -> None:
+    """Tests that need a CUDA device (skipped without one): attention kernels, precisions, exactness, compile,
+    checkpoints across devices, host syncs. Not part of CI, which has no GPU."""
+    session.run("pytest", "-m", "gpu", "-p", "no:cacheprovider", *session.posargs)
 
 
 @nox.session

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,34 @@ def max_state_difference(a: nn.Module, b: nn.Module) -> float:
         else:
             assert torch.equal(sa[key], sb[key]), key
     return worst
+
+
+def _cancelled_by_batch_norm(module: nn.Module) -> set[str]:
+    """State entries that carry only rounding noise: biases feeding a BatchNorm, and that BatchNorm's running mean.
+
+    BatchNorm subtracts the batch mean, so a bias right before it gets an exactly-zero gradient: its gradient is
+    float rounding, which Adam rescales into lr-sized steps (and the running mean follows them). Two correct
+    implementations that round differently (fused or not, one CPU or another) part there by up to ~1e-1.
+    """
+    names: set[str] = set()
+    for prefix, container in module.named_modules():
+        children = list(container.named_children())
+        for (name, first), (next_name, second) in itertools.pairwise(children):
+            if isinstance(second, nn.modules.batchnorm._BatchNorm) and getattr(first, "bias", None) is not None:
+                path = f"{prefix}.{name}" if prefix else name
+                names.add(f"{path}.bias")
+                names.add(f"{prefix}.{next_name}.running_mean" if prefix else f"{next_name}.running_mean")
+    return names
+
+
+def learned_state_difference(a: nn.Module, b: nn.Module) -> float:
+    """Relative difference over every floating state entry at once, except those only rounding noise drives."""
+    sa, sb = a.state_dict(), b.state_dict()
+    noise = _cancelled_by_batch_norm(a)
+    keys = [k for k in sb if sb[k].is_floating_point() and k not in noise]
+    return relative_difference(
+        torch.cat([sa[k].flatten().double() for k in keys]), torch.cat([sb[k].flatten().double() for k in keys])
+    )
 
 
 def seeded(factory: Callable[[], L.LightningModule], seeds: Sequence[int]) -> list[L.LightningModule]:

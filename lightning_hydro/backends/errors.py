@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import re
 import traceback
+import warnings
+from collections.abc import Callable
 
 __all__ = [
     "FusionError",
     "FusionMismatchError",
+    "explain_backward_error",
     "explain_step_error",
     "explain_vmap_error",
     "package_dir",
@@ -108,4 +113,49 @@ def explain_vmap_error(err: Exception, *, method: str, module_name: str, backend
         f"backend={backend!r} cannot fuse {module_name}.{method}: it {what}, at {user_frame(err)}. "
         f"(torch.func: {first_line}) Use backend='loop', which runs each trial's own code one after another, "
         "or rewrite that line with batched tensor operations."
+    )
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
+
+
+def _anomaly_report(rerun: Callable[[], None]) -> tuple[str, str]:
+    """The failing backward node and the user's line that created it, from a rerun under anomaly detection."""
+    import torch  # here: this module is imported where torch need not be
+
+    node, where = "", "unknown location"
+    with warnings.catch_warnings(record=True) as caught, torch.autograd.detect_anomaly(check_nan=False):
+        warnings.simplefilter("always")
+        with contextlib.suppress(RuntimeError):
+            rerun()
+    for warning in caught:
+        text = str(warning.message)
+        found = re.search(r"Error detected in (\w+)", text)
+        if not found:
+            continue
+        node = found.group(1)
+        frames = [
+            m for m in _FRAME.finditer(text) if not m.group(1).startswith(_LIBRARY_DIRS) and "<" not in m.group(1)
+        ]
+        if frames:
+            file, line, function, code = frames[-1].groups()
+            where = f"{file}:{line} in {function}: {code.strip()}"
+    return node, where
+
+
+def explain_backward_error(
+    err: RuntimeError, rerun: Callable[[], None], *, method: str, module_name: str, backend: str = "vmap"
+) -> FusionError:
+    """A :class:`FusionError` for a fused step whose backward pass failed, naming the op and the user's line.
+
+    ``rerun`` runs the fused forward and backward again; it runs under ``torch.autograd.detect_anomaly``, which
+    records where each backward node's forward op was called, to name the op and the line that made it.
+    """
+    node, where = _anomaly_report(rerun)
+    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    op = f"the backward of {node}" if node else "the backward pass"
+    return FusionError(
+        f"backend={backend!r} cannot differentiate {module_name}.{method}: {op} failed ({first_line}), for the op "
+        f"at {where}. Use backend='hfta' or 'loop' (backend='auto' skips this backend by itself). If "
+        "backend='loop' raises the same error, the step itself is at fault."
     )

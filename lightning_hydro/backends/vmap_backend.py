@@ -9,6 +9,12 @@ each trial's row of the stacked buffers.
 vmap runs ONE template module for all trials, so Python attributes of the trial modules must agree
 (the fused module verifies this on the first batch); code that vmap cannot batch raises a
 :class:`~lightning_hydro.backends.errors.FusionError` naming the op and the line.
+
+While the step runs, the trial rules of :mod:`lightning_hydro.backends.trial_ops` replace vmap's own batching of
+attention and, in half or mixed precision, of normalisation, linear layers and convolutions (and apply
+autocast's precision policy before vmap rewrites an op): each runs every trial in one kernel call with the
+arguments, and at the dtypes, of the unfused call, so the fused step computes what each trial computes alone,
+on CUDA as on CPU, in every precision.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from lightning_hydro.backends.deferred_metrics import DeferredValue, MetricRecor
 from lightning_hydro.backends.errors import FusionError, FusionMismatchError, explain_step_error
 from lightning_hydro.backends.trial_attributes import unfusible_attributes, unfusible_error_text
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
+from lightning_hydro.backends.trial_ops.functional_patch import trial_functional
 
 if TYPE_CHECKING:
     from lightning_hydro.stacking.stacked_state import StackedState
@@ -154,7 +161,7 @@ class VmapBackend(Backend):
                 self._compiled = CompiledStep(self.vmapped, self.compile, where)
             call = self._compiled
         try:
-            with _without_mha_fast_path():
+            with _without_mha_fast_path(), trial_functional(reduced_precision=self._reduced_precision()):
                 encoded, logged, metric_args, calls, kind = call(caller, recorder, method, params, buffers, args)
         except FusionError:
             raise
@@ -173,6 +180,12 @@ class VmapBackend(Backend):
             calls, list(logged), method, lambda value: recorder.per_row_value(value, replayed, self.group.modules)
         )
         return StepOutputs(output=output, logs=logs)
+
+    def _reduced_precision(self) -> bool:
+        """Whether this step may compute in half or mixed precision (autocast on, or half parameters)."""
+        if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled(self.group.device.type):
+            return True
+        return any(p.dtype in (torch.float16, torch.bfloat16) for p in self.group.params.values())
 
     @property
     def compile_failure(self) -> str:

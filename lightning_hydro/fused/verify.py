@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lightning_hydro.backends.errors import FusionMismatchError
+from lightning_hydro.backends.errors import FusionMismatchError, explain_backward_error
 from lightning_hydro.backends.trial_attributes import differing_attributes as scan_attributes
 from lightning_hydro.backends.trial_attributes import uncompared_reads
 from lightning_hydro.backends.trial_logging import capture_logs
@@ -258,6 +258,24 @@ def _tensors(value: Any) -> Iterator[Tensor]:
             yield from _tensors(v)
 
 
+def _fused_gradients(
+    fused: Tensor, backend: Backend, stacked: Sequence[Tensor], batch: Any, batch_idx: int, module_name: str
+) -> tuple[Tensor | None, ...]:
+    """The fused step's gradients; a backward pass that fails is a FusionError naming the op and the line."""
+    try:
+        return torch.autograd.grad(fused.sum(), stacked, allow_unused=True)
+    except RuntimeError as err:
+
+        def rerun() -> None:
+            loss = backend.run("training_step", batch, batch_idx).loss()
+            if loss is not None:
+                torch.autograd.grad(loss.sum(), stacked, allow_unused=True)
+
+        raise explain_backward_error(
+            err, rerun, method="training_step", module_name=module_name, backend=backend.name
+        ) from err
+
+
 def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], batch: Any, batch_idx: int) -> bool:
     """Compare each trial's fused ``training_step`` loss and gradients with its own module's.
 
@@ -289,7 +307,7 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
         fused = backend.run("training_step", batch, batch_idx).loss()
         if fused is None:
             return False
-        fused_grads = torch.autograd.grad(fused.sum(), stacked, allow_unused=True)
+        fused_grads = _fused_gradients(fused, backend, stacked, batch, batch_idx, type(modules[0]).__name__)
         fused64: tuple[Tensor, list[Tensor | None]] | str | None = None  # made once, if a float32 check fails
         for tid in ids:
             row = group.row_of(tid)

@@ -5,6 +5,7 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "fused_digits.py"
 
 
 def test_example_runs_and_finds_a_good_learning_rate(capsys):
+    # the example's Trainer uses accelerator="auto" (the GPU where there is one): the claims below hold on any device
     spec = importlib.util.spec_from_file_location("fused_digits", EXAMPLE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

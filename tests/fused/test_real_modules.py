@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos.template_mnist import DigitsMNISTDataModule, MNISTLitModule, SimpleDenseNet
-from tests.helpers import make_trainer
+from tests.helpers import learned_state_difference, make_trainer
 
 TOLERANCE = 1e-5  # ||g_fused - g_alone|| / ||g_alone|| over all parameters of a trial
 
@@ -160,13 +160,18 @@ def test_first_step_gradients_of_published_modules_match_separate_runs(name: str
     ("backend", "optimizer_path"),
     [("loop", "universal"), ("loop", "auto"), ("vmap", "universal"), ("hfta", "auto"), ("auto", "auto")],
 )
-def test_template_val_acc_after_two_epochs_is_within_one_validation_image(backend: str, optimizer_path: str) -> None:
+def test_template_val_acc_after_two_epochs_is_within_two_validation_images(backend: str, optimizer_path: str) -> None:
     """The issue's measure: per-trial val/acc, fused vs separate, after 2 epochs (250 validation images).
 
     On the loop backend each trial's own torch optimizer (``"universal"``) is bitwise a separate run; the fused
-    Adam update (``"auto"`` picks it for all-Adam groups) and the vmap/hfta kernels round differently, which
-    may move one image (docs/fused.md). Under vmap and hfta the template's torchmetrics objects (``val/acc``,
-    ``val/loss``, ``val/acc_best``) are replayed per trial.
+    Adam update (``"auto"`` picks it for all-Adam groups) and the vmap/hfta kernels round differently. The
+    template's validation accuracy magnifies rounding: its Linear biases feeding BatchNorm get a zero gradient,
+    whose rounding noise Adam turns into lr-sized steps that the running means lag behind, so two separate runs
+    whose batches are merely summed in another order differ by 5 to 23 of the 250 images (measured). Fused and
+    separate runs share their arithmetic closely: every state entry that training moves agrees to 1e-5 (checked),
+    and val/acc within 2 images, a tolerance that holds on this CPU (at most 1) and on the H100 host's CPU
+    (2, with auto's choice there). The Trainers are pinned to the CPU (``accelerator="cpu"``). Under vmap and hfta
+    the template's torchmetrics objects (``val/acc``, ``val/loss``, ``val/acc_best``) are replayed per trial.
     """
     trials = []
     for seed, lr in enumerate((1e-3, 3e-3, 1e-2)):
@@ -179,15 +184,18 @@ def test_template_val_acc_after_two_epochs_is_within_one_validation_image(backen
         trainer.fit(module, datamodule=DigitsMNISTDataModule(batch_size=128))
         return {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/acc")}
 
-    alone = [val_acc(copy.deepcopy(m))["val/acc"] for m in trials]
+    separate = [copy.deepcopy(m) for m in trials]
+    alone = [val_acc(m)["val/acc"] for m in separate]
     fused = FusedLightningModule(
         [copy.deepcopy(m) for m in trials], backend=backend, optimizer_path=optimizer_path, summary=False
     )
     fused_metrics = val_acc(fused)
     images = [round(abs(fused_metrics[f"val/acc/trial_{tid}"] - acc) * 250, 3) for tid, acc in enumerate(alone)]
-    print(f"val/acc, fused ({fused.backend}, {optimizer_path}) vs separate, in images of 250:", images)
+    states = [learned_state_difference(fused.unfuse(tid), own) for tid, own in enumerate(separate)]
+    print(f"val/acc, fused ({fused.backend}, {optimizer_path}) vs separate, in images of 250:", images, states)
     exact = backend == "loop" and optimizer_path == "universal"
-    assert max(images) <= (0.0 if exact else 1.0), images
+    assert max(states) <= (0.0 if exact else 1e-5), states
+    assert max(images) <= (0.0 if exact else 2.0), images
     if backend != "loop":  # the best accuracy, tracked by each trial's own MaxMetric in on_validation_epoch_end
         assert all(
             fused_metrics[f"val/acc_best/trial_{tid}"] >= fused_metrics[f"val/acc/trial_{tid}"] for tid in range(3)

@@ -26,7 +26,7 @@ from lightning_hydro.callbacks import ASHA
 from lightning_hydro.demos import DigitsMLP
 from lightning_hydro.demos.template_mnist import DigitsMNISTDataModule, MNISTLitModule, SimpleDenseNet
 from lightning_hydro.fused.trial_callbacks import CallbackNotPerTrialError, per_trial_callbacks
-from tests.helpers import fit_digits, make_trainer, relative_difference
+from tests.helpers import fit_digits, learned_state_difference, make_trainer
 
 NET = dict(lin1_size=32, lin2_size=32, lin3_size=16)
 
@@ -81,10 +81,6 @@ def logged_column(root: Path, column: str) -> list[float]:
         return [float(row[column]) for row in csv.DictReader(handle) if row.get(column)]
 
 
-def flat_state(module: L.LightningModule) -> torch.Tensor:
-    return torch.cat([v.flatten().double() for v in module.state_dict().values() if v.is_floating_point()])
-
-
 def load(path: str) -> MNISTLitModule:
     # the template's hparams hold optimizer partials: torch.load needs weights_only=False, fused or not
     return MNISTLitModule.load_from_checkpoint(path, net=SimpleDenseNet(**NET), weights_only=False)
@@ -94,7 +90,8 @@ def load(path: str) -> MNISTLitModule:
 def test_template_callbacks_act_per_trial_as_in_separate_runs(tmp_path: Path, backend: str) -> None:
     """On loop (each trial's own torch optimizer) a trial is bitwise its separate run; on vmap, whose kernels round
     differently, the template's torchmetrics (val/acc, which the callbacks monitor) are replayed per trial and
-    the decisions are the same, the weights equal to float rounding."""
+    the decisions are the same, the weights equal to float rounding. The Trainers run on the CPU
+    (``accelerator="cpu"``, pinned): the bitwise claims are about CPU kernels."""
     trials = template_trials()
     separate = [fit_template(copy.deepcopy(m), tmp_path / f"alone_{i}") for i, m in enumerate(trials)]
     fused = FusedLightningModule(
@@ -132,8 +129,12 @@ def test_template_callbacks_act_per_trial_as_in_separate_runs(tmp_path: Path, ba
             if backend == "loop":  # the loop backend is bitwise
                 for key, value in expected.state_dict().items():
                     assert torch.equal(loaded.state_dict()[key], value), (tid, name, key)
-            else:  # over all weights at once: Linear biases feeding BatchNorm carry only Adam-amplified rounding
-                assert relative_difference(flat_state(loaded), flat_state(expected)) <= 1e-2, (tid, name)
+            else:
+                # every weight and statistic that training moves, at once, to float rounding (measured 1.4e-7).
+                # Not the Linear biases feeding BatchNorm and those BatchNorms' running means: their gradient is
+                # zero, its rounding noise Adam-amplified; that noise depends on the CPU's kernels (up to 2e-1
+                # here; over all weights 6.8e-3 here, beyond 1e-2 on the H100 host's CPU).
+                assert learned_state_difference(loaded, expected) <= 1e-5, (tid, name)
         # LearningRateMonitor: the trial's own learning rates (ReduceLROnPlateau on its own val/loss)
         assert logged_column(tmp_path / "fused", f"lr-Adam/trial_{tid}") == logged_column(
             tmp_path / f"alone_{tid}", "lr-Adam"

@@ -16,6 +16,8 @@ def build(**hp) -> DigitsMLP:
 
 
 def trainer(tmp_path, **kwargs) -> L.Trainer:
+    # accelerator left to Lightning ("auto": the GPU where there is one): these tests check learning-rate
+    # multipliers and checkpoints, which hold on any device (Lightning moves the module back to the CPU after fit)
     return L.Trainer(
         default_root_dir=tmp_path,
         logger=False,

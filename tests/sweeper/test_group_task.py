@@ -5,6 +5,7 @@ Real sweeps of ``examples/train.py``'s config, in this process, with task functi
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -70,13 +71,28 @@ def test_a_failing_job_leaves_its_traceback_in_its_directory_and_the_sweep_log(t
     assert 'raise ValueError("model.depth must be even' in sweeper_lines
 
 
-def test_a_search_that_fuses_nothing_says_so_at_launch(tmp_path, capfd):
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_a_search_that_fuses_nothing_says_so_at_launch(tmp_path):
     # a continuous learning rate declared non-fusible: no two trials share a value
     overrides = [*TINY, "hydra.sweeper.n_trials=3", "hydra.sweeper.non_fusible=[data.batch_size,model.lr]"]
-    with pytest.raises(RuntimeError):  # the task function trains nothing; the warning came before any job
-        sweep_with(builds_its_own_model, tmp_path, overrides)
-    out, err = capfd.readouterr()  # Hydra's log handlers write to the console
-    warnings = [line for line in (out + err).splitlines() if "nothing fuses" in line]
+    # read from the sweeper's own logger, not from the console: where Hydra's console handler writes depends on
+    # what earlier tests in this process did with the streams (pytest -n workers run them in other orders)
+    logger, records = logging.getLogger("lightning_hydro.sweeper.fusion_report"), _Records()
+    logger.addHandler(records)
+    try:
+        with pytest.raises(RuntimeError):  # the task function trains nothing; the warning came before any job
+            sweep_with(builds_its_own_model, tmp_path, overrides)
+    finally:
+        logger.removeHandler(records)
+    warnings = [message for message in records.messages if "nothing fuses" in message]
     assert len(warnings) == 1
     assert "the 3 trials fall into 3 groups of one trial each" in warnings[0]
     assert "non-fusible keys model.lr, data.batch_size" in warnings[0]

@@ -99,8 +99,11 @@ def fused_batch_norm(
         if count <= 1:
             raise ValueError(f"Expected more than 1 value per channel when training, got input size {x.shape}")
         if eps.is_uniform:
-            batch_mean = torch.zeros(trials * channels, dtype=x.dtype, device=x.device)
-            batch_var = torch.ones(trials * channels, dtype=x.dtype, device=x.device)
+            # scratch statistics in the running statistics' dtype (else the weight's): under mixed precision the
+            # kernel takes a half-precision input with float32 parameters and statistics, as the unfused call
+            reference = next((t for t in (stats_mean, flat_weight) if t is not None), x)
+            batch_mean = torch.zeros(trials * channels, dtype=reference.dtype, device=x.device)
+            batch_var = torch.ones(trials * channels, dtype=reference.dtype, device=x.device)
             out = F.batch_norm(flat, batch_mean, batch_var, flat_weight, flat_bias, True, 1.0, eps.first)
             out = out.view(samples.shape)
         else:
