@@ -1,8 +1,9 @@
 """``backend="auto"``: time a few real training steps of each applicable backend and keep the fastest.
 
 The candidates run forward and backward on the real first batch (no optimizer step), after one warm-up
-call; buffers (e.g. BatchNorm running statistics), gradients and the random number generators are put
-back afterwards, so the choice does not change what the trials compute. A backend that cannot run the
+call; buffers (e.g. BatchNorm running statistics), gradients, the random number generators and the trials'
+Python state (counters, outputs lists: :mod:`~lightning_hydro.backends.python_state`) are put back
+afterwards, so the choice does not change what the trials compute. A backend that cannot run the
 model (a :class:`~lightning_hydro.backends.errors.FusionError`, or any other error of a fused backend) is
 skipped with its reason, which the fused module logs; only the ``loop`` backend's own errors propagate.
 Choices are cached per (model class, number of trials, parameter shapes, device) for the life of the process.
@@ -20,6 +21,7 @@ import torch
 
 from lightning_hydro.backends.base import Backend
 from lightning_hydro.backends.errors import FusionError
+from lightning_hydro.backends.python_state import PythonState
 
 if TYPE_CHECKING:
     from lightning_hydro.stacking.stacked_state import StackedState
@@ -109,6 +111,7 @@ def choose_backend(
         return AutoChoice(factories[_CACHE[key]](), cached=True)
     device = group.device
     saved_buffers = {name: b.clone() for name, b in group.buffers.items()}
+    python_state = PythonState(group.modules)  # counters, outputs lists...: every candidate starts from them
     choice = AutoChoice(backend=None, timed=timed)  # type: ignore[arg-type]
     last_error: FusionError | None = None
     built: dict[str, Backend] = {}
@@ -142,6 +145,7 @@ def choose_backend(
                         group.buffers[bname].copy_(value)
                 for param in group.params.values():
                     param.grad = None
+                python_state.restore()
     if not choice.seconds:
         assert last_error is not None
         raise last_error

@@ -12,6 +12,7 @@ __all__ = [
     "explain_step_error",
     "explain_vmap_error",
     "package_dir",
+    "running_user_line",
     "user_frame",
 ]
 
@@ -65,6 +66,15 @@ class FusionMismatchError(FusionError):
 def user_frame(err: BaseException) -> str:
     """``file:line in function: code`` of the innermost traceback frame outside torch, Lightning and us."""
     for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        if not frame.filename.startswith(_LIBRARY_DIRS) and "<" not in frame.filename:
+            code = f": {frame.line.strip()}" if frame.line else ""
+            return f"{frame.filename}:{frame.lineno} in {frame.name}{code}"
+    return "unknown location"
+
+
+def running_user_line() -> str:
+    """``file:line in function: code`` of the innermost frame of the running stack outside torch, Lightning and us."""
+    for frame in reversed(traceback.extract_stack()):
         if not frame.filename.startswith(_LIBRARY_DIRS) and "<" not in frame.filename:
             code = f": {frame.line.strip()}" if frame.line else ""
             return f"{frame.filename}:{frame.lineno} in {frame.name}{code}"

@@ -8,7 +8,9 @@ each trial's row of the stacked buffers.
 
 vmap runs ONE template module for all trials, so Python attributes of the trial modules must agree
 (the fused module verifies this on the first batch); code that vmap cannot batch raises a
-:class:`~lightning_hydro.backends.errors.FusionError` naming the op and the line.
+:class:`~lightning_hydro.backends.errors.FusionError` naming the op and the line. What the step does to
+Python state (a counter, ``self.training_step_outputs.append(loss)``) reaches each trial's own module as if
+it had run alone (:mod:`~lightning_hydro.backends.step_state`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from lightning_hydro.backends.base import Backend, StackedLog, StepOutputs, step
 from lightning_hydro.backends.compiled_step import CompiledStep, CompileSetting, check_compile_setting
 from lightning_hydro.backends.deferred_metrics import DeferredValue, MetricRecorder, metric_paths, stack_values
 from lightning_hydro.backends.errors import FusionError, FusionMismatchError, explain_step_error
+from lightning_hydro.backends.step_state import ActiveCall, StepState
 from lightning_hydro.backends.trial_attributes import unfusible_attributes, unfusible_error_text
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
 
@@ -95,6 +98,9 @@ class VmapBackend(Backend):
         self._caller: MethodCaller | None = None
         self._recorder: MetricRecorder | None = None
         self.deferred_metrics: list[str] = []  # the torchmetrics metrics the last call replayed per trial
+        self._state = StepState(self.name)
+        self._active: ActiveCall | None = None  # the running call's Python state, read inside the mapped function
+        self._eager_steps = 0  # compile=True: the first training step runs eagerly, to see what it changes
         refusal = self.refusal(group.modules, group.trial_ids)
         if refusal is not None:
             try:
@@ -135,6 +141,7 @@ class VmapBackend(Backend):
     def rebind(self) -> None:
         self._caller = None  # the compiled step stays: a new group size recompiles it once (dynamic shapes)
         self._recorder = None
+        self._state.forget()
 
     @override
     def run(self, method: str, *args: Any) -> StepOutputs:
@@ -148,22 +155,32 @@ class VmapBackend(Backend):
         buffers = {f"module.{name}": b for name, b in self.group.buffers.items()}
         buffers.update({f"module.{name}": b for name, b in self.extra_buffers().items()})
         call: Callable[..., Any] = self.vmapped
-        if self.compile and method == "training_step":
+        compiled = self.compile and method == "training_step" and self._eager_steps > 0
+        if compiled:
             if self._compiled is None:
                 where = f"backend={self.name!r}, {type(template).__name__}.{method}"
                 self._compiled = CompiledStep(self.vmapped, self.compile, where)
             call = self._compiled
+        active = self._active = self._state.begin(template, self.group.modules, self.group.trial_ids, method)
         try:
             with _without_mha_fast_path():
-                encoded, logged, metric_args, calls, kind = call(caller, recorder, method, params, buffers, args)
-        except FusionError:
-            raise
-        except (RuntimeError, ValueError, TypeError, IndexError) as err:
+                encoded, logged, metric_args, stored, calls, kind = call(
+                    caller, recorder, method, params, buffers, args
+                )
+        except BaseException as err:
+            active.abort()
+            if isinstance(err, FusionError) or not isinstance(err, (RuntimeError, ValueError, TypeError, IndexError)):
+                raise
+            if active.session.refusal:  # torch wrapped our refusal (a stand-in passed where it checks types)
+                raise FusionError(active.session.refusal) from err
             # any error the user's code raises under vmap is reported as a FusionError (auto then uses loop)
             explained = explain_step_error(err, method=method, module_name=type(template).__name__, backend=self.name)
             if explained is not None:
                 raise explained from err
             raise
+        finally:
+            self._active = None
+        self._finish_state(active, stored, method)
         output = None if kind == "none" else encoded
         # each trial's own torchmetrics metrics, called with its row of what the step passed to the template's
         logged_values = {c.value.call for c in calls if isinstance(c.value, DeferredValue)}
@@ -173,6 +190,17 @@ class VmapBackend(Backend):
             calls, list(logged), method, lambda value: recorder.per_row_value(value, replayed, self.group.modules)
         )
         return StepOutputs(output=output, logs=logs)
+
+    def _finish_state(self, active: ActiveCall, stored: Sequence[Tensor], method: str) -> None:
+        """Each trial's share of what the step stored; with compile, a step that changes state stays eager."""
+        touched = active.touched
+        active.finish(stored)
+        if self.compile and method == "training_step" and self._eager_steps == 0:
+            self._eager_steps = 1
+            if touched and self._compiled is None:
+                where = f"backend={self.name!r}, {active.session.where}"
+                self._compiled = CompiledStep(self.vmapped, self.compile, where)
+                self._compiled.fall_back("the step changes Python state, which runs per trial only eagerly")
 
     @property
     def compile_failure(self) -> str:
@@ -187,16 +215,19 @@ class VmapBackend(Backend):
         params: dict[str, Tensor],
         buffers: dict[str, Tensor],
         args: Any,
-    ) -> tuple[Any, tuple[Tensor, ...], tuple[Tensor, ...], list[LogCall], _Kind]:
+    ) -> tuple[Any, tuple[Tensor, ...], tuple[Tensor, ...], tuple[Tensor, ...], list[LogCall], _Kind]:
         """``caller.module.method(*args)`` for every row.
 
-        Returns (stacked output, logged tensors, the tensors of the step's torchmetrics calls, log calls, output
-        kind). A pure function of its inputs (what torch.compile compiles); logged tensors come back stacked, and
-        the log calls hold only names, options and non-tensor values (a tensor value is :data:`_TENSOR`).
+        Returns (stacked output, logged tensors, the tensors of the step's torchmetrics calls, the tensors the
+        step stored in Python state, log calls, output kind). A pure function of its inputs (what torch.compile
+        compiles); logged tensors come back stacked, and the log calls hold only names, options and non-tensor
+        values (a tensor value is :data:`_TENSOR`).
         """
         side: dict[str, Any] = {}
+        active = self._active
+        chunked = self.chunk_size is not None and self.chunk_size < self.group.size
 
-        def per_trial(p: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[Any, tuple[Tensor, ...], tuple[Tensor, ...]]:
+        def per_trial(p: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[Any, ...]:
             with capture_logs(caller.module) as calls, recorder.recording():
                 out = functional_call(caller, (p, b), (method, *args))
             # vmap's batched tensors must not leave the mapped function: keep their place, return them below
@@ -204,12 +235,21 @@ class VmapBackend(Backend):
                 LogCall(c.name, _TENSOR if isinstance(c.value, Tensor) else c.value, c.options) for c in calls
             ]
             encoded, side["kind"] = _encode(out, method)
-            return encoded, tuple(c.value for c in calls if isinstance(c.value, Tensor)), recorder.tensors()
+            stored: tuple[Tensor, ...] = ()
+            if active is not None and not torch.compiler.is_compiling():  # compiled: finish() checks afterwards
+                stored = active.collect()
+                if chunked and active.touched:
+                    raise FusionError(
+                        f"backend={self.name!r} with chunk_size={self.chunk_size}: {active.session.where} changes "
+                        "Python state, and a chunked call runs the step once per chunk. Use chunk_size=None."
+                    )
+            logged = tuple(c.value for c in calls if isinstance(c.value, Tensor))
+            return encoded, logged, recorder.tensors(), stored
 
-        encoded, logged, metric_args = vmap(
+        encoded, logged, metric_args, stored = vmap(
             per_trial, in_dims=(0, 0), randomness="different", chunk_size=self.chunk_size
         )(params, buffers)
-        return encoded, logged, metric_args, side["calls"], side["kind"]
+        return encoded, logged, metric_args, stored, side["calls"], side["kind"]
 
     def _stack_logs(
         self, calls: list[LogCall], logged: list[Tensor], method: str, per_row: Callable[[Any], Any]

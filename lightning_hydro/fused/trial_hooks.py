@@ -18,6 +18,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 
 from lightning_hydro.backends import StackedLog
+from lightning_hydro.backends.python_state import trial_code_ran
 from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
 
@@ -65,6 +66,7 @@ def _as_float(value: Any) -> float:
 def forward_hook(hook: str, running: Sequence[tuple[int, Any]], metrics: TrialMetrics) -> None:
     """Run ``hook`` of every running trial that overrides it; record what it logs as the trial's epoch values."""
     phase = FORWARDED_HOOKS[hook]
+    trial_code_ran()  # the hooks may change each trial's Python state its own way
     for tid, module in running:
         if not is_overridden(hook, module, L.LightningModule):
             continue

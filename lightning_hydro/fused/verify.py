@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from lightning_hydro.backends.errors import FusionMismatchError
+from lightning_hydro.backends.python_state import PythonState
 from lightning_hydro.backends.trial_attributes import differing_attributes as scan_attributes
 from lightning_hydro.backends.trial_attributes import uncompared_reads
 from lightning_hydro.backends.trial_logging import capture_logs
@@ -53,6 +54,14 @@ __all__ = ["FusionMismatchError", "differing_attributes", "verify_fusion"]
 def differing_attributes(modules: Sequence[nn.Module], *, ids: Sequence[int]) -> list[str]:
     """Plain Python values that differ between the modules, as ``"name (trial a: x, trial b: y)"``."""
     return [str(attribute) for attribute in scan_attributes(modules, ids=ids)]
+
+
+@contextmanager
+def _restored(state: PythonState) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        state.restore()
 
 
 @contextmanager
@@ -280,13 +289,17 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
     stacked = [group.params[name] for name in names]
     device = stacked[0].device
     reduction = _reduction_size(batch, stacked)
+    # every run starts from the trials' Python state as it was, and none leaves a trace in it
+    state = PythonState(modules)
     # in full precision: under bf16 autocast two correct computations already differ at the 1e-2 level
     with (
         _eval_mode(modules),
         torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
         torch.autocast(device.type, enabled=False),
+        _restored(state),
     ):
         fused = backend.run("training_step", batch, batch_idx).loss()
+        state.restore()
         if fused is None:
             return False
         fused_grads = torch.autograd.grad(fused.sum(), stacked, allow_unused=True)
@@ -296,10 +309,12 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
             module = modules[row]
             with capture_logs(module):
                 own = _loss(module.training_step(batch, batch_idx))  # type: ignore[operator]
+            state.restore()
             assert own is not None
             own_params = [module.get_parameter(name) for name in names]
             own_grads = torch.autograd.grad(own, own_params, allow_unused=True)
             ref_loss, ref_grads, why = _float64_run(module, names, batch, batch_idx)
+            state.restore()
             found = [compare("loss", fused[row], own, ref_loss, reduction=reduction)]
             unused: list[str] = []
             for name, f, o, r in zip(names, fused_grads, own_grads, ref_grads):
@@ -312,6 +327,7 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
             if differing and not unused and ref_loss is not None:
                 if fused64 is None:
                     fused64 = _float64_fused_run(group, backend, names, batch, batch_idx)
+                    state.restore()
                 if isinstance(fused64, str):
                     why = f"{why}; {fused64}" if why else fused64
                 else:

@@ -1,0 +1,538 @@
+"""What the template module holds during a vectorised call, in place of Python state that differs between trials.
+
+Under ``vmap`` and ``hfta`` the user's step runs ONCE, on one template module, for all trials. Where the trials'
+Python state is the same, the template carries it. Where it is not, or may not stay so, the template holds a
+stand-in for the call (:mod:`~lightning_hydro.backends.step_state` installs them):
+
+- :class:`TrialContainer` for a list, dict, set or deque (Lightning 2's ``self.training_step_outputs``): each
+  change the step makes (``append``, ``extend``, ``d[key] = v``, ``clear``, ``pop``...) is applied at once to
+  every trial's OWN container, with that trial's row of any tensor the step computed (the value is a
+  placeholder until the vectorised call returns; then the row takes its place). A read (``len``, indexing,
+  iteration, ``in``) answers what every trial would answer alone if they agree; what differs between trials is
+  returned as a :class:`PerTrialValue`.
+- :class:`PerTrialValue` for a value that differs between trials: computing with it raises a
+  :class:`~lightning_hydro.backends.errors.FusionError` naming it, each trial's value and the user's line
+  (each trial alone would compute with its own value; the fused step has one). Storing it is fine: each trial
+  gets its own value back.
+
+A :class:`StepSession` holds what one call collected: the tensors to return from the mapped function (row b
+belongs to trial b) and where each trial's share goes afterwards.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import enum
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import torch
+from torch import Tensor
+
+from lightning_hydro.backends.errors import FusionError, running_user_line
+from lightning_hydro.backends.python_state import CONTAINER_TYPES
+
+__all__ = ["Pending", "PerTrialValue", "StepSession", "TrialContainer", "holds_tensor", "is_shareable"]
+
+# Values every trial may hold as the same object: immutable, without tensors.
+_SHAREABLE = (bool, int, float, complex, str, bytes, type(None), enum.Enum, type, torch.dtype, torch.device)
+
+
+def is_shareable(value: Any) -> bool:
+    """Whether ``value`` is an immutable value without tensors (a number, a string, None, an enum, a dtype)."""
+    return isinstance(value, _SHAREABLE) or (isinstance(value, (tuple, frozenset)) and all(map(is_shareable, value)))
+
+
+def holds_tensor(value: Any, depth: int = 3) -> bool:
+    """Whether a tensor is reachable from ``value`` through containers and object attributes (a few levels)."""
+    if isinstance(value, Tensor):
+        return True
+    if depth == 0 or is_shareable(value):
+        return False
+    if isinstance(value, dict):
+        return any(holds_tensor(v, depth - 1) for v in value.values())
+    if isinstance(value, (list, tuple, set, frozenset, collections.deque)):
+        return any(holds_tensor(v, depth - 1) for v in value)
+    attributes = getattr(value, "__dict__", None)
+    return isinstance(attributes, dict) and any(holds_tensor(v, depth - 1) for v in attributes.values())
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    if isinstance(value, Pending):
+        return "a tensor this step computed"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# -- what a stored value becomes per trial -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Slot:
+    index: int  # the tensor's place in StepSession.tensors (and so in the mapped function's outputs)
+
+
+@dataclass(frozen=True)
+class _Each:
+    values: tuple[Any, ...]  # one per trial: trial b gets values[b]
+
+
+@dataclass(frozen=True)
+class _Rebuilt:
+    kind: type
+    items: tuple[Any, ...]  # structures; for a dict, (key, value) pairs
+    maxlen: int | None = None  # a deque's
+
+
+@dataclass(frozen=True)
+class _Copied:
+    value: Any  # an object without tensors: trial 0 keeps it, each other trial gets a deep copy
+
+
+def _has_slots(structure: Any) -> bool:
+    if isinstance(structure, _Slot):
+        return True
+    if isinstance(structure, _Rebuilt):
+        return any(_has_slots(item) for item in structure.items)
+    return isinstance(structure, tuple) and any(_has_slots(item) for item in structure)
+
+
+class Pending:
+    """A trial's value that holds a tensor computed in the running call: its row exists once the call returns."""
+
+    __slots__ = ("row", "structure")
+
+    def __init__(self, structure: Any, row: int) -> None:
+        self.structure, self.row = structure, row
+
+    def __repr__(self) -> str:
+        return "<a value this fused step computed; each trial's own after the step>"
+
+
+class StepSession:
+    """One vectorised call: the tensors its Python state received, and where each trial's row goes afterwards.
+
+    Args:
+        backend: the backend's name, for messages.
+        where: ``"Class.method"`` of the call, for messages.
+        trial_ids: the trials, in row order.
+    """
+
+    def __init__(self, backend: str, where: str, trial_ids: Sequence[int]) -> None:
+        self.backend = backend
+        self.where = where
+        self.trial_ids = list(trial_ids)
+        self.tensors: list[Tensor] = []
+        self.refusal = ""  # the last refusal's text (an error torch raises around it is explained with it)
+        self._placements: list[tuple[Any, Any, Pending]] = []
+        self._saved: dict[int, tuple[Any, list[Any]]] = {}
+
+    def refuse(self, what: str) -> NoReturn:
+        """Raise the :class:`FusionError` for something the step does that cannot run per trial."""
+        self.refusal = (
+            f"backend={self.backend!r} cannot run {self.where} as each trial would run it alone: at "
+            f"{running_user_line()} it {what}. The step runs once for all trials, so each trial would compute with "
+            "one value. Use backend='loop', which runs each trial's own code one after another (backend='auto' "
+            "does so by itself)."
+        )
+        raise FusionError(self.refusal)
+
+    def describe(self, name: str, values: Sequence[Any]) -> str:
+        """``name (trial a: x, trial b: y)`` for messages."""
+        shown = ", ".join(f"trial {tid}: {_shown(v)}" for tid, v in zip(self.trial_ids, values))
+        return f"{name} ({shown})"
+
+    # -- values into per-trial structures and back ----------------------------------------------------------
+
+    def take(self, value: Any, name: str) -> Any:
+        """What ``value``, stored by the step, is made of: tensors become slots of the call's outputs."""
+        if isinstance(value, Tensor):
+            self.tensors.append(value)
+            return _Slot(len(self.tensors) - 1)
+        if type(value) is TrialContainer:
+            return _Each(tuple(value._containers))
+        if type(value) is PerTrialValue:
+            pending = [v for v in value._values if isinstance(v, Pending)]
+            if len(pending) == len(value._values) and all(p.structure is pending[0].structure for p in pending):
+                return pending[0].structure  # an element added by this call, stored again: built per trial
+            if pending:
+                self.refuse(f"stores {value._name}, which holds a tensor this step computed, where it cannot follow")
+            return _Each(tuple(value._values))
+        if is_shareable(value):
+            return value
+        kind = type(value)
+        if kind is collections.deque:
+            return _Rebuilt(kind, tuple(self.take(item, name) for item in value), value.maxlen)
+        if kind in (list, tuple, set) or (isinstance(value, tuple) and hasattr(value, "_fields")):
+            return _Rebuilt(kind, tuple(self.take(item, name) for item in value))
+        if kind is dict:
+            return _Rebuilt(dict, tuple((self.take(k, name), self.take(v, name)) for k, v in value.items()))
+        if holds_tensor(value):
+            self.refuse(
+                f"stores a {kind.__name__} object that holds a tensor in {name}; a fused step can split tensors "
+                "kept in attributes, lists, tuples and dicts into each trial's own, not inside other objects"
+            )
+        return _Copied(value)
+
+    def build(self, structure: Any, rows: Sequence[Sequence[Tensor]] | None, row: int) -> Any:
+        """Trial ``row``'s value of a structure made by :meth:`take` (``rows[slot][row]``: the tensors' rows)."""
+        if isinstance(structure, _Slot):
+            if rows is None:
+                raise RuntimeError("StepSession.build: a tensor's row is needed before the call returned")
+            return rows[structure.index][row]
+        if isinstance(structure, _Each):
+            return structure.values[row]
+        if isinstance(structure, _Copied):
+            return structure.value if row == 0 else copy.deepcopy(structure.value)
+        if isinstance(structure, _Rebuilt):
+            if structure.kind is dict:
+                return {self.build(k, rows, row): self.build(v, rows, row) for k, v in structure.items}
+            items = [self.build(item, rows, row) for item in structure.items]
+            if structure.kind is collections.deque:
+                return collections.deque(items, maxlen=structure.maxlen)
+            return structure.kind(*items) if hasattr(structure.kind, "_fields") else structure.kind(items)
+        return structure
+
+    def place(self, structure: Any, row: int) -> Any:
+        """Trial ``row``'s value now: built, or a :class:`Pending` placeholder if it holds tensors of this call."""
+        return Pending(structure, row) if _has_slots(structure) else self.build(structure, None, row)
+
+    # -- changes to the trials' containers -------------------------------------------------------------------
+
+    def save(self, container: Any) -> None:
+        """Remember a trial container's contents before this call first changes it (for :meth:`abort`)."""
+        if id(container) not in self._saved:
+            contents = list(container.items()) if isinstance(container, dict) else list(container)
+            self._saved[id(container)] = (container, contents)
+
+    def placed(self, container: Any, key: Any, value: Any) -> None:
+        """A value went into a trial's container: if it is a placeholder, put the row there after the call."""
+        if isinstance(value, Pending):
+            self._placements.append((container, key, value))
+
+    def finish(self, rows: Sequence[Tensor]) -> list[tuple[Tensor, ...]]:
+        """After the call: each placeholder replaced by its trial's row. Returns the rows (``[slot][row]``)."""
+        unbound = [tensor.unbind(0) for tensor in rows]
+        for container, key, pending in self._placements:
+            _replace(container, key, pending, self.build(pending.structure, unbound, pending.row))
+        self._placements, self._saved = [], {}
+        return unbound
+
+    def abort(self) -> None:
+        """The call failed: every trial container it changed gets its contents back."""
+        for container, contents in self._saved.values():
+            container.clear()
+            if isinstance(container, (dict, set)):
+                container.update(contents)
+            else:
+                container.extend(contents)
+        self._placements, self._saved = [], {}
+
+
+def _replace(container: Any, key: Any, pending: Pending, value: Any) -> None:
+    if isinstance(container, dict):
+        if key is not None and container.get(key) is pending:
+            container[key] = value
+            return
+        for k, v in container.items():
+            if v is pending:
+                container[k] = value
+                return
+    elif isinstance(container, set):
+        if pending in container:
+            container.discard(pending)
+            container.add(value)
+    else:  # a list or deque: placeholders are usually at the end
+        for index in range(len(container) - 1, -1, -1):
+            if container[index] is pending:
+                container[index] = value
+                return
+    # not found: the step removed it again (appended, then popped)
+
+
+# -- the stand-ins ------------------------------------------------------------------------------------------
+
+
+class PerTrialValue:
+    """A value that differs between trials, read inside the vectorised step: any use of it is refused.
+
+    It may be stored (each trial then gets its own value) or dropped; computing with it, comparing it, converting
+    it or passing it to torch raises a ``FusionError`` naming it, each trial's value and the line.
+    """
+
+    __slots__ = ("_name", "_session", "_values")
+
+    def __init__(self, session: StepSession, name: str, values: Sequence[Any]) -> None:
+        self._session, self._name, self._values = session, name, list(values)
+
+    def refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Raise the error for a use of the value inside the vectorised step."""
+        self._session.refuse(f"uses {self._session.describe(self._name, self._values)}, which differs between trials")
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        _first_stand_in((*args, *(kwargs or {}).values())).refuse()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # protocol probes (copy, pickle, hasattr) get the usual answer
+            raise AttributeError(name)
+        self.refuse()
+
+    def __repr__(self) -> str:
+        return f"<{self._name}: differs between trials>"
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = refuse
+    __pow__ = __neg__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __float__ = __int__ = __index__ = refuse
+    __getitem__ = __len__ = __iter__ = __eq__ = __ne__ = __abs__ = __round__ = __floordiv__ = __mod__ = refuse
+    __rfloordiv__ = __rmod__ = __matmul__ = __rmatmul__ = __rpow__ = __contains__ = __call__ = __format__ = refuse
+    __and__ = __or__ = __xor__ = __invert__ = __pos__ = __iadd__ = __isub__ = __imul__ = __setitem__ = refuse
+    __hash__ = object.__hash__
+
+
+def _first_stand_in(values: Iterable[Any]) -> Any:
+    for value in values:
+        if type(value) in (PerTrialValue, TrialContainer):
+            return value
+        if isinstance(value, (list, tuple)):
+            found = _first_stand_in(value)
+            if found is not None:
+                return found
+    return None
+
+
+class TrialContainer:
+    """Stands in for a list, dict, set or deque attribute: changes go to each trial's own container.
+
+    Args:
+        session: the running call.
+        name: how the user's code names it (``"self.training_step_outputs"``), for messages.
+        containers: each trial's own container, in row order.
+    """
+
+    __slots__ = ("_containers", "_name", "_session")
+
+    def __init__(self, session: StepSession, name: str, containers: Sequence[Any]) -> None:
+        self._session, self._name, self._containers = session, name, list(containers)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return type(self._containers[0])  # isinstance(self.outputs, list) holds inside the step, as alone
+
+    def __repr__(self) -> str:
+        return f"<{self._name}: each trial's own {type(self._containers[0]).__name__}>"
+
+    def _refuse(self, what: str) -> NoReturn:
+        self._session.refuse(f"{what} {self._name}, which a fused step cannot do for each trial's own container")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        self._refuse(f"calls .{name}() of")
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        stand_in = _first_stand_in((*args, *(kwargs or {}).values()))
+        name = getattr(func, "__name__", str(func))
+        stand_in._session.refuse(
+            f"passes {stand_in._name} to torch ({name}); each trial's {stand_in._name} holds that trial's own values"
+        )
+
+    # -- reads: the answer every trial would give, if they agree --------------------------------------------
+
+    def _reconcile(self, values: Sequence[Any], name: str) -> Any:
+        first = values[0]
+        if all(v is first for v in values) and not isinstance(first, (*CONTAINER_TYPES, Pending)):
+            return first
+        if all(isinstance(v, CONTAINER_TYPES) and type(v) is not TrialContainer for v in values):
+            return TrialContainer(self._session, name, values)
+        if is_shareable(first) and all(type(v) is type(first) and v == first for v in values):
+            return first
+        return PerTrialValue(self._session, name, values)
+
+    def _agreed(self, values: Sequence[Any], what: str) -> Any:
+        """For reads Python requires a plain answer from (``len``, ``bool``, ``in``): the same in every trial."""
+        if all(v == values[0] for v in values):
+            return values[0]
+        self._session.refuse(f"{what} {self._session.describe(self._name, values)}, which differs between trials")
+
+    def __len__(self) -> int:
+        return self._agreed([len(c) for c in self._containers], "takes the length of")
+
+    def __bool__(self) -> bool:
+        return self._agreed([bool(c) for c in self._containers], "tests")
+
+    def __contains__(self, item: Any) -> bool:
+        if isinstance(item, Tensor) or type(item) in (PerTrialValue, TrialContainer):
+            self._refuse("looks up a per-trial value in")
+        return self._agreed([item in c for c in self._containers], "looks up a value in")
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._reconcile([c[key] for c in self._containers], f"{self._name}[{key!r}]")
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """``dict.get`` for each trial."""
+        return self._reconcile([c.get(key, default) for c in self._containers], f"{self._name}[{key!r}]")
+
+    def __iter__(self) -> Iterator[Any]:
+        first = self._containers[0]
+        if isinstance(first, (dict, set)):
+            keys = self._agreed([list(c) for c in self._containers], "iterates over")
+            yield from (self._reconcile([k], f"{self._name} key") for k in keys) if isinstance(first, set) else keys
+            return
+        for index in range(len(self)):
+            yield self[index]
+
+    def __reversed__(self) -> Iterator[Any]:
+        for index in range(len(self) - 1, -1, -1):
+            yield self[index]
+
+    def keys(self) -> list[Any]:
+        """``dict.keys`` (as a list), the same in every trial."""
+        return list(iter(self))
+
+    def values(self) -> list[Any]:
+        """``dict.values``, each reconciled over the trials."""
+        return [self[key] for key in self.keys()]
+
+    def items(self) -> list[tuple[Any, Any]]:
+        """``dict.items``, each value reconciled over the trials."""
+        return [(key, self[key]) for key in self.keys()]
+
+    def copy(self) -> TrialContainer:
+        """Each trial's own shallow copy."""
+        return TrialContainer(self._session, f"{self._name}.copy()", [c.copy() for c in self._containers])
+
+    def index(self, value: Any, *args: Any) -> Any:
+        """``list.index`` for each trial."""
+        return self._reconcile([c.index(value, *args) for c in self._containers], f"{self._name}.index(...)")
+
+    def count(self, value: Any) -> Any:
+        """``list.count`` for each trial."""
+        return self._reconcile([c.count(value) for c in self._containers], f"{self._name}.count(...)")
+
+    def __eq__(self, other: Any) -> Any:
+        others = other._containers if type(other) is TrialContainer else [other] * len(self._containers)
+        return self._reconcile([c == o for c, o in zip(self._containers, others)], f"{self._name} == ...")
+
+    def __ne__(self, other: Any) -> Any:
+        others = other._containers if type(other) is TrialContainer else [other] * len(self._containers)
+        return self._reconcile([c != o for c, o in zip(self._containers, others)], f"{self._name} != ...")
+
+    __hash__ = None  # type: ignore[assignment]
+
+    # -- changes: applied to every trial's own container --------------------------------------------------------
+
+    def _apply(self, method: str, *args: Any, key: Any = None, value_at: int | None = None) -> list[Any]:
+        """``container.method(*args)`` on each trial's container with its own values; returns the results.
+
+        ``value_at`` names the argument that is stored (a placeholder where it holds this call's tensors).
+        """
+        structures = [self._session.take(arg, self._name) for arg in args]
+        results = []
+        for row, container in enumerate(self._containers):
+            self._session.save(container)
+            values = [
+                self._session.place(s, row) if i == value_at else self._session.build(s, None, row)
+                for i, s in enumerate(structures)
+            ]
+            results.append(getattr(container, method)(*values))
+            if value_at is not None:
+                self._session.placed(container, key if key is not None else None, values[value_at])
+        return results
+
+    def append(self, value: Any) -> None:
+        """``append`` to each trial's own list, with the trial's row of any tensor."""
+        self._apply("append", value, value_at=0)
+
+    def appendleft(self, value: Any) -> None:
+        """``deque.appendleft`` for each trial."""
+        self._apply("appendleft", value, value_at=0)
+
+    def add(self, value: Any) -> None:
+        """``set.add`` for each trial."""
+        self._apply("add", value, value_at=0)
+
+    def extend(self, values: Iterable[Any]) -> None:
+        """``extend`` each trial's own list, item by item."""
+        for value in list(values):
+            self.append(value)
+
+    def extendleft(self, values: Iterable[Any]) -> None:
+        """``deque.extendleft`` for each trial."""
+        for value in list(values):
+            self.appendleft(value)
+
+    def __iadd__(self, values: Iterable[Any]) -> TrialContainer:
+        self.extend(values)
+        return self
+
+    def insert(self, index: int, value: Any) -> None:
+        """``list.insert`` for each trial."""
+        self._apply("insert", index, value, value_at=1)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if isinstance(key, slice):
+            self._refuse("assigns a slice of")
+        self._apply("__setitem__", key, value, key=key, value_at=1)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        """``dict.setdefault`` for each trial (a new default is each trial's own copy)."""
+        results = self._apply("setdefault", key, default, key=key, value_at=1)
+        return self._reconcile(results, f"{self._name}[{key!r}]")
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        """``dict.update`` / ``set.update`` for each trial, item by item."""
+        if isinstance(self._containers[0], set):
+            for values in args:
+                for value in list(values):
+                    self.add(value)
+            return
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        self._apply("__delitem__", key)
+
+    def pop(self, *args: Any) -> Any:
+        """``pop`` for each trial; the popped values are reconciled (a :class:`PerTrialValue` if they differ)."""
+        return self._reconcile(self._apply("pop", *args), f"{self._name}.pop()")
+
+    def popleft(self) -> Any:
+        """``deque.popleft`` for each trial."""
+        return self._reconcile(self._apply("popleft"), f"{self._name}.popleft()")
+
+    def popitem(self) -> Any:
+        """``dict.popitem`` for each trial."""
+        return self._reconcile(self._apply("popitem"), f"{self._name}.popitem()")
+
+    def remove(self, value: Any) -> None:
+        """``remove`` a plain value from each trial's container."""
+        if not is_shareable(value):
+            self._refuse("removes a per-trial value from")
+        self._apply("remove", value)
+
+    def discard(self, value: Any) -> None:
+        """``set.discard`` a plain value in each trial."""
+        if not is_shareable(value):
+            self._refuse("discards a per-trial value from")
+        self._apply("discard", value)
+
+    def clear(self) -> None:
+        """``clear`` each trial's own container."""
+        self._apply("clear")
+
+    def reverse(self) -> None:
+        """``reverse`` each trial's own list."""
+        self._apply("reverse")
+
+    def sort(self, **kwargs: Any) -> None:
+        """``sort`` each trial's own list (its own elements, compared as alone)."""
+        if any(isinstance(v, Pending) for c in self._containers for v in c):
+            self._refuse("sorts tensors this step computed in")
+        for container in self._containers:
+            self._session.save(container)
+            container.sort(**kwargs)
