@@ -39,6 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_hydro.backends.errors import package_dir
+from lightning_hydro.backends.python_state import CONTAINER_TYPES, tracked_modules
 
 __all__ = [
     "DifferingAttribute",
@@ -67,6 +68,8 @@ class DifferingAttribute:
         values: the value of each trial, in the order of ``ids``.
         ids: the trial ids.
         read: whether code run under a fused backend reads it.
+        readers: whose code reads it: ``""`` for the root's steps, else the path of a submodule whose ``forward``
+            (the module's own, or an enclosing one's) names it.
     """
 
     path: str
@@ -74,6 +77,7 @@ class DifferingAttribute:
     values: tuple[Any, ...]
     ids: tuple[int, ...]
     read: bool
+    readers: tuple[str, ...] = ()
 
     @property
     def qualified_name(self) -> str:
@@ -150,14 +154,21 @@ def differing_attributes(modules: Sequence[nn.Module], *, ids: Sequence[int]) ->
         values = tuple(state.get((path, name), _MISSING) for state in states)
         if all(_equal(values[0], value) for value in values[1:]):
             continue
-        found.append(DifferingAttribute(path, name, values, tuple(ids), reads.reads(path, name)))
+        readers = reads.readers(path, name)
+        found.append(DifferingAttribute(path, name, values, tuple(ids), bool(readers), readers))
     return found
 
 
 def unfusible_attributes(
     modules: Sequence[nn.Module], *, ids: Sequence[int], handled: Callable[[str], bool] = lambda path: False
 ) -> list[DifferingAttribute]:
-    """The differing attributes that fused code reads, except those of submodules for which ``handled(path)``.
+    """The differing attributes that fused code reads, except those run per trial.
+
+    A submodule's setting is run per trial where ``handled(path)`` (hfta's fused operators honour theirs)
+    and no code outside such a module reads it: a forward that hands ``self.attn_dropout.p`` to
+    ``F.scaled_dot_product_attention`` itself (Hugging Face GPT-2, timm ViT) computes with the template's value.
+    Lists, dicts, sets and deques of the trial's own classes are not refused here: the vectorised backends
+    give each trial its own (:mod:`~lightning_hydro.backends.step_state`) and refuse a read that differs.
 
     Args:
         modules: the trial modules, in slot order.
@@ -165,7 +176,14 @@ def unfusible_attributes(
         handled: True for a submodule path whose differing settings the backend honours per trial (hfta's
             fused operators do for theirs).
     """
-    return [a for a in differing_attributes(modules, ids=ids) if a.read and not handled(a.path)]
+    tracked = {path for path, _ in tracked_modules(modules[0])}
+
+    def per_trial(attribute: DifferingAttribute) -> bool:
+        if attribute.path in tracked and all(isinstance(v, CONTAINER_TYPES) for v in attribute.values):
+            return True
+        return handled(attribute.path) and all(reader and handled(reader) for reader in attribute.readers)
+
+    return [a for a in differing_attributes(modules, ids=ids) if a.read and not per_trial(a)]
 
 
 def uncompared_reads(modules: Sequence[nn.Module]) -> list[str]:
@@ -195,15 +213,31 @@ def _attribute(module: nn.Module, path: str, key: str) -> Any:
 
 def unfusible_error_text(backend: str, module_name: str, attributes: Sequence[DifferingAttribute]) -> str:
     """The message of the refusal: which values differ, why that is wrong under ``backend``, what to do."""
-    listed = "; ".join(str(a) for a in attributes[:10])
+    listed = "; ".join(_with_readers(a) for a in attributes[:10])
     more = f" (and {len(attributes) - 10} more)" if len(attributes) > 10 else ""
+    handed_on = any(reader != a.path for a in attributes for reader in a.readers if a.path)
+    note = (
+        f" {backend} runs a converted module's own settings per trial, but code that reads such a setting and "
+        "hands it on itself (F.dropout(x, self.drop.p), F.scaled_dot_product_attention(..., dropout_p=...)) "
+        "runs once, with the first trial's value."
+        if backend == "hfta" and handed_on
+        else ""
+    )
     return (
         f"backend={backend!r} cannot fuse these {module_name} trials: the code it runs for all trials at once "
         f"reads Python values that differ between trials: {listed}{more}. {backend} runs one template "
-        "module's code for every trial, so each trial would silently compute with the first trial's value. "
+        f"module's code for every trial, so each trial would silently compute with the first trial's value.{note} "
         "Use backend='loop' (backend='auto' does so by itself), or make each such value a tensor registered "
         "with register_buffer (buffers are per trial)."
     )
+
+
+def _with_readers(attribute: DifferingAttribute) -> str:
+    outside = [reader for reader in attribute.readers if reader != attribute.path]
+    if not outside:
+        return str(attribute)
+    named = ", ".join("the steps of the LightningModule" if not r else f"the forward of {r!r}" for r in outside)
+    return f"{attribute}, read by {named}"
 
 
 # -- what the fused code reads ---------------------------------------------------------------------------------
@@ -290,9 +324,16 @@ class _ReadNames:
         return _names_read(type(module), ("forward",), True)
 
     def reads(self, path: str, name: str) -> bool:
+        return bool(self.readers(path, name))
+
+    def readers(self, path: str, name: str) -> tuple[str, ...]:
+        """``""`` if the root's steps name ``name``, and each of ``path`` and its ancestors whose forward does."""
         if name.startswith("hparams."):
-            return name in self.root
-        if name in self.root:
-            return True
+            return ("",) if name in self.root else ()
+        found = [""] if name in self.root else []
         parts = path.split(".") if path else []
-        return any(name in self._of(".".join(parts[:depth])) for depth in range(1, len(parts) + 1))
+        for depth in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:depth])
+            if name in self._of(prefix):
+                found.append(prefix)
+        return tuple(found)

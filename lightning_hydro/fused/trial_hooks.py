@@ -18,6 +18,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 
 from lightning_hydro.backends import StackedLog
+from lightning_hydro.backends.errors import ESCAPED_TENSOR_MESSAGES, escaped_tensor_error
 from lightning_hydro.backends.python_state import trial_code_ran
 from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
@@ -71,7 +72,13 @@ def forward_hook(hook: str, running: Sequence[tuple[int, Any]], metrics: TrialMe
         if not is_overridden(hook, module, L.LightningModule):
             continue
         with capture_logs(module) as calls:
-            getattr(module, hook)()
+            try:
+                getattr(module, hook)()
+            except RuntimeError as err:
+                if not any(needle in str(err) for needle in ESCAPED_TENSOR_MESSAGES):
+                    raise
+                where = f"{type(module).__name__}.{hook} of trial {tid}"
+                raise escaped_tensor_error(err, backend="vmap'/'hfta", where=where) from err
         if phase is not None:
             for call in calls:
                 metrics.record_epoch_value(phase, call.name, {tid: _as_float(call.value)})

@@ -35,12 +35,13 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lightning_hydro.backends.errors import FusionMismatchError
+from lightning_hydro.backends.errors import FusionMismatchError, explain_backward_error
 from lightning_hydro.backends.python_state import PythonState
 from lightning_hydro.backends.trial_attributes import differing_attributes as scan_attributes
 from lightning_hydro.backends.trial_attributes import uncompared_reads
 from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.backends.vmap_backend import MethodCaller
+from lightning_hydro.fused.argument_check import check_python_arguments
 
 _log = logging.getLogger(__name__)
 
@@ -271,12 +272,14 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
     """Compare each trial's fused ``training_step`` loss and gradients with its own module's.
 
     Runs in eval mode (no dropout, no BatchNorm statistics updates), in full precision, on a forked random
-    number generator, without touching any ``.grad``. Gradients are compared because a loss alone can hide a
+    number generator, without touching any ``.grad``, from the trials' Python state as it was, which every run
+    leaves as it found it. Gradients are compared because a loss alone can hide a
     difference (label smoothing barely changes the loss of an untrained, near-uniform classifier, but changes
     its gradient). A value differs when ``|fused - own|`` exceeds 16 times the float rounding measured
     against a float64 run of the trial's own step (or ``eps * sqrt(n) * |own|``, if larger), and the fused
     step run in float64 still differs from the trial's own float64 step (a float32-only difference is rounding
-    that flipped a discontinuity, such as a ReLU's kink).
+    that flipped a discontinuity, such as a ReLU's kink). Then, in training mode, the Python values the step
+    hands to torch are compared (:mod:`.argument_check`: a dropout rate is invisible in eval mode).
 
     Returns:
         False if the step returned no loss for this batch (check again on the next one).
@@ -302,7 +305,13 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
         state.restore()
         if fused is None:
             return False
-        fused_grads = torch.autograd.grad(fused.sum(), stacked, allow_unused=True)
+        try:
+            fused_grads = torch.autograd.grad(fused.sum(), stacked, allow_unused=True)
+        except RuntimeError as err:  # e.g. activation checkpointing, which recomputes outside vmap
+            explained = explain_backward_error(err, backend=backend.name, module_name=type(modules[0]).__name__)
+            if explained is None:
+                raise
+            raise explained from err
         fused64: tuple[Tensor, list[Tensor | None]] | str | None = None  # made once, if a float32 check fails
         for tid in ids:
             row = group.row_of(tid)
@@ -348,6 +357,7 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
                     why = f"{why}; {persisting}" if why else persisting
             if differing or unused:
                 raise FusionMismatchError(_mismatch_text(backend.name, tid, differing, unused, why, group))
+    check_python_arguments(group, backend, ids, batch, batch_idx)  # training mode: what eval mode cannot show
     return True
 
 
