@@ -63,7 +63,6 @@ class AutoChoice:
             text += f"; {name} skipped: {why.splitlines()[0]}"
         return text
 
-
     def _margin_rule(self) -> str:
         """Why the chosen backend won: the first in order of preference within ``margin`` of the fastest."""
         order = ", ".join(name for name in self.order if name in self.seconds)

@@ -134,10 +134,10 @@ class StepSession:
     def refuse(self, what: str) -> NoReturn:
         """Raise the :class:`FusionError` for something the step does that cannot run per trial."""
         self.refusal = (
-            f"backend={self.backend!r} cannot run {self.where} as each trial would run it alone: at "
-            f"{running_user_line()} it {what}. The step runs once for all trials, so each trial would compute with "
-            "one value. Use backend='loop', which runs each trial's own code one after another (backend='auto' "
-            "does so by itself)."
+            f"backend={self.backend!r} cannot run {self.where} as each trial would run it alone: it {what}, at "
+            f"{running_user_line()}. The step runs once for all trials, so each trial would compute with one value. "
+            "Use backend='loop', which runs each trial's own code one after another (backend='auto' does so by "
+            "itself)."
         )
         raise FusionError(self.refusal)
 

@@ -44,6 +44,7 @@ from lightning_hydro.backends.python_state import CONTAINER_TYPES, tracked_modul
 __all__ = [
     "DifferingAttribute",
     "differing_attributes",
+    "settings_fingerprint",
     "uncompared_reads",
     "unfusible_attributes",
     "unfusible_error_text",
@@ -160,7 +161,11 @@ def differing_attributes(modules: Sequence[nn.Module], *, ids: Sequence[int]) ->
 
 
 def unfusible_attributes(
-    modules: Sequence[nn.Module], *, ids: Sequence[int], handled: Callable[[str], bool] = lambda path: False
+    modules: Sequence[nn.Module],
+    *,
+    ids: Sequence[int],
+    handled: Callable[[str], bool] = lambda path: False,
+    settings_only: bool = False,
 ) -> list[DifferingAttribute]:
     """The differing attributes that fused code reads, except those run per trial.
 
@@ -175,15 +180,35 @@ def unfusible_attributes(
         ids: their trial ids (for the messages).
         handled: True for a submodule path whose differing settings the backend honours per trial (hfta's
             fused operators do for theirs).
+        settings_only: leave out the attributes of the trial's own classes (the backends refuse a differing
+            one where the step uses it): what is left are torch's modules' settings and the hparams.
     """
     tracked = {path for path, _ in tracked_modules(modules[0])}
 
     def per_trial(attribute: DifferingAttribute) -> bool:
         if attribute.path in tracked and all(isinstance(v, CONTAINER_TYPES) for v in attribute.values):
             return True
+        if settings_only and attribute.path in tracked and not attribute.name.startswith("hparams."):
+            return True  # the user's own attributes: a value that differs is refused where a step uses it
         return handled(attribute.path) and all(reader and handled(reader) for reader in attribute.readers)
 
     return [a for a in differing_attributes(modules, ids=ids) if a.read and not per_trial(a)]
+
+
+def settings_fingerprint(modules: Sequence[nn.Module]) -> list[dict[tuple[str, str], Any]]:
+    """Each trial's plain settings of the modules whose state is not the user's (torch's: dropout ``p``...).
+
+    Tensors stand as ``(id, version)``; two fingerprints are equal when no such setting changed in between.
+    """
+    tracked = {path for path, _ in tracked_modules(modules[0])}
+    return [
+        {
+            key: (id(value), value._version) if isinstance(value, Tensor) else value
+            for key, value in _plain_state(module).items()
+            if key[0] not in tracked or key[1].startswith("hparams.")
+        }
+        for module in modules
+    ]
 
 
 def uncompared_reads(modules: Sequence[nn.Module]) -> list[str]:

@@ -28,6 +28,7 @@ from lightning_hydro.backends.base import Backend, StackedLog, StepOutputs, step
 from lightning_hydro.backends.compiled_step import CompiledStep, CompileSetting, check_compile_setting
 from lightning_hydro.backends.deferred_metrics import DeferredValue, MetricRecorder, metric_paths, stack_values
 from lightning_hydro.backends.errors import FusionError, FusionMismatchError, explain_step_error
+from lightning_hydro.backends.python_state import state_generation
 from lightning_hydro.backends.step_state import ActiveCall, StepState
 from lightning_hydro.backends.trial_attributes import unfusible_attributes, unfusible_error_text
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
@@ -101,6 +102,7 @@ class VmapBackend(Backend):
         self._state = StepState(self.name)
         self._active: ActiveCall | None = None  # the running call's Python state, read inside the mapped function
         self._eager_steps = 0  # compile=True: the first training step runs eagerly, to see what it changes
+        self._checked_generation = state_generation()  # the trials' settings are checked just below
         refusal = self.refusal(group.modules, group.trial_ids)
         if refusal is not None:
             try:
@@ -112,8 +114,13 @@ class VmapBackend(Backend):
         """For a submodule path: whether its differing Python settings run per trial (never, under vmap)."""
         return lambda path: False
 
-    def refusal(self, modules: Sequence[nn.Module], ids: Sequence[int]) -> FusionMismatchError | None:
-        """The error to raise if these trials differ in Python values that the fused code reads, else None."""
+    def refusal(
+        self, modules: Sequence[nn.Module], ids: Sequence[int], *, settings_only: bool = False
+    ) -> FusionMismatchError | None:
+        """The error to raise if these trials differ in Python values that the fused code reads, else None.
+
+        ``settings_only``: only torch's modules' settings and the hparams (see ``unfusible_attributes``).
+        """
         honoured = self.per_trial_settings(modules)
         # torchmetrics metrics keep per-trial state by design: their calls are replayed on each trial's own metric
         metrics = [f"{path}." for path in metric_paths(modules[0]).values()]
@@ -121,7 +128,7 @@ class VmapBackend(Backend):
         def handled(path: str) -> bool:
             return honoured(path) or any(f"{path}.".startswith(prefix) for prefix in metrics)
 
-        found = unfusible_attributes(modules, ids=ids, handled=handled)
+        found = unfusible_attributes(modules, ids=ids, handled=handled, settings_only=settings_only)
         if not found:
             return None
         return FusionMismatchError(unfusible_error_text(self.name, type(modules[0]).__name__, found))
@@ -142,9 +149,34 @@ class VmapBackend(Backend):
         self._caller = None  # the compiled step stays: a new group size recompiles it once (dynamic shapes)
         self._recorder = None
         self._state.forget()
+        self._checked_generation = -1
+
+    def check_settings(self) -> bool:
+        """After the trials' own code ran (a hook, a loop step): refuse settings that have come to differ.
+
+        Returns whether it checked (False: nothing ran since the last check).
+
+        A hook may set a torch module's setting per trial (a dropout schedule: ``self.drop.p = ...``); the
+        template's would then silently stand for all. The user's own attributes are checked where a step uses
+        them (:mod:`~lightning_hydro.backends.step_state`).
+
+        Raises:
+            FusionMismatchError: naming the settings that now differ.
+        """
+        if self._checked_generation == state_generation():
+            return False
+        self._checked_generation = state_generation()
+        refusal = self.refusal(self.group.modules, self.group.trial_ids, settings_only=True)
+        if refusal is not None:
+            try:
+                raise refusal
+            finally:  # break the frame -> error -> traceback -> frame cycle
+                refusal = None
+        return True
 
     @override
     def run(self, method: str, *args: Any) -> StepOutputs:
+        self.check_settings()
         template = self.template()  # every call: subclasses keep their template in step with the trials
         if self._caller is None or self._caller.module is not template:
             self._caller = MethodCaller(template)

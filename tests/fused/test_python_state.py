@@ -208,9 +208,9 @@ def test_state_that_comes_to_differ_between_trials_is_refused_with_its_name_and_
     fused = FusedLightningModule(trials(DivergingFlag), backend=backend, summary=False)
     with pytest.raises(
         FusionError,
-        match=rf"backend='{backend}' cannot run DivergingFlag.training_step as each trial would run it alone: at "
-        r".*test_python_state.py:\d+ in training_step: if self.boost: it uses self.boost \(trial 0: False, trial 1: "
-        r"True, trial 2: True\), which differs between trials",
+        match=rf"backend='{backend}' cannot run DivergingFlag.training_step as each trial would run it alone: it "
+        r"uses self.boost \(trial 0: False, trial 1: True, trial 2: True\), which differs between trials, at "
+        r".*test_python_state.py:\d+ in training_step: if self.boost:",
     ):
         fit_digits(make_trainer(**FIT), fused)
 

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.backends import FusionError
 from lightning_hydro.backends.errors import FusionMismatchError
-from tests.helpers import make_trainer, max_state_difference, token_data
+from tests.helpers import fit_digits, make_trainer, max_state_difference, token_data
 
 
 @dataclass
@@ -196,9 +196,7 @@ def test_auto_trains_each_trial_with_its_own_rate(style):
     trials = same_start(style, (0.0, 0.9))
     # the universal optimizer path: each trial's own AdamW, so that the loop is bitwise a trial trained alone;
     # deterministic: auto takes the first of hfta, vmap, loop that runs, whatever timing would favour
-    fused = FusedLightningModule(
-        trials, backend="auto", optimizer_path="universal", deterministic=True, summary=False
-    )
+    fused = FusedLightningModule(trials, backend="auto", optimizer_path="universal", deterministic=True, summary=False)
     torch.manual_seed(1234)
     make_trainer(max_steps=6).fit(fused)
     assert fused.backend == "loop"
@@ -235,3 +233,44 @@ def test_auto_falls_back_to_the_loop_for_gradient_checkpointing_and_says_why():
     )
     make_trainer(max_steps=3).fit(separate[1])
     assert max_state_difference(fused.unfuse(1), separate[1]) < 1e-6
+
+
+class DropoutSchedule(L.LightningModule):
+    """A hook raises the dropout rate of an nn.Dropout from the second epoch on, to the trial's own final rate."""
+
+    def __init__(self, final_p: float = 0.0, lr: float = 0.05) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.0), nn.Linear(32, 10))
+
+    def on_train_epoch_start(self) -> None:
+        self.net[2].p = self.hparams["final_p"] if self.current_epoch >= 1 else 0.0
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams["lr"])
+
+
+def scheduled(rates: tuple[float, ...]) -> list[DropoutSchedule]:
+    modules = []
+    for rate in rates:
+        torch.manual_seed(0)
+        modules.append(DropoutSchedule(rate))
+    return modules
+
+
+def test_vmap_refuses_a_setting_a_hook_makes_differ():
+    fused = FusedLightningModule(scheduled((0.0, 0.5)), backend="vmap", summary=False)
+    with pytest.raises(FusionMismatchError, match=r"net.2.p \(trial 0: 0.0, trial 1: 0.5\)"):
+        fit_digits(make_trainer(max_epochs=2, limit_train_batches=3), fused)
+
+
+def test_hfta_runs_a_setting_a_hook_changes_with_each_trials_own_value():
+    # same weights and lr: had hfta kept the rate it converted (0 for both), the trials would stay bitwise equal
+    fused = FusedLightningModule(scheduled((0.0, 0.5)), backend="hfta", summary=False)
+    fit_digits(make_trainer(max_epochs=2, limit_train_batches=3), fused)
+    moved = max((a - b).abs().max().item() for a, b in zip(fused.unfuse(0).parameters(), fused.unfuse(1).parameters()))
+    assert moved > 1e-4
