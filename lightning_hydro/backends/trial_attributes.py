@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import dis
 import inspect
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -45,6 +46,7 @@ __all__ = [
     "DifferingAttribute",
     "differing_attributes",
     "settings_fingerprint",
+    "state_writes",
     "uncompared_reads",
     "unfusible_attributes",
     "unfusible_error_text",
@@ -302,14 +304,13 @@ def _names_read(cls: type, entries: tuple[str, ...], framework_methods: bool) ->
     return _READS[key]
 
 
-def _scan_names(cls: type, entries: tuple[str, ...], framework_methods: bool) -> frozenset[str]:
-    """Names read by ``entries`` of ``cls`` and what they call; ``"hparams."`` + key for hyperparameter reads.
+def _followed_code(cls: type, entries: tuple[str, ...], framework_methods: bool) -> Iterator[types.CodeType]:
+    """The code of ``entries`` of ``cls`` and of what they call (nested functions included).
 
     Methods of ``cls`` named in the code are followed (those defined in torch or Lightning only if
     ``framework_methods``: a LightningModule's own ``log`` reads nothing of the user's); global functions
     are followed unless they belong to torch or Lightning.
     """
-    names: set[str] = set()
     seen: set[types.CodeType] = set()
     todo = [f for e in entries if (f := _function(inspect.getattr_static(cls, e, None))) is not None]
     while todo:
@@ -318,12 +319,7 @@ def _scan_names(cls: type, entries: tuple[str, ...], framework_methods: bool) ->
             continue
         seen.add(function.__code__)
         for code in _nested(function.__code__):
-            strings = {c for c in code.co_consts if isinstance(c, str)}
-            names.update(code.co_names)
-            if "getattr" in code.co_names:
-                names.update(strings)
-            if "hparams" in code.co_names:
-                names.update(f"hparams.{key}" for key in {*code.co_names, *strings})
+            yield code
             for name in code.co_names:
                 method = _function(inspect.getattr_static(cls, name, None))
                 if method is not None and (framework_methods or not _framework(method)):
@@ -331,7 +327,50 @@ def _scan_names(cls: type, entries: tuple[str, ...], framework_methods: bool) ->
                 called = _function(function.__globals__.get(name))
                 if called is not None and not _framework(called):
                     todo.append(called)
+
+
+def _scan_names(cls: type, entries: tuple[str, ...], framework_methods: bool) -> frozenset[str]:
+    """Names read by ``entries`` of ``cls`` and what they call; ``"hparams."`` + key for hyperparameter reads."""
+    names: set[str] = set()
+    for code in _followed_code(cls, entries, framework_methods):
+        strings = {c for c in code.co_consts if isinstance(c, str)}
+        names.update(code.co_names)
+        if "getattr" in code.co_names:
+            names.update(strings)
+        if "hparams" in code.co_names:
+            names.update(f"hparams.{key}" for key in {*code.co_names, *strings})
     return frozenset(names)
+
+
+# methods that change a list, dict, set or deque in place
+_MUTATORS = frozenset(
+    {"append", "extend", "insert", "pop", "popleft", "popitem", "appendleft", "extendleft", "clear", "setdefault"}
+)
+_STORES: dict[type, tuple[str, ...]] = {}
+
+
+def state_writes(template: nn.Module) -> tuple[str, ...]:
+    """What the code the fused backends run may change in Python state: ``"calls"``, ``"outputs.append"``.
+
+    Read off the code (attribute stores and deletions, ``setattr``, calls of methods that change a container), in
+    the root's steps and the forwards of the user's own submodule classes; it errs towards finding writes.
+    """
+    if type(template) not in _STORES:
+        found: dict[str, None] = {}
+        codes = [_followed_code(type(template), STEP_METHODS, False)]
+        codes += [_followed_code(type(m), ("forward",), True) for path, m in tracked_modules(template) if path]
+        for code in (c for iterator in codes for c in iterator):
+            instructions = list(dis.get_instructions(code))
+            for index, instruction in enumerate(instructions):
+                if instruction.opname in ("STORE_ATTR", "DELETE_ATTR"):
+                    found[str(instruction.argval)] = None
+                elif instruction.argval in _MUTATORS and index and instruction.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+                    owner = instructions[index - 1].argval
+                    found[f"{owner if isinstance(owner, str) else '[...]'}.{instruction.argval}"] = None
+            if "setattr" in code.co_names or "delattr" in code.co_names:
+                found["setattr(...)"] = None
+        _STORES[type(template)] = tuple(found)
+    return _STORES[type(template)]
 
 
 class _ReadNames:

@@ -30,7 +30,7 @@ from lightning_hydro.backends.deferred_metrics import DeferredValue, MetricRecor
 from lightning_hydro.backends.errors import FusionError, FusionMismatchError, explain_step_error
 from lightning_hydro.backends.python_state import state_generation
 from lightning_hydro.backends.step_state import ActiveCall, StepState
-from lightning_hydro.backends.trial_attributes import unfusible_attributes, unfusible_error_text
+from lightning_hydro.backends.trial_attributes import state_writes, unfusible_attributes, unfusible_error_text
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
 
 if TYPE_CHECKING:
@@ -101,7 +101,6 @@ class VmapBackend(Backend):
         self.deferred_metrics: list[str] = []  # the torchmetrics metrics the last call replayed per trial
         self._state = StepState(self.name)
         self._active: ActiveCall | None = None  # the running call's Python state, read inside the mapped function
-        self._eager_steps = 0  # compile=True: the first training step runs eagerly, to see what it changes
         self._checked_generation = state_generation()  # the trials' settings are checked just below
         refusal = self.refusal(group.modules, group.trial_ids)
         if refusal is not None:
@@ -187,11 +186,14 @@ class VmapBackend(Backend):
         buffers = {f"module.{name}": b for name, b in self.group.buffers.items()}
         buffers.update({f"module.{name}": b for name, b in self.extra_buffers().items()})
         call: Callable[..., Any] = self.vmapped
-        compiled = self.compile and method == "training_step" and self._eager_steps > 0
-        if compiled:
+        if self.compile and method == "training_step":
             if self._compiled is None:
                 where = f"backend={self.name!r}, {type(template).__name__}.{method}"
                 self._compiled = CompiledStep(self.vmapped, self.compile, where)
+                writes = state_writes(template)
+                if writes:  # each trial's share of what the step stores is handed out by Python code after the call
+                    shown = ", ".join(writes[:4])
+                    self._compiled.fall_back(f"the step changes Python state ({shown}), which runs per trial eagerly")
             call = self._compiled
         active = self._active = self._state.begin(template, self.group.modules, self.group.trial_ids, method)
         try:
@@ -212,7 +214,7 @@ class VmapBackend(Backend):
             raise
         finally:
             self._active = None
-        self._finish_state(active, stored, method)
+        active.finish(stored)
         output = None if kind == "none" else encoded
         # each trial's own torchmetrics metrics, called with its row of what the step passed to the template's
         logged_values = {c.value.call for c in calls if isinstance(c.value, DeferredValue)}
@@ -222,17 +224,6 @@ class VmapBackend(Backend):
             calls, list(logged), method, lambda value: recorder.per_row_value(value, replayed, self.group.modules)
         )
         return StepOutputs(output=output, logs=logs)
-
-    def _finish_state(self, active: ActiveCall, stored: Sequence[Tensor], method: str) -> None:
-        """Each trial's share of what the step stored; with compile, a step that changes state stays eager."""
-        touched = active.touched
-        active.finish(stored)
-        if self.compile and method == "training_step" and self._eager_steps == 0:
-            self._eager_steps = 1
-            if touched and self._compiled is None:
-                where = f"backend={self.name!r}, {active.session.where}"
-                self._compiled = CompiledStep(self.vmapped, self.compile, where)
-                self._compiled.fall_back("the step changes Python state, which runs per trial only eagerly")
 
     @property
     def compile_failure(self) -> str:

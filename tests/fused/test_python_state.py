@@ -10,6 +10,7 @@ backend and compared with each trial trained alone.
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 import lightning as L
@@ -228,3 +229,19 @@ def test_auto_runs_state_that_comes_to_differ_on_the_loop_as_alone():
         assert fused.trial_module(tid).boost == own.boost
         assert fused.trial_module(tid).calls == own.calls
         assert metrics[f"val_loss/trial_{tid}"] == pytest.approx(values["val_loss"], rel=1e-5)
+
+
+def test_with_compile_a_step_that_changes_python_state_runs_eagerly_and_says_so(caplog):
+    alone = trials(WarmupCounter)
+    separate = [copy.deepcopy(m) for m in alone]
+    fit_alone(separate, **FIT)
+    fused = FusedLightningModule(alone, backend="vmap", compile=True, summary=False)
+    with caplog.at_level(logging.WARNING, logger="lightning_hydro"):
+        fit_digits(make_trainer(**FIT), fused)
+    lines = [r.getMessage() for r in caplog.records if "falls back to eager" in r.getMessage()]
+    assert lines == [
+        "lightning_hydro: compile=True falls back to eager for backend='vmap', WarmupCounter.training_step: the step "
+        "changes Python state (calls, batch_sizes.append, [...].append, last_loss), which runs per "
+        "trial eagerly."
+    ]
+    assert [fused.trial_module(tid).calls for tid in range(3)] == [own.calls for own in separate]
