@@ -22,6 +22,7 @@ from lightning_hydro.backends.compiled_step import CompileSetting
 from lightning_hydro.backends.errors import FusionError
 from lightning_hydro.backends.hfta import ConversionError, convert_to_fused, plan_conversion
 from lightning_hydro.backends.hfta.registry import FUSED_OPERATORS
+from lightning_hydro.backends.python_state import copy_template
 from lightning_hydro.backends.trial_attributes import settings_fingerprint
 from lightning_hydro.backends.vmap_backend import VmapBackend
 
@@ -90,7 +91,7 @@ class HftaBackend(VmapBackend):
         first = self.group.modules[0]
         if self._converted is None:
             with _conversion_errors_as_fusion_errors():
-                self._converted = convert_to_fused(first, self.group.modules)
+                self._converted = convert_to_fused(copy_template(first), self.group.modules, inplace=True)
             self._converted_settings = settings_fingerprint(self.group.modules)
         converted = self._converted
         # the copy follows the trial modules: train/eval mode (per submodule) and the Trainer the user's code uses

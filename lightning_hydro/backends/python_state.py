@@ -34,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import collections
+import copy
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -45,6 +46,7 @@ __all__ = [
     "CONTAINER_TYPES",
     "FRAMEWORK_KEYS",
     "PythonState",
+    "copy_template",
     "preserved_python_state",
     "state_generation",
     "tracked_modules",
@@ -194,6 +196,32 @@ class PythonState:
                 if tensor._version != version:
                     tensor.copy_(saved)
         trial_code_ran()  # cached comparisons of the trials' values hold no more
+
+
+def copy_template(module: nn.Module) -> nn.Module:
+    """A deep copy of a trial module to run as a template, without copying what its Python state holds.
+
+    The template's state is put in place for each call (:mod:`~lightning_hydro.backends.step_state`); copying a
+    trial's outputs list would copy the tensors in it, which cannot be deep-copied while they carry a graph.
+    Its containers start empty and its tensors are shared.
+    """
+    memo: dict[int, Any] = {}
+    for _, sub in tracked_modules(module):
+        for key in user_keys(sub):
+            _share(vars(sub)[key], memo)
+    return copy.deepcopy(module, memo)
+
+
+def _share(value: Any, memo: dict[int, Any]) -> None:
+    if isinstance(value, Tensor):
+        memo[id(value)] = value
+    elif isinstance(value, collections.deque):
+        memo[id(value)] = collections.deque(maxlen=value.maxlen)
+    elif isinstance(value, CONTAINER_TYPES):
+        memo[id(value)] = type(value)()
+    elif isinstance(value, tuple):
+        for item in value:
+            _share(item, memo)
 
 
 @contextmanager

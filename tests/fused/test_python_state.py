@@ -245,3 +245,27 @@ def test_with_compile_a_step_that_changes_python_state_runs_eagerly_and_says_so(
         "trial eagerly."
     ]
     assert [fused.trial_module(tid).calls for tid in range(3)] == [own.calls for own in separate]
+
+
+class Refill(L.Callback):
+    """Stops trial 1 after the third batch and puts a fresh trial into its slot (as ASHA's refills do)."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.current_epoch == 0 and batch_idx == 2:
+            pl_module.stop_trial(1, "stopped for a newcomer")
+            torch.manual_seed(7)
+            pl_module.add_trial(EpochEndOutputs(lr=0.1), trial_id=7)
+
+
+@pytest.mark.parametrize("backend", ["vmap", "hfta"])
+def test_a_newcomer_with_an_empty_outputs_list_joins_trials_whose_lists_are_filling(backend):
+    def fit(backend: str) -> dict[str, float]:
+        _, metrics = fit_fused(trials(EpochEndOutputs), backend, callbacks=[Refill()], **FIT)
+        return metrics
+
+    expected = fit("loop")  # each trial's own code on its own list
+    metrics = fit(backend)
+    for tid in (0, 2, 7):
+        for name in ("training_epoch_mean", "validation_epoch_mean"):
+            key = f"{name}/trial_{tid}"
+            assert metrics[key] == pytest.approx(expected[key], rel=1e-5), key
