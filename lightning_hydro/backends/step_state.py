@@ -202,9 +202,10 @@ class ActiveCall:
             if now is not installed:
                 stored = _DELETED if now is MISSING else session.take(now, entry.prefix + key)
                 self._changes.append((entry, key, stored))
+        deleted = any(structure is _DELETED for _, _, structure in self._changes)
         for entry, size in zip(self.state._paths, self._sizes):
             attributes = vars(entry.template)
-            if len(attributes) != size or any(key not in entry.kinds for key in user_keys(entry.template)):
+            if len(attributes) != size or deleted:  # attributes the step created
                 for key in user_keys(entry.template):
                     if key not in entry.kinds:
                         self._changes.append((entry, key, session.take(attributes[key], entry.prefix + key)))
