@@ -269,6 +269,11 @@ class PerTrialValue:
     def __init__(self, session: StepSession, name: str, values: Sequence[Any]) -> None:
         self._session, self._name, self._values = session, name, list(values)
 
+    @property
+    def trial_values(self) -> list[Any]:
+        """Each trial's value, in row order (for what may take one value per trial, such as ``self.log``)."""
+        return self._values
+
     def refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
         """Raise the error for a use of the value inside the vectorised step."""
         self._session.refuse(f"uses {self._session.describe(self._name, self._values)}, which differs between trials")

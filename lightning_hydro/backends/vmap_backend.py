@@ -28,6 +28,7 @@ from lightning_hydro.backends.base import Backend, StackedLog, StepOutputs, step
 from lightning_hydro.backends.compiled_step import CompiledStep, CompileSetting, check_compile_setting
 from lightning_hydro.backends.deferred_metrics import DeferredValue, MetricRecorder, metric_paths, stack_values
 from lightning_hydro.backends.errors import FusionError, FusionMismatchError, explain_step_error
+from lightning_hydro.backends.per_trial_values import PerTrialValue
 from lightning_hydro.backends.python_state import state_generation
 from lightning_hydro.backends.step_state import ActiveCall, StepState
 from lightning_hydro.backends.trial_attributes import state_writes, unfusible_attributes, unfusible_error_text
@@ -296,6 +297,12 @@ class VmapBackend(Backend):
                         "per trial; log a scalar."
                     )
                 logs.append(StackedLog(call.name, values.reshape(rows), call.options))
+            elif type(call.value) is PerTrialValue and all(
+                isinstance(v, (Tensor, int, float)) for v in call.value.trial_values
+            ):  # a value that differs between trials, logged: each trial logs its own
+                logs.append(
+                    StackedLog(call.name, stack_values(call.value.trial_values, self.group.device), call.options)
+                )
             elif isinstance(call.value, (int, float)):
                 device = self.group.device
                 logs.append(StackedLog(call.name, torch.full((rows,), float(call.value), device=device), call.options))

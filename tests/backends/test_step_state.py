@@ -14,7 +14,7 @@ from torch import nn
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.backends import FusionError, make_backend
 from lightning_hydro.backends.auto import choose_backend, clear_backend_cache
-from lightning_hydro.backends.python_state import FRAMEWORK_KEYS, PythonState, user_keys
+from lightning_hydro.backends.python_state import FRAMEWORK_KEYS, PythonState, trial_code_ran, user_keys
 from lightning_hydro.demos import DigitsMLP
 from lightning_hydro.fused.verify import verify_fusion
 from lightning_hydro.stacking.stacked_state import StackedState
@@ -196,3 +196,21 @@ def test_a_tensor_kept_out_of_reach_is_explained_where_it_is_used_not_an_interna
         r"lightning_hydro cannot hand each trial its own row, at .*test_step_state.py:\d+ in on_train_epoch_end",
     ):
         fit_digits(make_trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0), fused)
+
+
+class LogsItsFlag(DigitsMLP):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.log("flag", self.flag)  # logging a value that differs between trials: each trial logs its own
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_value_that_came_to_differ_may_be_logged_per_trial():
+    group = group_of(LogsItsFlag, count=3, hidden_dim=4)
+    for module in group.modules:
+        module.flag = 0.0
+    fused = make_backend("vmap", group)  # built while the flag is the same in every trial
+    for row, module in enumerate(group.modules):
+        module.flag = float(row)  # then a hook sets it per trial
+    trial_code_ran()
+    logs = {log.name: log.values for log in fused.run("training_step", BATCH, 0).logs}
+    assert logs["flag"].tolist() == [0.0, 1.0, 2.0]
