@@ -149,8 +149,8 @@ def explain_step_error(err: Exception, *, method: str, module_name: str, backend
         return FusionError(
             f"{failed} The step writes a tensor computed from the parameters (which carries a leading trial "
             f"dimension under {backend}) in place into a tensor that all trials share, such as a plain tensor "
-            "attribute. Register that tensor as a buffer (register_buffer), so that each trial has its own row, or "
-            "use backend='loop', which runs each trial's own code (backend='auto' does so by itself)."
+            "attribute. Use backend='loop', which runs each trial's own code (backend='auto' does so by itself), or "
+            "register that tensor as a buffer (register_buffer), so that each trial has its own row."
         )
     return FusionError(
         f"{failed} lightning_hydro does not recognise this error as one of {backend}'s known limits. Under "

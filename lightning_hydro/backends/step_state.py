@@ -122,7 +122,7 @@ class StepState:
                 self._classify(entry)
             self._generation = state_generation()
         session = StepSession(self.backend, f"{type(template).__name__}.{method}", trial_ids)
-        return ActiveCall(self, session, template is trials[0])
+        return ActiveCall(self, session)
 
     # -- comparing the trials' values -------------------------------------------------------------------------
 
@@ -137,14 +137,15 @@ class StepState:
     def _classify_key(self, entry: _Path, key: str) -> None:
         values = [vars(trial).get(key, MISSING) for trial in entry.trials]
         first = values[0]
-        if all(isinstance(v, CONTAINER_TYPES) for v in values):
+        containers = [isinstance(v, CONTAINER_TYPES) for v in values]
+        if all(containers):
             entry.kinds[key] = "container"
             return
         if all(v is first for v in values) or (
             is_shareable(first) and all(type(v) is type(first) and v == first for v in values)
         ):
             kind: _Kind = "shared"
-        elif all(_comparable(v) for v in values):
+        elif any(containers) or all(_comparable(v) for v in values):  # a list in some trials only: differs too
             kind = "per_trial" if not self._equal_tensors(entry, key, values) else "shared"
         else:
             kind = "objects"  # each trial's own object (a config...): compared by the first-batch check instead
@@ -172,10 +173,9 @@ class StepState:
 class ActiveCall:
     """One vectorised call's handling of the trials' Python state (made by :meth:`StepState.begin`)."""
 
-    def __init__(self, state: StepState, session: StepSession, template_is_trial: bool) -> None:
+    def __init__(self, state: StepState, session: StepSession) -> None:
         self.state = state
         self.session = session
-        self.template_is_trial = template_is_trial
         # (path, key, what the template holds during the call, what it held before)
         self._records: list[tuple[_Path, str, Any, Any]] = []
         self._sizes = [len(vars(entry.template)) for entry in state._paths]

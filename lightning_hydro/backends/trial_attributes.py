@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lightning_hydro.backends.deferred_metrics import metric_paths
 from lightning_hydro.backends.errors import package_dir
 from lightning_hydro.backends.python_state import CONTAINER_TYPES, tracked_modules
 
@@ -131,9 +132,15 @@ def _equal(a: Any, b: Any) -> bool:
 
 
 def _plain_state(module: nn.Module) -> dict[tuple[str, str], Any]:
-    """``(path, name)`` -> value of every comparable public attribute of every submodule, and the hparams."""
+    """``(path, name)`` -> value of every comparable public attribute of every submodule, and the hparams.
+
+    A torchmetrics metric's state is each trial's own by design (its calls are replayed per trial): left out.
+    """
     found: dict[tuple[str, str], Any] = {}
+    metrics = tuple(f"{path}." for path in metric_paths(module).values())
     for path, sub in module.named_modules():
+        if f"{path}.".startswith(metrics):
+            continue
         for key, value in vars(sub).items():
             if not key.startswith("_") and key not in _IGNORED and _comparable(value):
                 found[(path, key)] = value
@@ -200,17 +207,26 @@ def unfusible_attributes(
 def settings_fingerprint(modules: Sequence[nn.Module]) -> list[dict[tuple[str, str], Any]]:
     """Each trial's plain settings of the modules whose state is not the user's (torch's: dropout ``p``...).
 
-    Tensors stand as ``(id, version)``; two fingerprints are equal when no such setting changed in between.
+    Numbers, strings and containers of them (a metric's state tensors are not settings); two fingerprints are
+    equal when no such setting changed in between.
     """
     tracked = {path for path, _ in tracked_modules(modules[0])}
     return [
         {
-            key: (id(value), value._version) if isinstance(value, Tensor) else value
+            key: value
             for key, value in _plain_state(module).items()
-            if key[0] not in tracked or key[1].startswith("hparams.")
+            if (key[0] not in tracked or key[1].startswith("hparams.")) and not _holds_tensor(value)
         }
         for module in modules
     ]
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, Tensor):
+        return True
+    if isinstance(value, (tuple, list)):
+        return any(_holds_tensor(v) for v in value)
+    return isinstance(value, dict) and any(_holds_tensor(v) for v in value.values())
 
 
 def uncompared_reads(modules: Sequence[nn.Module]) -> list[str]:

@@ -34,6 +34,7 @@ from torch.overrides import TorchFunctionMode
 from lightning_hydro.backends.errors import FusionMismatchError, package_dir
 from lightning_hydro.backends.python_state import PythonState
 from lightning_hydro.backends.trial_logging import capture_logs
+from lightning_hydro.backends.vmap_backend import VmapBackend
 
 if TYPE_CHECKING:
     from lightning_hydro.backends.base import Backend
@@ -161,6 +162,9 @@ def check_python_arguments(
             torch.autocast(device.type, enabled=False),
         ):
             step = _code(type(modules[0]).training_step)  # type: ignore[attr-defined]
+            if isinstance(backend, VmapBackend):  # its own preparation (a conversion copies modules) not recorded
+                backend.check_settings()
+                backend.template()
             with recorded_arguments(step) as fused:
                 backend.run("training_step", batch, batch_idx)
             for tid in ids:

@@ -23,7 +23,6 @@ Example::
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 from collections.abc import Iterator, Sequence
@@ -36,7 +35,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from lightning_hydro.backends.errors import FusionMismatchError, explain_backward_error
-from lightning_hydro.backends.python_state import PythonState
+from lightning_hydro.backends.python_state import PythonState, copy_template
 from lightning_hydro.backends.trial_attributes import differing_attributes as scan_attributes
 from lightning_hydro.backends.trial_attributes import uncompared_reads
 from lightning_hydro.backends.trial_logging import capture_logs
@@ -211,7 +210,7 @@ def _float64_fused_run(
         torch.set_default_dtype(torch.float64)
         twin = StackedState(
             nn.Module(),
-            [copy.deepcopy(m).double() for m in group.modules],
+            [copy_template(m).double() for m in group.modules],  # not the tensors its outputs lists hold
             group.trial_ids,
             pad_widths=group.pad_widths,
         )

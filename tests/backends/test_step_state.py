@@ -214,3 +214,13 @@ def test_a_value_that_came_to_differ_may_be_logged_per_trial():
     trial_code_ran()
     logs = {log.name: log.values for log in fused.run("training_step", BATCH, 0).logs}
     assert logs["flag"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_a_list_that_one_trial_lacks_is_a_value_that_differs():
+    group = group_of(Keeper)
+    fused = make_backend("vmap", group)
+    del group.modules[2].outputs  # e.g. a trial that joined later, whose hooks never made it
+    trial_code_ran()
+    with pytest.raises(FusionError, match=r"self.outputs \(trial 0: \[\], trial 1: \[\], trial 2: <not set>\)"):
+        fused.run("training_step", BATCH, 0)
+    assert [module.calls for module in group.modules] == [0, 0, 0]
