@@ -32,12 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_hydro.backends.errors import FusionError
-from lightning_hydro.backends.per_trial_values import (
-    PerTrialValue,
-    StepSession,
-    TrialContainer,
-    is_shareable,
-)
+from lightning_hydro.backends.per_trial_values import PerTrialValue, TrialContainer, is_shareable
 from lightning_hydro.backends.python_state import (
     CONTAINER_TYPES,
     FRAMEWORK_KEYS,
@@ -45,6 +40,7 @@ from lightning_hydro.backends.python_state import (
     tracked_modules,
     user_keys,
 )
+from lightning_hydro.backends.step_session import StepSession
 
 __all__ = ["ActiveCall", "StepState"]
 
