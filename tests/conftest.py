@@ -54,4 +54,3 @@ def _quiet_and_seeded():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
         warnings.filterwarnings("ignore", message=".*LeafSpec.*")
         yield
-

@@ -1,8 +1,9 @@
 """``backend="auto"``: time a few real training steps of each applicable backend and keep the fastest.
 
 The candidates run forward and backward on the real first batch (no optimizer step), after one warm-up
-call; buffers (e.g. BatchNorm running statistics), gradients and the random number generators are put
-back afterwards, so the choice does not change what the trials compute. A backend that cannot run the
+call; buffers (e.g. BatchNorm running statistics), gradients, the random number generators and the trials'
+Python state (counters, outputs lists: :mod:`~lightning_hydro.backends.python_state`) are put back
+afterwards, so the choice does not change what the trials compute. A backend that cannot run the
 model (a :class:`~lightning_hydro.backends.errors.FusionError`, or any other error of a fused backend) is
 skipped with its reason, which the fused module logs; only the ``loop`` backend's own errors propagate.
 Choices are cached per (model class, number of trials, parameter shapes, device) for the life of the process.
@@ -20,6 +21,7 @@ import torch
 
 from lightning_hydro.backends.base import Backend
 from lightning_hydro.backends.errors import FusionError
+from lightning_hydro.backends.python_state import PythonState
 
 if TYPE_CHECKING:
     from lightning_hydro.stacking.stacked_state import StackedState
@@ -38,6 +40,8 @@ class AutoChoice:
     skipped: dict[str, str] = field(default_factory=dict)
     cached: bool = False
     timed: bool = True
+    margin: float = 0.0  # see choose_backend
+    order: list[str] = field(default_factory=list)  # the candidates in order of preference
 
     def describe(self) -> str:
         """One line saying what was chosen and the measured step times."""
@@ -51,10 +55,27 @@ class AutoChoice:
         if not self.seconds:
             return f"backend='auto' chose {self.backend.name!r}, the only backend that can run this model"
         timings = ", ".join(f"{name} {1000 * s:.2f} ms" for name, s in sorted(self.seconds.items(), key=lambda i: i[1]))
-        text = f"backend='auto' chose {self.backend.name!r} (forward+backward per step on the first batch: {timings})"
+        text = (
+            f"backend='auto' chose {self.backend.name!r} (forward+backward per step on the first batch: {timings}; "
+            f"{self._margin_rule()})"
+        )
         for name, why in self.skipped.items():
             text += f"; {name} skipped: {why.splitlines()[0]}"
         return text
+
+    def _margin_rule(self) -> str:
+        """Why the chosen backend won: the first in order of preference within ``margin`` of the fastest."""
+        order = ", ".join(name for name in self.order if name in self.seconds)
+        rule = (
+            f"auto keeps the first of {order} whose time is within {self.margin:.0%} of the fastest, so that "
+            "timing noise does not flip the choice"
+        )
+        fastest = min(self.seconds, key=self.seconds.__getitem__)
+        chosen = self.backend.name
+        if fastest != chosen and chosen in self.seconds:
+            slower = self.seconds[chosen] / self.seconds[fastest] - 1.0
+            rule += f": {chosen} took {slower:.1%} longer than {fastest}"
+        return rule
 
 
 def clear_backend_cache() -> None:
@@ -109,7 +130,8 @@ def choose_backend(
         return AutoChoice(factories[_CACHE[key]](), cached=True)
     device = group.device
     saved_buffers = {name: b.clone() for name, b in group.buffers.items()}
-    choice = AutoChoice(backend=None, timed=timed)  # type: ignore[arg-type]
+    python_state = PythonState(group.modules)  # counters, outputs lists...: every candidate starts from them
+    choice = AutoChoice(backend=None, timed=timed, margin=margin, order=list(factories))  # type: ignore[arg-type]
     last_error: FusionError | None = None
     built: dict[str, Backend] = {}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -142,6 +164,7 @@ def choose_backend(
                         group.buffers[bname].copy_(value)
                 for param in group.params.values():
                     param.grad = None
+                python_state.restore()
     if not choice.seconds:
         assert last_error is not None
         raise last_error

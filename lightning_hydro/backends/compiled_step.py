@@ -60,6 +60,11 @@ class CompiledStep:
         mode = "reduce-overhead" if setting == "reduce-overhead" else None
         self._compiled = torch.compile(function, fullgraph=True, mode=mode)
 
+    def fall_back(self, reason: str) -> None:
+        """Run eagerly from now on, said in one log line."""
+        self.failure = reason
+        log.warning("lightning_hydro: compile=True falls back to eager for %s: %s.", self.where, reason)
+
     def __call__(self, *args: Any) -> Any:
         """The compiled call, or the eager one once compiling has failed."""
         if self.failure:
@@ -68,10 +73,5 @@ class CompiledStep:
             return self._compiled(*args)
         except Exception as err:
             first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            self.failure = f"{type(err).__name__}: {first_line}"
-            log.warning(
-                "lightning_hydro: compile=True falls back to eager for %s: torch.compile failed (%s).",
-                self.where,
-                self.failure,
-            )
+            self.fall_back(f"torch.compile failed ({type(err).__name__}: {first_line})")
         return self.function(*args)

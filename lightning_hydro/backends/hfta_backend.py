@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 from torch import nn
@@ -22,6 +22,8 @@ from lightning_hydro.backends.compiled_step import CompileSetting
 from lightning_hydro.backends.errors import FusionError
 from lightning_hydro.backends.hfta import ConversionError, convert_to_fused, plan_conversion
 from lightning_hydro.backends.hfta.registry import FUSED_OPERATORS
+from lightning_hydro.backends.python_state import copy_template
+from lightning_hydro.backends.trial_attributes import settings_fingerprint
 from lightning_hydro.backends.vmap_backend import VmapBackend
 
 if TYPE_CHECKING:
@@ -56,6 +58,7 @@ class HftaBackend(VmapBackend):
 
     def __init__(self, group: StackedState, *, chunk_size: int | None = None, compile: CompileSetting = False) -> None:
         self._converted: nn.Module | None = None
+        self._converted_settings: list[dict[tuple[str, str], Any]] = []
         with _conversion_errors_as_fusion_errors():
             plan_conversion(group.modules[0], group.modules).raise_if_rejected()
         super().__init__(group, chunk_size=chunk_size, compile=compile)
@@ -74,11 +77,22 @@ class HftaBackend(VmapBackend):
         return lambda path: any(_is_prefix(prefix, path) for prefix in honoured)
 
     @override
+    def check_settings(self) -> bool:
+        if not super().check_settings():
+            return False
+        # the fused operators took each trial's settings when converted: settings a hook changed since need a
+        # new conversion (cheap: a copy and some attributes)
+        if self._converted is not None and settings_fingerprint(self.group.modules) != self._converted_settings:
+            self._converted = None
+        return True
+
+    @override
     def template(self) -> nn.Module:
         first = self.group.modules[0]
         if self._converted is None:
             with _conversion_errors_as_fusion_errors():
-                self._converted = convert_to_fused(first, self.group.modules)
+                self._converted = convert_to_fused(copy_template(first), self.group.modules, inplace=True)
+            self._converted_settings = settings_fingerprint(self.group.modules)
         converted = self._converted
         # the copy follows the trial modules: train/eval mode (per submodule) and the Trainer the user's code uses
         modes = {name: module.training for name, module in first.named_modules()}

@@ -14,6 +14,7 @@ from torch.func import functional_call
 from typing_extensions import override
 
 from lightning_hydro.backends.base import Backend, StepOutputs, stack_logs, stack_outputs
+from lightning_hydro.backends.python_state import trial_code_ran
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
 from lightning_hydro.backends.vmap_backend import MethodCaller
 
@@ -37,6 +38,7 @@ class LoopBackend(Backend):
     def run(self, method: str, *args: Any) -> StepOutputs:
         if self._callers is None:
             self._callers = [MethodCaller(module) for module in self.group.modules]
+        trial_code_ran()  # each trial's own code changes its own state: a vectorised backend compares again
         outputs: list[Any] = []
         calls_per_row: list[list[LogCall]] = []
         # one unbind per parameter, not p[row] per trial: the backward of indexing allocates a whole [B, ...]

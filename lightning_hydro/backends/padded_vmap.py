@@ -21,7 +21,6 @@ Example::
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +31,7 @@ from typing_extensions import override
 
 from lightning_hydro.backends.base import StepOutputs
 from lightning_hydro.backends.errors import FusionError
+from lightning_hydro.backends.python_state import copy_template
 from lightning_hydro.backends.vmap_backend import VmapBackend
 from lightning_hydro.stacking.width_plan import WidthPaddingError, WidthPlan, plan_widths
 
@@ -85,7 +85,7 @@ _SIZE_ATTRIBUTES = {"out_features", "in_features", "out_channels", "in_channels"
 
 def _padded_template(first: nn.Module, plan: WidthPlan) -> nn.Module:
     """A copy of ``first`` whose padded modules carry the group's largest sizes."""
-    template = copy.deepcopy(first)
+    template = copy_template(first)
     for dimension in plan.padded:
         module = template.get_submodule(dimension.path)
         widest = max(dimension.sizes)

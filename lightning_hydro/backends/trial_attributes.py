@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import dis
 import inspect
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -38,11 +39,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lightning_hydro.backends.deferred_metrics import metric_paths
 from lightning_hydro.backends.errors import package_dir
+from lightning_hydro.backends.python_state import CONTAINER_TYPES, tracked_modules
 
 __all__ = [
     "DifferingAttribute",
     "differing_attributes",
+    "settings_fingerprint",
+    "state_writes",
     "uncompared_reads",
     "unfusible_attributes",
     "unfusible_error_text",
@@ -67,6 +72,8 @@ class DifferingAttribute:
         values: the value of each trial, in the order of ``ids``.
         ids: the trial ids.
         read: whether code run under a fused backend reads it.
+        readers: whose code reads it: ``""`` for the root's steps, else the path of a submodule whose ``forward``
+            (the module's own, or an enclosing one's) names it.
     """
 
     path: str
@@ -74,6 +81,7 @@ class DifferingAttribute:
     values: tuple[Any, ...]
     ids: tuple[int, ...]
     read: bool
+    readers: tuple[str, ...] = ()
 
     @property
     def qualified_name(self) -> str:
@@ -124,9 +132,15 @@ def _equal(a: Any, b: Any) -> bool:
 
 
 def _plain_state(module: nn.Module) -> dict[tuple[str, str], Any]:
-    """``(path, name)`` -> value of every comparable public attribute of every submodule, and the hparams."""
+    """``(path, name)`` -> value of every comparable public attribute of every submodule, and the hparams.
+
+    A torchmetrics metric's state is each trial's own by design (its calls are replayed per trial): left out.
+    """
     found: dict[tuple[str, str], Any] = {}
+    metrics = tuple(f"{path}." for path in metric_paths(module).values())
     for path, sub in module.named_modules():
+        if f"{path}.".startswith(metrics):
+            continue
         for key, value in vars(sub).items():
             if not key.startswith("_") and key not in _IGNORED and _comparable(value):
                 found[(path, key)] = value
@@ -150,22 +164,69 @@ def differing_attributes(modules: Sequence[nn.Module], *, ids: Sequence[int]) ->
         values = tuple(state.get((path, name), _MISSING) for state in states)
         if all(_equal(values[0], value) for value in values[1:]):
             continue
-        found.append(DifferingAttribute(path, name, values, tuple(ids), reads.reads(path, name)))
+        readers = reads.readers(path, name)
+        found.append(DifferingAttribute(path, name, values, tuple(ids), bool(readers), readers))
     return found
 
 
 def unfusible_attributes(
-    modules: Sequence[nn.Module], *, ids: Sequence[int], handled: Callable[[str], bool] = lambda path: False
+    modules: Sequence[nn.Module],
+    *,
+    ids: Sequence[int],
+    handled: Callable[[str], bool] = lambda path: False,
+    settings_only: bool = False,
 ) -> list[DifferingAttribute]:
-    """The differing attributes that fused code reads, except those of submodules for which ``handled(path)``.
+    """The differing attributes that fused code reads, except those run per trial.
+
+    A submodule's setting is run per trial where ``handled(path)`` (hfta's fused operators honour theirs)
+    and no code outside such a module reads it: a forward that hands ``self.attn_dropout.p`` to
+    ``F.scaled_dot_product_attention`` itself (Hugging Face GPT-2, timm ViT) computes with the template's value.
+    Lists, dicts, sets and deques of the trial's own classes are not refused here: the vectorised backends
+    give each trial its own (:mod:`~lightning_hydro.backends.step_state`) and refuse a read that differs.
 
     Args:
         modules: the trial modules, in slot order.
         ids: their trial ids (for the messages).
         handled: True for a submodule path whose differing settings the backend honours per trial (hfta's
             fused operators do for theirs).
+        settings_only: leave out the attributes of the trial's own classes (the backends refuse a differing
+            one where the step uses it): what is left are torch's modules' settings and the hparams.
     """
-    return [a for a in differing_attributes(modules, ids=ids) if a.read and not handled(a.path)]
+    tracked = {path for path, _ in tracked_modules(modules[0])}
+
+    def per_trial(attribute: DifferingAttribute) -> bool:
+        if attribute.path in tracked and all(isinstance(v, CONTAINER_TYPES) for v in attribute.values):
+            return True
+        if settings_only and attribute.path in tracked and not attribute.name.startswith("hparams."):
+            return True  # the user's own attributes: a value that differs is refused where a step uses it
+        return handled(attribute.path) and all(reader and handled(reader) for reader in attribute.readers)
+
+    return [a for a in differing_attributes(modules, ids=ids) if a.read and not per_trial(a)]
+
+
+def settings_fingerprint(modules: Sequence[nn.Module]) -> list[dict[tuple[str, str], Any]]:
+    """Each trial's plain settings of the modules whose state is not the user's (torch's: dropout ``p``...).
+
+    Numbers, strings and containers of them (a metric's state tensors are not settings); two fingerprints are
+    equal when no such setting changed in between.
+    """
+    tracked = {path for path, _ in tracked_modules(modules[0])}
+    return [
+        {
+            key: value
+            for key, value in _plain_state(module).items()
+            if (key[0] not in tracked or key[1].startswith("hparams.")) and not _holds_tensor(value)
+        }
+        for module in modules
+    ]
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, Tensor):
+        return True
+    if isinstance(value, (tuple, list)):
+        return any(_holds_tensor(v) for v in value)
+    return isinstance(value, dict) and any(_holds_tensor(v) for v in value.values())
 
 
 def uncompared_reads(modules: Sequence[nn.Module]) -> list[str]:
@@ -195,15 +256,31 @@ def _attribute(module: nn.Module, path: str, key: str) -> Any:
 
 def unfusible_error_text(backend: str, module_name: str, attributes: Sequence[DifferingAttribute]) -> str:
     """The message of the refusal: which values differ, why that is wrong under ``backend``, what to do."""
-    listed = "; ".join(str(a) for a in attributes[:10])
+    listed = "; ".join(_with_readers(a) for a in attributes[:10])
     more = f" (and {len(attributes) - 10} more)" if len(attributes) > 10 else ""
+    handed_on = any(reader != a.path for a in attributes for reader in a.readers if a.path)
+    note = (
+        f" {backend} runs a converted module's own settings per trial, but code that reads such a setting and "
+        "hands it on itself (F.dropout(x, self.drop.p), F.scaled_dot_product_attention(..., dropout_p=...)) "
+        "runs once, with the first trial's value."
+        if backend == "hfta" and handed_on
+        else ""
+    )
     return (
         f"backend={backend!r} cannot fuse these {module_name} trials: the code it runs for all trials at once "
         f"reads Python values that differ between trials: {listed}{more}. {backend} runs one template "
-        "module's code for every trial, so each trial would silently compute with the first trial's value. "
+        f"module's code for every trial, so each trial would silently compute with the first trial's value.{note} "
         "Use backend='loop' (backend='auto' does so by itself), or make each such value a tensor registered "
         "with register_buffer (buffers are per trial)."
     )
+
+
+def _with_readers(attribute: DifferingAttribute) -> str:
+    outside = [reader for reader in attribute.readers if reader != attribute.path]
+    if not outside:
+        return str(attribute)
+    named = ", ".join("the steps of the LightningModule" if not r else f"the forward of {r!r}" for r in outside)
+    return f"{attribute}, read by {named}"
 
 
 # -- what the fused code reads ---------------------------------------------------------------------------------
@@ -243,14 +320,13 @@ def _names_read(cls: type, entries: tuple[str, ...], framework_methods: bool) ->
     return _READS[key]
 
 
-def _scan_names(cls: type, entries: tuple[str, ...], framework_methods: bool) -> frozenset[str]:
-    """Names read by ``entries`` of ``cls`` and what they call; ``"hparams."`` + key for hyperparameter reads.
+def _followed_code(cls: type, entries: tuple[str, ...], framework_methods: bool) -> Iterator[types.CodeType]:
+    """The code of ``entries`` of ``cls`` and of what they call (nested functions included).
 
     Methods of ``cls`` named in the code are followed (those defined in torch or Lightning only if
     ``framework_methods``: a LightningModule's own ``log`` reads nothing of the user's); global functions
     are followed unless they belong to torch or Lightning.
     """
-    names: set[str] = set()
     seen: set[types.CodeType] = set()
     todo = [f for e in entries if (f := _function(inspect.getattr_static(cls, e, None))) is not None]
     while todo:
@@ -259,12 +335,7 @@ def _scan_names(cls: type, entries: tuple[str, ...], framework_methods: bool) ->
             continue
         seen.add(function.__code__)
         for code in _nested(function.__code__):
-            strings = {c for c in code.co_consts if isinstance(c, str)}
-            names.update(code.co_names)
-            if "getattr" in code.co_names:
-                names.update(strings)
-            if "hparams" in code.co_names:
-                names.update(f"hparams.{key}" for key in {*code.co_names, *strings})
+            yield code
             for name in code.co_names:
                 method = _function(inspect.getattr_static(cls, name, None))
                 if method is not None and (framework_methods or not _framework(method)):
@@ -272,7 +343,50 @@ def _scan_names(cls: type, entries: tuple[str, ...], framework_methods: bool) ->
                 called = _function(function.__globals__.get(name))
                 if called is not None and not _framework(called):
                     todo.append(called)
+
+
+def _scan_names(cls: type, entries: tuple[str, ...], framework_methods: bool) -> frozenset[str]:
+    """Names read by ``entries`` of ``cls`` and what they call; ``"hparams."`` + key for hyperparameter reads."""
+    names: set[str] = set()
+    for code in _followed_code(cls, entries, framework_methods):
+        strings = {c for c in code.co_consts if isinstance(c, str)}
+        names.update(code.co_names)
+        if "getattr" in code.co_names:
+            names.update(strings)
+        if "hparams" in code.co_names:
+            names.update(f"hparams.{key}" for key in {*code.co_names, *strings})
     return frozenset(names)
+
+
+# methods that change a list, dict, set or deque in place
+_MUTATORS = frozenset(
+    {"append", "extend", "insert", "pop", "popleft", "popitem", "appendleft", "extendleft", "clear", "setdefault"}
+)
+_STORES: dict[type, tuple[str, ...]] = {}
+
+
+def state_writes(template: nn.Module) -> tuple[str, ...]:
+    """What the code the fused backends run may change in Python state: ``"calls"``, ``"outputs.append"``.
+
+    Read off the code (attribute stores and deletions, ``setattr``, calls of methods that change a container), in
+    the root's steps and the forwards of the user's own submodule classes; it errs towards finding writes.
+    """
+    if type(template) not in _STORES:
+        found: dict[str, None] = {}
+        codes = [_followed_code(type(template), STEP_METHODS, False)]
+        codes += [_followed_code(type(m), ("forward",), True) for path, m in tracked_modules(template) if path]
+        for code in (c for iterator in codes for c in iterator):
+            instructions = list(dis.get_instructions(code))
+            for index, instruction in enumerate(instructions):
+                if instruction.opname in ("STORE_ATTR", "DELETE_ATTR"):
+                    found[str(instruction.argval)] = None
+                elif instruction.argval in _MUTATORS and index and instruction.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+                    owner = instructions[index - 1].argval
+                    found[f"{owner if isinstance(owner, str) else '[...]'}.{instruction.argval}"] = None
+            if "setattr" in code.co_names or "delattr" in code.co_names:
+                found["setattr(...)"] = None
+        _STORES[type(template)] = tuple(found)
+    return _STORES[type(template)]
 
 
 class _ReadNames:
@@ -290,9 +404,16 @@ class _ReadNames:
         return _names_read(type(module), ("forward",), True)
 
     def reads(self, path: str, name: str) -> bool:
+        return bool(self.readers(path, name))
+
+    def readers(self, path: str, name: str) -> tuple[str, ...]:
+        """``""`` if the root's steps name ``name``, and each of ``path`` and its ancestors whose forward does."""
         if name.startswith("hparams."):
-            return name in self.root
-        if name in self.root:
-            return True
+            return ("",) if name in self.root else ()
+        found = [""] if name in self.root else []
         parts = path.split(".") if path else []
-        return any(name in self._of(".".join(parts[:depth])) for depth in range(1, len(parts) + 1))
+        for depth in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:depth])
+            if name in self._of(prefix):
+                found.append(prefix)
+        return tuple(found)

@@ -8,7 +8,9 @@ each trial's row of the stacked buffers.
 
 vmap runs ONE template module for all trials, so Python attributes of the trial modules must agree
 (the fused module verifies this on the first batch); code that vmap cannot batch raises a
-:class:`~lightning_hydro.backends.errors.FusionError` naming the op and the line.
+:class:`~lightning_hydro.backends.errors.FusionError` naming the op and the line. What the step does to
+Python state (a counter, ``self.training_step_outputs.append(loss)``) reaches each trial's own module as if
+it had run alone (:mod:`~lightning_hydro.backends.step_state`).
 
 While the step runs, the trial rules of :mod:`lightning_hydro.backends.trial_ops` replace vmap's own batching of
 attention and, in half or mixed precision, of normalisation, linear layers and convolutions (and apply
@@ -32,7 +34,10 @@ from lightning_hydro.backends.base import Backend, StackedLog, StepOutputs, step
 from lightning_hydro.backends.compiled_step import CompiledStep, CompileSetting, check_compile_setting
 from lightning_hydro.backends.deferred_metrics import DeferredValue, MetricRecorder, metric_paths, stack_values
 from lightning_hydro.backends.errors import FusionError, FusionMismatchError, explain_step_error
-from lightning_hydro.backends.trial_attributes import unfusible_attributes, unfusible_error_text
+from lightning_hydro.backends.per_trial_values import PerTrialValue
+from lightning_hydro.backends.python_state import state_generation
+from lightning_hydro.backends.step_state import ActiveCall, StepState
+from lightning_hydro.backends.trial_attributes import state_writes, unfusible_attributes, unfusible_error_text
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
 from lightning_hydro.backends.trial_ops.functional_patch import trial_functional
 
@@ -102,6 +107,9 @@ class VmapBackend(Backend):
         self._caller: MethodCaller | None = None
         self._recorder: MetricRecorder | None = None
         self.deferred_metrics: list[str] = []  # the torchmetrics metrics the last call replayed per trial
+        self._state = StepState(self.name)
+        self._active: ActiveCall | None = None  # the running call's Python state, read inside the mapped function
+        self._checked_generation = state_generation()  # the trials' settings are checked just below
         refusal = self.refusal(group.modules, group.trial_ids)
         if refusal is not None:
             try:
@@ -113,8 +121,13 @@ class VmapBackend(Backend):
         """For a submodule path: whether its differing Python settings run per trial (never, under vmap)."""
         return lambda path: False
 
-    def refusal(self, modules: Sequence[nn.Module], ids: Sequence[int]) -> FusionMismatchError | None:
-        """The error to raise if these trials differ in Python values that the fused code reads, else None."""
+    def refusal(
+        self, modules: Sequence[nn.Module], ids: Sequence[int], *, settings_only: bool = False
+    ) -> FusionMismatchError | None:
+        """The error to raise if these trials differ in Python values that the fused code reads, else None.
+
+        ``settings_only``: only torch's modules' settings and the hparams (see ``unfusible_attributes``).
+        """
         honoured = self.per_trial_settings(modules)
         # torchmetrics metrics keep per-trial state by design: their calls are replayed on each trial's own metric
         metrics = [f"{path}." for path in metric_paths(modules[0]).values()]
@@ -122,7 +135,7 @@ class VmapBackend(Backend):
         def handled(path: str) -> bool:
             return honoured(path) or any(f"{path}.".startswith(prefix) for prefix in metrics)
 
-        found = unfusible_attributes(modules, ids=ids, handled=handled)
+        found = unfusible_attributes(modules, ids=ids, handled=handled, settings_only=settings_only)
         if not found:
             return None
         return FusionMismatchError(unfusible_error_text(self.name, type(modules[0]).__name__, found))
@@ -142,9 +155,35 @@ class VmapBackend(Backend):
     def rebind(self) -> None:
         self._caller = None  # the compiled step stays: a new group size recompiles it once (dynamic shapes)
         self._recorder = None
+        self._state.forget()
+        self._checked_generation = -1
+
+    def check_settings(self) -> bool:
+        """After the trials' own code ran (a hook, a loop step): refuse settings that have come to differ.
+
+        Returns whether it checked (False: nothing ran since the last check).
+
+        A hook may set a torch module's setting per trial (a dropout schedule: ``self.drop.p = ...``); the
+        template's would then silently stand for all. The user's own attributes are checked where a step uses
+        them (:mod:`~lightning_hydro.backends.step_state`).
+
+        Raises:
+            FusionMismatchError: naming the settings that now differ.
+        """
+        if self._checked_generation == state_generation():
+            return False
+        self._checked_generation = state_generation()
+        refusal = self.refusal(self.group.modules, self.group.trial_ids, settings_only=True)
+        if refusal is not None:
+            try:
+                raise refusal
+            finally:  # break the frame -> error -> traceback -> frame cycle
+                refusal = None
+        return True
 
     @override
     def run(self, method: str, *args: Any) -> StepOutputs:
+        self.check_settings()
         template = self.template()  # every call: subclasses keep their template in step with the trials
         if self._caller is None or self._caller.module is not template:
             self._caller = MethodCaller(template)
@@ -159,18 +198,31 @@ class VmapBackend(Backend):
             if self._compiled is None:
                 where = f"backend={self.name!r}, {type(template).__name__}.{method}"
                 self._compiled = CompiledStep(self.vmapped, self.compile, where)
+                writes = state_writes(template)
+                if writes:  # each trial's share of what the step stores is handed out by Python code after the call
+                    shown = ", ".join(writes[:4])
+                    self._compiled.fall_back(f"the step changes Python state ({shown}), which runs per trial eagerly")
             call = self._compiled
+        active = self._active = self._state.begin(template, self.group.modules, self.group.trial_ids, method)
         try:
             with _without_mha_fast_path(), trial_functional(reduced_precision=self._reduced_precision()):
-                encoded, logged, metric_args, calls, kind = call(caller, recorder, method, params, buffers, args)
-        except FusionError:
-            raise
-        except (RuntimeError, ValueError, TypeError, IndexError) as err:
+                encoded, logged, metric_args, stored, calls, kind = call(
+                    caller, recorder, method, params, buffers, args
+                )
+        except BaseException as err:
+            active.abort()
+            if isinstance(err, FusionError) or not isinstance(err, (RuntimeError, ValueError, TypeError, IndexError)):
+                raise
+            if active.session.refusal:  # torch wrapped our refusal (a stand-in passed where it checks types)
+                raise FusionError(active.session.refusal) from err
             # any error the user's code raises under vmap is reported as a FusionError (auto then uses loop)
             explained = explain_step_error(err, method=method, module_name=type(template).__name__, backend=self.name)
             if explained is not None:
                 raise explained from err
             raise
+        finally:
+            self._active = None
+        active.finish(stored)
         output = None if kind == "none" else encoded
         # each trial's own torchmetrics metrics, called with its row of what the step passed to the template's
         logged_values = {c.value.call for c in calls if isinstance(c.value, DeferredValue)}
@@ -200,16 +252,19 @@ class VmapBackend(Backend):
         params: dict[str, Tensor],
         buffers: dict[str, Tensor],
         args: Any,
-    ) -> tuple[Any, tuple[Tensor, ...], tuple[Tensor, ...], list[LogCall], _Kind]:
+    ) -> tuple[Any, tuple[Tensor, ...], tuple[Tensor, ...], tuple[Tensor, ...], list[LogCall], _Kind]:
         """``caller.module.method(*args)`` for every row.
 
-        Returns (stacked output, logged tensors, the tensors of the step's torchmetrics calls, log calls, output
-        kind). A pure function of its inputs (what torch.compile compiles); logged tensors come back stacked, and
-        the log calls hold only names, options and non-tensor values (a tensor value is :data:`_TENSOR`).
+        Returns (stacked output, logged tensors, the tensors of the step's torchmetrics calls, the tensors the
+        step stored in Python state, log calls, output kind). A pure function of its inputs (what torch.compile
+        compiles); logged tensors come back stacked, and the log calls hold only names, options and non-tensor
+        values (a tensor value is :data:`_TENSOR`).
         """
         side: dict[str, Any] = {}
+        active = self._active
+        chunked = self.chunk_size is not None and self.chunk_size < self.group.size
 
-        def per_trial(p: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[Any, tuple[Tensor, ...], tuple[Tensor, ...]]:
+        def per_trial(p: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[Any, ...]:
             with capture_logs(caller.module) as calls, recorder.recording():
                 out = functional_call(caller, (p, b), (method, *args))
             # vmap's batched tensors must not leave the mapped function: keep their place, return them below
@@ -217,12 +272,21 @@ class VmapBackend(Backend):
                 LogCall(c.name, _TENSOR if isinstance(c.value, Tensor) else c.value, c.options) for c in calls
             ]
             encoded, side["kind"] = _encode(out, method)
-            return encoded, tuple(c.value for c in calls if isinstance(c.value, Tensor)), recorder.tensors()
+            stored: tuple[Tensor, ...] = ()
+            if active is not None and not torch.compiler.is_compiling():  # compiled: finish() checks afterwards
+                stored = active.collect()
+                if chunked and active.touched:
+                    raise FusionError(
+                        f"backend={self.name!r} with chunk_size={self.chunk_size}: {active.session.where} changes "
+                        "Python state, and a chunked call runs the step once per chunk. Use chunk_size=None."
+                    )
+            logged = tuple(c.value for c in calls if isinstance(c.value, Tensor))
+            return encoded, logged, recorder.tensors(), stored
 
-        encoded, logged, metric_args = vmap(
+        encoded, logged, metric_args, stored = vmap(
             per_trial, in_dims=(0, 0), randomness="different", chunk_size=self.chunk_size
         )(params, buffers)
-        return encoded, logged, metric_args, side["calls"], side["kind"]
+        return encoded, logged, metric_args, stored, side["calls"], side["kind"]
 
     def _stack_logs(
         self, calls: list[LogCall], logged: list[Tensor], method: str, per_row: Callable[[Any], Any]
@@ -246,6 +310,12 @@ class VmapBackend(Backend):
                         "per trial; log a scalar."
                     )
                 logs.append(StackedLog(call.name, values.reshape(rows), call.options))
+            elif type(call.value) is PerTrialValue and all(
+                isinstance(v, (Tensor, int, float)) for v in call.value.trial_values
+            ):  # a value that differs between trials, logged: each trial logs its own
+                logs.append(
+                    StackedLog(call.name, stack_values(call.value.trial_values, self.group.device), call.options)
+                )
             elif isinstance(call.value, (int, float)):
                 device = self.group.device
                 logs.append(StackedLog(call.name, torch.full((rows,), float(call.value), device=device), call.options))

@@ -25,11 +25,19 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
-from lightning_hydro.backends import Backend, CompileSetting, LoopBackend, VmapBackend, make_backend
+from lightning_hydro.backends import (
+    Backend,
+    CompileSetting,
+    FusionError,
+    LoopBackend,
+    StepOutputs,
+    VmapBackend,
+    make_backend,
+)
 from lightning_hydro.backends.auto import AutoChoice
 from lightning_hydro.backends.deferred_metrics import deferred_note, preserved_metric_states
 from lightning_hydro.fused.trial_slots import TrialSlots
-from lightning_hydro.fused.verify import FusionMismatchError, verify_fusion
+from lightning_hydro.fused.verify import verify_fusion
 
 __all__ = ["BackendPolicy", "Chooser"]
 
@@ -92,6 +100,23 @@ class BackendPolicy:
     def _to_loop(self, reason: str) -> None:
         rank_zero_warn(f"FusedLightningModule: backend='auto' runs the group on 'loop' from now on: {reason}")
         self.backend, self.parked = make_backend("loop", self.slots.group), None
+        self.slots.book.set_backend(self.slots.trial_ids, "loop")
+
+    def run_training(self, backend: Backend, batch: Any, batch_idx: int) -> StepOutputs:
+        """One training step with ``backend``; under ``"auto"`` a fused backend that refuses it hands over to the loop.
+
+        A fused backend may refuse a step long after the first batch: when the trials' Python state comes to
+        differ in a value the step uses (:mod:`lightning_hydro.backends.step_state`). The refused call changed
+        nothing, so the loop runs the same step.
+        """
+        try:
+            return backend.run("training_step", batch, batch_idx)
+        except FusionError as err:
+            if self.requested != "auto" or isinstance(backend, LoopBackend):
+                raise
+            self._to_loop(str(err))
+        assert self.backend is not None
+        return self.backend.run("training_step", batch, batch_idx)
 
     # -- training ---------------------------------------------------------------------------------------------
 
@@ -128,7 +153,7 @@ class BackendPolicy:
                     and not verify_fusion(group, backend, ids, batch, batch_idx)
                 ):
                     return backend
-        except FusionMismatchError as err:
+        except FusionError as err:  # a mismatch, or a fused backward that cannot run (activation checkpointing)
             if self.requested != "auto":
                 raise
             self._to_loop(str(err))

@@ -34,6 +34,7 @@ from typing_extensions import override
 from lightning_hydro.backends import Backend, BackendName
 from lightning_hydro.backends.auto import choose_backend
 from lightning_hydro.backends.compiled_step import CompileSetting, check_compile_setting
+from lightning_hydro.backends.errors import explain_backward_error
 from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments, check_precision
 from lightning_hydro.fused.backend_policy import BackendPolicy
 from lightning_hydro.fused.evaluation_steps import EvaluationSteps, predictions_by_trial
@@ -491,7 +492,17 @@ class FusedLightningModule(L.LightningModule):
     def _training_forward_backward(self, backend: Backend, batch: Any, batch_idx: int) -> None:
         loss = backend.run("training_step", batch, batch_idx).loss()
         if loss is not None:
-            torch.where(torch.isfinite(loss.detach()), loss, torch.zeros_like(loss)).sum().backward()
+            finite = torch.where(torch.isfinite(loss.detach()), loss, torch.zeros_like(loss)).sum()
+            self._explained_backward(finite, backend.name)
+
+    def _explained_backward(self, loss: Tensor, backend: str, *args: Any, **kwargs: Any) -> None:
+        try:
+            loss.backward(*args, **kwargs)
+        except RuntimeError as err:  # e.g. activation checkpointing, which recomputes the forward outside vmap
+            explained = explain_backward_error(err, backend=backend, module_name=type(self._first()).__name__)
+            if explained is None:
+                raise
+            raise explained from err
 
     def _manual_training_step(self, batch: Any, batch_idx: int) -> None:
         # manual optimization: each trial's own step runs in turn and steps its own optimizers (manual_steps.py)
@@ -524,7 +535,7 @@ class FusedLightningModule(L.LightningModule):
         )
         if self._policy.verify_ids:
             backend = self._policy.verify(backend, batch, batch_idx)
-        out = backend.run("training_step", batch, batch_idx)
+        out = self._policy.run_training(backend, batch, batch_idx)
         self._publisher.record_step("train", "training_step", out.logs, batch)
         loss = out.loss()
         if loss is None:
@@ -533,6 +544,13 @@ class FusedLightningModule(L.LightningModule):
         # no host sync: the rows' finiteness stays on the device (row_health.py); a non-finite row adds 0
         self._health.record_losses(self._group.trial_ids, loss)
         return torch.where(torch.isfinite(loss.detach()), loss, torch.zeros_like(loss)).sum()
+
+    @override
+    def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        if self._fabric:  # LightningModule.backward's other branch
+            super().backward(loss, *args, **kwargs)
+        else:
+            self._explained_backward(loss, self.backend or "auto", *args, **kwargs)
 
     @override
     def forward(self, *args: Any) -> Any:

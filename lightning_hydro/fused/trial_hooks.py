@@ -18,6 +18,8 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 
 from lightning_hydro.backends import StackedLog
+from lightning_hydro.backends.errors import ESCAPED_TENSOR_MESSAGES, escaped_tensor_error
+from lightning_hydro.backends.python_state import trial_code_ran
 from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
 
@@ -65,11 +67,18 @@ def _as_float(value: Any) -> float:
 def forward_hook(hook: str, running: Sequence[tuple[int, Any]], metrics: TrialMetrics) -> None:
     """Run ``hook`` of every running trial that overrides it; record what it logs as the trial's epoch values."""
     phase = FORWARDED_HOOKS[hook]
+    trial_code_ran()  # the hooks may change each trial's Python state its own way
     for tid, module in running:
         if not is_overridden(hook, module, L.LightningModule):
             continue
         with capture_logs(module) as calls:
-            getattr(module, hook)()
+            try:
+                getattr(module, hook)()
+            except RuntimeError as err:
+                if not any(needle in str(err) for needle in ESCAPED_TENSOR_MESSAGES):
+                    raise
+                where = f"{type(module).__name__}.{hook} of trial {tid}"
+                raise escaped_tensor_error(err, backend="vmap'/'hfta", where=where) from err
         if phase is not None:
             for call in calls:
                 options = resolve_options(hook, call.options) if call.options.get("sync_dist") else None

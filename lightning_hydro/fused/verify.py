@@ -23,7 +23,6 @@ Example::
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 from collections.abc import Iterator, Sequence
@@ -35,11 +34,13 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lightning_hydro.backends.errors import FusionMismatchError, explain_backward_error
+from lightning_hydro.backends.errors import FusionMismatchError, explain_backward_error, name_failed_backward
+from lightning_hydro.backends.python_state import PythonState, copy_template
 from lightning_hydro.backends.trial_attributes import differing_attributes as scan_attributes
 from lightning_hydro.backends.trial_attributes import uncompared_reads
 from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.backends.vmap_backend import MethodCaller
+from lightning_hydro.fused.argument_check import check_python_arguments
 
 _log = logging.getLogger(__name__)
 
@@ -53,6 +54,14 @@ __all__ = ["FusionMismatchError", "differing_attributes", "verify_fusion"]
 def differing_attributes(modules: Sequence[nn.Module], *, ids: Sequence[int]) -> list[str]:
     """Plain Python values that differ between the modules, as ``"name (trial a: x, trial b: y)"``."""
     return [str(attribute) for attribute in scan_attributes(modules, ids=ids)]
+
+
+@contextmanager
+def _restored(state: PythonState) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        state.restore()
 
 
 @contextmanager
@@ -201,7 +210,7 @@ def _float64_fused_run(
         torch.set_default_dtype(torch.float64)
         twin = StackedState(
             nn.Module(),
-            [copy.deepcopy(m).double() for m in group.modules],
+            [copy_template(m).double() for m in group.modules],  # not the tensors its outputs lists hold
             group.trial_ids,
             pad_widths=group.pad_widths,
         )
@@ -265,13 +274,16 @@ def _fused_gradients(
     try:
         return torch.autograd.grad(fused.sum(), stacked, allow_unused=True)
     except RuntimeError as err:
+        known = explain_backward_error(err, backend=backend.name, module_name=module_name)  # e.g. checkpointing
+        if known is not None:
+            raise known from err
 
         def rerun() -> None:
             loss = backend.run("training_step", batch, batch_idx).loss()
             if loss is not None:
                 torch.autograd.grad(loss.sum(), stacked, allow_unused=True)
 
-        raise explain_backward_error(
+        raise name_failed_backward(
             err, rerun, method="training_step", module_name=module_name, backend=backend.name
         ) from err
 
@@ -280,12 +292,14 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
     """Compare each trial's fused ``training_step`` loss and gradients with its own module's.
 
     Runs in eval mode (no dropout, no BatchNorm statistics updates), in full precision, on a forked random
-    number generator, without touching any ``.grad``. Gradients are compared because a loss alone can hide a
+    number generator, without touching any ``.grad``, from the trials' Python state as it was, which every run
+    leaves as it found it. Gradients are compared because a loss alone can hide a
     difference (label smoothing barely changes the loss of an untrained, near-uniform classifier, but changes
     its gradient). A value differs when ``|fused - own|`` exceeds 16 times the float rounding measured
     against a float64 run of the trial's own step (or ``eps * sqrt(n) * |own|``, if larger), and the fused
     step run in float64 still differs from the trial's own float64 step (a float32-only difference is rounding
-    that flipped a discontinuity, such as a ReLU's kink).
+    that flipped a discontinuity, such as a ReLU's kink). Then, in training mode, the Python values the step
+    hands to torch are compared (:mod:`.argument_check`: a dropout rate is invisible in eval mode).
 
     Returns:
         False if the step returned no loss for this batch (check again on the next one).
@@ -298,13 +312,17 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
     stacked = [group.params[name] for name in names]
     device = stacked[0].device
     reduction = _reduction_size(batch, stacked)
+    # every run starts from the trials' Python state as it was, and none leaves a trace in it
+    state = PythonState(modules)
     # in full precision: under bf16 autocast two correct computations already differ at the 1e-2 level
     with (
         _eval_mode(modules),
         torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
         torch.autocast(device.type, enabled=False),
+        _restored(state),
     ):
         fused = backend.run("training_step", batch, batch_idx).loss()
+        state.restore()
         if fused is None:
             return False
         fused_grads = _fused_gradients(fused, backend, stacked, batch, batch_idx, type(modules[0]).__name__)
@@ -314,10 +332,12 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
             module = modules[row]
             with capture_logs(module):
                 own = _loss(module.training_step(batch, batch_idx))  # type: ignore[operator]
+            state.restore()
             assert own is not None
             own_params = [module.get_parameter(name) for name in names]
             own_grads = torch.autograd.grad(own, own_params, allow_unused=True)
             ref_loss, ref_grads, why = _float64_run(module, names, batch, batch_idx)
+            state.restore()
             found = [compare("loss", fused[row], own, ref_loss, reduction=reduction)]
             unused: list[str] = []
             for name, f, o, r in zip(names, fused_grads, own_grads, ref_grads):
@@ -330,6 +350,7 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
             if differing and not unused and ref_loss is not None:
                 if fused64 is None:
                     fused64 = _float64_fused_run(group, backend, names, batch, batch_idx)
+                    state.restore()
                 if isinstance(fused64, str):
                     why = f"{why}; {fused64}" if why else fused64
                 else:
@@ -350,6 +371,7 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
                     why = f"{why}; {persisting}" if why else persisting
             if differing or unused:
                 raise FusionMismatchError(_mismatch_text(backend.name, tid, differing, unused, why, group))
+    check_python_arguments(group, backend, ids, batch, batch_idx)  # training mode: what eval mode cannot show
     return True
 
 

@@ -28,13 +28,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import has_torch_function
 
 from lightning_hydro.backends.trial_ops.attention import attention_rule
 from lightning_hydro.backends.trial_ops.autocast_policy import autocast_policy, cast_for_autocast
 from lightning_hydro.backends.trial_ops.normalization import batch_norm_rule, group_norm_rule, layer_norm_rule
 from lightning_hydro.backends.trial_ops.projection import convolution_rule, linear_rule
 
-__all__ = ["ALWAYS", "RULES", "reduced_precision", "trial_functional", "wrap_with_rule"]
+__all__ = ["ALWAYS", "RULES", "is_rule_frame", "reduced_precision", "standing_in", "trial_functional", "wrap_with_rule"]
 
 Rule = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 
@@ -106,6 +107,10 @@ def wrap_with_rule(name: str, original: Callable[..., Any], rule: Rule | None) -
         tensors = [value for value in args if isinstance(value, tensor_type)]
         if kwargs:
             tensors += [value for value in kwargs.values() if isinstance(value, tensor_type)]
+        if tensors and has_torch_function(tensors):
+            # a TorchFunctionMode (the first-batch argument check's recorder) or a tensor subclass is handed the
+            # original, as the unfused call hands it; the recorder runs the rule through standing_in()
+            return original(*args, **kwargs)
         # torch.compile traces an autograd Function's forward, not its vmap rule: compiled, vmap batches alone
         if not any(is_batched(t) for t in tensors) or torch.compiler.is_compiling():
             return original(*args, **kwargs)
@@ -118,6 +123,27 @@ def wrap_with_rule(name: str, original: Callable[..., Any], rule: Rule | None) -
 
     run_for_trials.__lightning_hydro_original__ = original  # type: ignore[attr-defined]
     return run_for_trials
+
+
+_RULE_CODE = wrap_with_rule("linear", F.linear, None).__code__  # every wrapper runs this one code object
+
+
+def is_rule_frame(code: Any) -> bool:
+    """Whether a frame's code is a trial rule's wrapper (a recorder of the user's torch calls looks past it)."""
+    return code is _RULE_CODE
+
+
+def standing_in(function: Callable[..., Any]) -> Callable[..., Any]:
+    """The wrapper installed in place of ``function`` while the rules are in, else ``function`` itself.
+
+    A ``TorchFunctionMode`` is handed the original function (the wrapper calls it when a mode is active, so that
+    the mode records what the unfused call records); a mode that runs the call runs this instead, which applies
+    the rule, since the mode is switched off while it handles the call.
+    """
+    for name, original in _originals.items():
+        if original is function:
+            return getattr(F, name)
+    return function
 
 
 def _install(names: Iterable[str]) -> None:
