@@ -24,21 +24,21 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor, nn
 from typing_extensions import override
 
-from lightning_hydro.backends import Backend, BackendName
+from lightning_hydro.backends import BackendName
 from lightning_hydro.backends.auto import choose_backend
 from lightning_hydro.backends.compiled_step import CompileSetting, check_compile_setting
 from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments, check_precision
 from lightning_hydro.fused.backend_policy import BackendPolicy
 from lightning_hydro.fused.evaluation_steps import EvaluationSteps, predictions_by_trial
 from lightning_hydro.fused.group_checkpoint import CHECKPOINT_KEY, group_state, restore_group
-from lightning_hydro.fused.row_health import RowHealth
+from lightning_hydro.fused.step.row_health import RowHealth
+from lightning_hydro.fused.step.training_step import TrainingStep
 from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_callbacks import per_trial_callbacks, refuse_module_callbacks
 from lightning_hydro.fused.trial_hooks import forward_hook, hide_absent_hooks
@@ -100,7 +100,7 @@ class FusedLightningModule(L.LightningModule):
         divergence_check_every: a diverged trial is skipped on the device at once, and its slot freed when the
             group's health is read back (one host sync): at optimizer steps 1, 2, 4, ... up to this, then every
             this many steps, at each epoch's end and before checkpoints. None: 1 on the CPU (where reading costs
-            no wait), 32 on accelerators (see :mod:`.row_health`).
+            no wait), 32 on accelerators (see :mod:`.step.row_health`).
         compile: ``True`` runs the vmap/hfta training step (forward and backward) under ``torch.compile``;
             ``"reduce-overhead"`` adds CUDA graphs on a GPU. What cannot be compiled runs eagerly, said in one
             log line. ``backend="auto"`` times the candidates eagerly, then compiles its choice.
@@ -152,6 +152,8 @@ class FusedLightningModule(L.LightningModule):
         self._roster = TrialRoster(self._policy, self._optimizers, self._metrics, self._health, self._modes)
         self._eval_steps = EvaluationSteps(self._policy)
         self._publisher = TrialPublisher(self._slots, self._metrics)
+        self._training_step = TrainingStep(self._policy, self._publisher, self._health)
+        self._model_name = type(trials[0]).__name__
         self._diverged_on_resume: dict[int, str] = {}
         self._open_batch: int | None = None
         self.summary = summary
@@ -230,7 +232,7 @@ class FusedLightningModule(L.LightningModule):
     def results(self) -> dict[int, TrialResult]:
         """Every trial ever in the group: ``{id: {"status", "budget", "epochs", "steps", "metrics", ...}}``.
 
-        Steps and divergences are read back from the device at the points :mod:`.row_health` lists; call
+        Steps and divergences are read back from the device at the points :mod:`.step.row_health` lists; call
         :meth:`read_health` first for counts exact to the last step.
         """
         return self._slots.book.results()
@@ -438,31 +440,11 @@ class FusedLightningModule(L.LightningModule):
 
     # -- steps --------------------------------------------------------------------------------------------------
 
-    def _training_forward_backward(self, backend: Backend, batch: Any, batch_idx: int) -> None:
-        loss = backend.run("training_step", batch, batch_idx).loss()
-        if loss is not None:
-            torch.where(torch.isfinite(loss.detach()), loss, torch.zeros_like(loss)).sum().backward()
-
     @override
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
-        if not self._group.trial_ids:
-            return None  # every trial has stopped (on_train_batch_start skips such batches)
-        backend = self._policy.for_training(
-            lambda b: self._training_forward_backward(b, batch, batch_idx),
-            choose_backend,  # looked up here, so that tests can replace the module's chooser
-            type(self._first()).__name__,
-        )
-        if self._policy.verify_ids:
-            backend = self._policy.verify(backend, batch, batch_idx)
-        out = backend.run("training_step", batch, batch_idx)
-        self._publisher.record_step("train", "training_step", out.logs, batch)
-        loss = out.loss()
-        if loss is None:
-            return None
-        loss = loss.reshape(self._group.size)
-        # no host sync: the rows' finiteness stays on the device (row_health.py); a non-finite row adds 0
-        self._health.record_losses(self._group.trial_ids, loss)
-        return torch.where(torch.isfinite(loss.detach()), loss, torch.zeros_like(loss)).sum()
+        # the steady step, top to bottom: lightning_hydro/fused/step/ (the chooser is looked up here, so that
+        # tests can replace the module's)
+        return self._training_step(batch, batch_idx, choose_backend, self._model_name)
 
     @override
     def forward(self, *args: Any) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from lightning_hydro.fused.backend_policy import BackendPolicy
-from lightning_hydro.fused.row_health import HealthReadback
+from lightning_hydro.fused.step.row_health import HealthReadback
 from lightning_hydro.fused.trial_slots import TrialSlots
 from lightning_hydro.fused.trial_specs import module_spec, rebuild_trials
 from lightning_hydro.stacking.stacked_state import StackedState, storage_key

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import lightning as L
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
+from lightning_hydro.fused.step.fused_path import FusedPath
 from lightning_hydro.optim.clipping import clip_grad_norm_per_trial, clip_grad_value_per_trial
 
 if TYPE_CHECKING:
@@ -27,6 +28,18 @@ if TYPE_CHECKING:
     from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = ["clip_trial_gradients"]
+
+# whether any trial of a group overrides configure_gradient_clipping, by the trials' classes (and whether an
+# instance set its own): asked every step, answered once per group composition
+_CUSTOM: dict[tuple[tuple[type, bool], ...], bool] = {}
+
+
+def _custom_clipping(modules: list[Any]) -> bool:
+    key = tuple((type(m), "configure_gradient_clipping" in vars(m)) for m in modules)
+    found = _CUSTOM.get(key)
+    if found is None:
+        found = _CUSTOM[key] = any(is_overridden("configure_gradient_clipping", m, L.LightningModule) for m in modules)
+    return found
 
 
 def clip_trial_gradients(
@@ -44,17 +57,25 @@ def clip_trial_gradients(
             clips by itself).
         gradient_clip_algorithm: ``Trainer(gradient_clip_algorithm=...)``, passed on as Lightning passes it.
     """
-    trials = list(zip(group.trial_ids, group.modules))
-    custom = any(is_overridden("configure_gradient_clipping", m, L.LightningModule) for _, m in trials)
+    custom = _custom_clipping(group.modules)
     if not custom and not gradient_clip_val:
         return
     if optimizer.active_path == "fused" and not custom:
+        by_value = str(getattr(gradient_clip_algorithm, "value", gradient_clip_algorithm)) == "value"
+        fused = optimizer.fused
+        if isinstance(fused, FusedPath):  # it keeps the norms: they tell it which rows are not finite
+            if by_value:
+                fused.clip_value(float(gradient_clip_val))  # type: ignore[arg-type]
+            else:
+                fused.clip_norm(float(gradient_clip_val))  # type: ignore[arg-type]
+            return
         params = list(group.params.values())
-        if str(getattr(gradient_clip_algorithm, "value", gradient_clip_algorithm)) == "value":
+        if by_value:
             clip_grad_value_per_trial(params, float(gradient_clip_val))  # type: ignore[arg-type]
         else:
             clip_grad_norm_per_trial(params, float(gradient_clip_val))  # type: ignore[arg-type]
         return
+    trials = list(zip(group.trial_ids, group.modules))
     group.distribute_grads()
     for tid, module in trials:
         module.configure_gradient_clipping(  # type: ignore[operator]

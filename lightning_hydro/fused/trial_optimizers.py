@@ -24,6 +24,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 
+from lightning_hydro.fused.step.fused_path import select_fused_path
 from lightning_hydro.fused.trial_clipping import clip_trial_gradients
 from lightning_hydro.fused.trial_schedulers import drop_scheduler_configs, scheduler_configs
 from lightning_hydro.fused.trial_slots import TrialSlots
@@ -53,7 +54,9 @@ class TrialOptimizers:
     def configure(self) -> tuple[list[TrialGroupOptimizer], list[dict[str, Any]]]:
         """What ``configure_optimizers`` returns: the group optimizer, and every running trial's scheduler configs."""
         trials = {tid: self.trial_optimization(tid, module) for tid, module in self.slots.running()}
-        self.slots.optimizer = TrialGroupOptimizer(self.slots.group, trials, path=self.path)
+        self.slots.optimizer = TrialGroupOptimizer(
+            self.slots.group, trials, path=self.path, fast_path=select_fused_path
+        )
         configs = [config for tid in self.slots.trial_ids for config in self.scheduler_configs(tid)]
         return [self.slots.optimizer], [vars(c).copy() for c in configs]
 

@@ -1,0 +1,1 @@
+"""The steady fused training step (work in progress)."""
