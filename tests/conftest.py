@@ -33,6 +33,16 @@ settings.register_profile("lightning_hydro", derandomize=True)
 settings.load_profile("lightning_hydro")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``gpu``-marked tests run only where CUDA is available."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _quiet_and_seeded():
     """Every test starts from the same RNG state, with Lightning's chatter silenced."""
