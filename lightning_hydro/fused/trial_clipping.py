@@ -15,6 +15,7 @@ order (float rounding).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import lightning as L
@@ -27,19 +28,12 @@ if TYPE_CHECKING:
     from lightning_hydro.optim.group_optimizer import TrialGroupOptimizer
     from lightning_hydro.stacking.stacked_state import StackedState
 
-__all__ = ["clip_trial_gradients"]
-
-# whether any trial of a group overrides configure_gradient_clipping, by the trials' classes (and whether an
-# instance set its own): asked every step, answered once per group composition
-_CUSTOM: dict[tuple[tuple[type, bool], ...], bool] = {}
+__all__ = ["clip_trial_gradients", "custom_clipping"]
 
 
-def _custom_clipping(modules: list[Any]) -> bool:
-    key = tuple((type(m), "configure_gradient_clipping" in vars(m)) for m in modules)
-    found = _CUSTOM.get(key)
-    if found is None:
-        found = _CUSTOM[key] = any(is_overridden("configure_gradient_clipping", m, L.LightningModule) for m in modules)
-    return found
+def custom_clipping(modules: Sequence[Any]) -> bool:
+    """Whether a trial module overrides ``configure_gradient_clipping`` (its own rule runs then, per trial)."""
+    return any(is_overridden("configure_gradient_clipping", m, L.LightningModule) for m in modules)
 
 
 def clip_trial_gradients(
@@ -47,6 +41,8 @@ def clip_trial_gradients(
     optimizer: TrialGroupOptimizer,
     gradient_clip_val: float | None,
     gradient_clip_algorithm: Any,
+    *,
+    custom: bool | None = None,
 ) -> None:
     """Clip each live trial's gradients as its own ``configure_gradient_clipping`` hook does.
 
@@ -56,8 +52,10 @@ def clip_trial_gradients(
         gradient_clip_val: ``Trainer(gradient_clip_val=...)`` (None or 0: no clipping unless a trial's hook
             clips by itself).
         gradient_clip_algorithm: ``Trainer(gradient_clip_algorithm=...)``, passed on as Lightning passes it.
+        custom: whether a trial overrides ``configure_gradient_clipping`` (:func:`custom_clipping`; None: look).
     """
-    custom = _custom_clipping(group.modules)
+    if custom is None:
+        custom = custom_clipping(group.modules)
     if not custom and not gradient_clip_val:
         return
     if optimizer.active_path == "fused" and not custom:

@@ -25,7 +25,7 @@ import lightning as L
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 
 from lightning_hydro.fused.step.fused_path import select_fused_path
-from lightning_hydro.fused.trial_clipping import clip_trial_gradients
+from lightning_hydro.fused.trial_clipping import clip_trial_gradients, custom_clipping
 from lightning_hydro.fused.trial_schedulers import drop_scheduler_configs, scheduler_configs
 from lightning_hydro.fused.trial_slots import TrialSlots
 from lightning_hydro.optim.group_optimizer import OptimizerPath, TrialGroupOptimizer
@@ -45,6 +45,7 @@ class TrialOptimizers:
     def __init__(self, slots: TrialSlots, path: OptimizerPath) -> None:
         self.slots = slots
         self.path: OptimizerPath = path
+        self._custom: tuple[tuple[int, ...], bool] | None = None  # (trial ids, whether one clips its own way)
 
     @property
     def optimizer(self) -> TrialGroupOptimizer | None:
@@ -80,5 +81,10 @@ class TrialOptimizers:
 
     def clip(self, value: float | None, algorithm: str | None) -> None:
         """Clip each trial's gradients as Lightning clips one module's (see :mod:`.trial_clipping`)."""
-        if self.optimizer is not None:
-            clip_trial_gradients(self.slots.group, self.optimizer, value, algorithm)
+        if self.optimizer is None:
+            return
+        group = self.slots.group
+        ids = tuple(group.trial_ids)
+        if self._custom is None or self._custom[0] != ids:  # asked every step; answered once per set of trials
+            self._custom = (ids, custom_clipping(group.modules))
+        clip_trial_gradients(group, self.optimizer, value, algorithm, custom=self._custom[1])

@@ -22,8 +22,7 @@ the skipped rows are a ``[B]`` mask on the device and the report holds device te
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
@@ -63,8 +62,12 @@ class FastPath(Protocol):
     all use one of the optimizer classes it implements; it holds the optimizer state of every row, stacked.
     """
 
-    def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_loss: Tensor) -> Tensor:
-        """Update every row except ``skip_loss``'s and those with non-finite gradients; return the latter."""
+    def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_loss: Tensor) -> tuple[Tensor, Tensor]:
+        """Update every row except ``skip_loss``'s and those with non-finite gradients.
+
+        Returns:
+            ``[B]`` bool masks: the rows with non-finite gradients, and every row not stepped.
+        """
 
     def export_row(self, row: int) -> list[dict[str, Tensor]]:
         """Row ``row``'s state in torch's per-parameter format (an empty dict: no state yet)."""
@@ -87,20 +90,21 @@ FastPathBuilder = Callable[
 class StepReport:
     """What one ``step`` did, as ``[B]`` bool masks over the rows of ``trial_ids`` (on the group's device).
 
-    ``skipped_loss``: rows skipped because the caller said so (a non-finite loss); ``skipped_gradients``: rows
-    whose gradients were not finite. ``on_host`` is True where reading the masks costs no device sync (the
-    universal path has read them already).
+    ``skipped_loss``: rows skipped because the caller said so (a non-finite loss, or a divergence not read back
+    yet); ``skipped_gradients``: rows whose gradients were not finite (a row may be in both: the loss is its
+    reason); ``skipped``: every row not stepped (their union, computed if not given). ``on_host`` is True where
+    reading the masks costs no device sync (the universal path has read them already).
     """
 
     trial_ids: tuple[int, ...]
     skipped_loss: Tensor
     skipped_gradients: Tensor
     on_host: bool = False
+    skipped: Tensor = field(default=None)  # type: ignore[assignment]
 
-    @cached_property
-    def skipped(self) -> Tensor:
-        """Rows that were not stepped."""
-        return self.skipped_loss | self.skipped_gradients
+    def __post_init__(self) -> None:
+        if self.skipped is None:
+            object.__setattr__(self, "skipped", self.skipped_loss | self.skipped_gradients)
 
     def read(self) -> tuple[list[int], dict[int, str]]:
         """The stepped trials and the skipped ones with the reason (one device sync)."""
@@ -294,13 +298,12 @@ class TrialGroupOptimizer(Optimizer):
         if by_loss is None:
             by_loss = self._skip_none()
         if self.fused is not None:  # one update of every row on the device; nothing read back
-            optimizers = [self.trials[tid].optimizer for tid in ids]
-            by_grads = self.fused.step([opt.param_groups for opt in optimizers], by_loss)
+            by_grads, skipped = self.fused.step([self.trials[tid].optimizer.param_groups for tid in ids], by_loss)
             if self._unflagged:
                 for optimizer in self._unflagged:
                     _record_step(optimizer)
                 self._unflagged = []
-            return StepReport(tuple(ids), by_loss, by_grads)
+            return StepReport(tuple(ids), by_loss, by_grads, skipped=skipped)
         report = StepReport(tuple(ids), by_loss, self._non_finite_gradients() & ~by_loss, on_host=True)
         stepped, _ = report.read()  # the universal path steps trial by trial: it must know which on the host
         self.group.distribute_grads([self.group.row_of(tid) for tid in stepped])

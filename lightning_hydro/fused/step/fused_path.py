@@ -6,7 +6,7 @@ fused path the rows to skip for a non-finite loss (a ``[B]`` device mask from :m
 1. finds the rows whose gradients are not finite: from the per-row norms when gradients were just clipped by
    norm (:meth:`FusedPath.clip_norm` computed them), else from one sum per parameter;
 2. runs the fused update (:mod:`.fused_update`) with both kinds of rows skipped;
-3. returns the rows skipped for their gradients, still on the device.
+3. returns the rows with non-finite gradients and every row it skipped, still on the device.
 
 Nothing is read back to the host, so on a GPU the CPU never waits for it here.
 
@@ -18,7 +18,8 @@ Example::
     >>> path = FusedPath(FusedSGDUpdate([weight]))
     >>> weight.grad = torch.tensor([[1.0, 1.0, 1.0], [float("nan"), 0.0, 0.0]])
     >>> groups = [[{"lr": 0.1, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False}]] * 2
-    >>> path.step(groups, skip_loss=torch.tensor([False, False])).tolist()  # row 1: non-finite gradients
+    >>> bad, skipped = path.step(groups, skip_loss=torch.tensor([False, False]))
+    >>> bad.tolist()  # row 1: non-finite gradients
     [False, True]
     >>> weight.tolist()  # row 0 stepped, row 1 kept as it was
     [[-0.10000000149011612, -0.10000000149011612, -0.10000000149011612], [0.0, 0.0, 0.0]]
@@ -49,6 +50,8 @@ class FusedPath:
         self.update = update
         # per-row gradient norms of the latest clipping, with the gradients (and their versions) they describe
         self._norms: tuple[Tensor, list[tuple[Tensor, int]]] | None = None
+        # small groups: one concatenation and one sum beat a reduction per parameter (launches, on a GPU)
+        self._concatenate = sum(p.numel() for p in update.params) <= _CONCATENATED_CHECK
 
     def _grads(self) -> list[Tensor]:
         return [p.grad for p in self.update.params if p.grad is not None]
@@ -68,23 +71,29 @@ class FusedPath:
         grads = self._grads()
         norms, self._norms = self._norms, None
         if norms is not None and _unchanged(norms[1], grads):
-            return ~torch.isfinite(norms[0])  # the gradients are those the norms were taken of
+            return _not_finite(norms[0])  # the gradients are those the norms were taken of
         if not grads:
             return torch.zeros(self.update.rows, dtype=torch.bool, device=self.update.device)
-        # one reduction per parameter: a NaN or inf anywhere in a row makes that row's sum non-finite
-        sums = torch.stack([g.view(g.shape[0], -1).sum(1) for g in grads]).sum(0)
-        return ~torch.isfinite(sums)
+        # a NaN or inf anywhere in a row makes that row's sum non-finite (an overflow to inf counts too)
+        rows = [g.view(g.shape[0], -1) for g in grads]
+        if self._concatenate:
+            return _not_finite(torch.cat(rows, 1).sum(1))
+        return _not_finite(torch.stack([r.sum(1) for r in rows]).sum(0))
 
-    def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_loss: Tensor) -> Tensor:
-        """Update every row but ``skip_loss``'s and those with non-finite gradients; returns the latter (``[B]``).
+    def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_loss: Tensor) -> tuple[Tensor, Tensor]:
+        """Update every row but ``skip_loss``'s and those with non-finite gradients.
 
         Args:
             param_groups: each row's optimizer's ``param_groups`` (the hyperparameters, as schedulers left them).
             skip_loss: ``[B]`` bool, the rows not to step (a non-finite loss, or diverged earlier).
+
+        Returns:
+            ``[B]`` bool masks, on the device: the rows with non-finite gradients, and every row not stepped.
         """
         bad = self._non_finite()
-        self.update.step(param_groups, skip_rows=skip_loss | bad)
-        return bad & ~skip_loss
+        skip = skip_loss | bad
+        self.update.step(param_groups, skip_rows=skip)
+        return bad, skip
 
     def export_row(self, row: int) -> list[dict[str, Tensor]]:
         """Row ``row``'s optimizer state in torch's per-parameter format."""
@@ -97,6 +106,15 @@ class FusedPath:
     def state_tensors(self) -> list[Tensor]:
         """Every stacked state tensor the update holds (for memory accounting)."""
         return self.update.state_tensors()
+
+
+# at most this many elements in all (B rows included): the non-finite check concatenates the gradients
+_CONCATENATED_CHECK = 1 << 16
+
+
+def _not_finite(values: Tensor) -> Tensor:
+    """``values * 0`` is 0 where finite, NaN where not: two small ops (``torch.isfinite`` takes five)."""
+    return (values * 0) != 0
 
 
 def _unchanged(seen: list[tuple[Tensor, int]], grads: list[Tensor]) -> bool:

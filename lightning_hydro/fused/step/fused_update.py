@@ -64,6 +64,8 @@ class FusedUpdate(ABC):
     KEYS: tuple[str, ...] = ()
     #: the per-row factors and the value of each that leaves a skipped row as it is
     NEUTRAL: dict[str, float] = {}
+    #: factors the update also needs in double precision (for its arithmetic on the device)
+    DOUBLES: tuple[str, ...] = ()
 
     def __init__(self, params: Sequence[nn.Parameter], group_of: Sequence[int | None] | None = None) -> None:
         self.params = list(params)
@@ -132,7 +134,6 @@ class FusedUpdate(ABC):
                 grad.masked_fill_(skip.view(-1, *([1] * (grad.dim() - 1))), 0)
         factors.select(skip)
         self._before(active, skip)
-        factors.publish()
         if len(plan) == 1:
             self._run(plan[0], grads)
             return
@@ -162,7 +163,7 @@ class FusedUpdate(ABC):
         factors = self._factors
         if factors is None or factors.base.device != self.device or factors.rows != self.rows:
             factors = self._factors = RowHyperparameters(
-                self.KEYS, self.derive, self.NEUTRAL, group_of=self.group_of, params=self.params
+                self.KEYS, self.derive, self.NEUTRAL, group_of=self.group_of, params=self.params, doubles=self.DOUBLES
             )
             self._plan_key = None
         if factors.refresh(param_groups):
@@ -360,6 +361,7 @@ class FusedAdamUpdate(FusedUpdate):
         "neg_lr": 0.0,
         "beta1": 0.0,
     }
+    DOUBLES = ("neg_lr", "beta1", "beta2")  # beta1 and beta2 side by side: both bias corrections in one op
 
     def __init__(
         self,
@@ -374,6 +376,9 @@ class FusedAdamUpdate(FusedUpdate):
         self.decoupled = decoupled
         host = torch.float32 if self.device.type == "mps" else torch.float64
         self.steps = torch.zeros(len(self.params), self.rows, dtype=host, device=self.device)
+        names = list(self.NEUTRAL)
+        self._corrections = slice(names.index("neg_step"), names.index("bias2_sqrt") + 1)
+        self._neutral_corrections = torch.tensor([0.0, 1.0], dtype=host, device=self.device).view(2, 1, 1)
 
     @override
     def derive(self, lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> tuple:
@@ -414,14 +419,14 @@ class FusedAdamUpdate(FusedUpdate):
         else:  # a parameter without a gradient takes no step
             taken = torch.ones_like(self.steps[0]) if skip is None else (~skip).to(self.steps.dtype)
             self.steps.index_add_(0, index, taken.expand(len(active), -1))
-        # torch: step_size = lr / (1 - beta1 ** step); bias_correction2_sqrt = sqrt(1 - beta2 ** step), in doubles
-        neg_step = factors.base_row("neg_lr") / (1 - torch.pow(factors.base_row("beta1"), self.steps))
-        bias2 = torch.sqrt(1 - torch.pow(factors.base_row("beta2"), self.steps))
+        # torch, in doubles on the host: step_size = lr / (1 - beta1 ** step), bias_correction2_sqrt =
+        # sqrt(1 - beta2 ** step); here in doubles on the device, both corrections at once
+        corrections = 1 - torch.pow(factors.doubles[1:], self.steps)
+        corrections[0] = factors.double("neg_lr") / corrections[0]
+        corrections[1].sqrt_()
         if skip is not None:  # a skipped row may be at step 0, where these are inf and 0: make it neutral
-            neg_step.masked_fill_(skip, 0.0)
-            bias2.masked_fill_(skip, 1.0)
-        factors.row("neg_step").copy_(neg_step)
-        factors.row("bias2_sqrt").copy_(bias2)
+            torch.where(skip, self._neutral_corrections, corrections, out=corrections)
+        factors.table[self._corrections].copy_(corrections)
 
     @override
     def _run(self, part: _Part, grads: list[Tensor] | tuple[Tensor, ...]) -> None:

@@ -4,8 +4,8 @@ A training step must not wait for the device to answer "did any trial diverge?":
 sync) costs more than the step of a small model. So each step only *records*, as ``[B]`` device tensors,
 whether a row's loss was finite (:meth:`RowHealth.record_losses`) and, from the optimizer's
 :class:`~lightning_hydro.optim.group_optimizer.StepReport` (:meth:`RowHealth.absorb`), at which optimizer step
-a row was first skipped and why: one ``[B]`` code per row, kept with three small device ops per step. A row's
-step count needs no device work: a row is stepped at every step until it goes bad and at none after.
+a row was first skipped and why: two ``[B]`` counters, two small device ops per step (a row once skipped stays
+skipped until the read-back, so counting its skipped steps dates its divergence).
 
 A row that went bad stays skipped (its last finite weights are kept) until the fused module reads everything
 back in one sync (:meth:`RowHealth.read`) and frees its slot: at the end of each training epoch, before a
@@ -23,8 +23,8 @@ Example::
 
     >>> import torch
     >>> health = RowHealth(check_every=4)
-    >>> health.record_losses([3, 7], torch.tensor([0.5, float("nan")])).tolist()  # which losses are finite
-    [True, False]
+    >>> health.record_losses([3, 7], torch.tensor([0.5, float("nan")])).tolist()  # which losses are not finite
+    [False, True]
     >>> health.rows_to_skip([3, 7]).tolist()
     [False, True]
 """
@@ -42,9 +42,6 @@ from lightning_hydro.optim.group_optimizer import StepReport
 __all__ = ["HealthReadback", "RowHealth"]
 
 _REASONS = {1: "non-finite loss", 2: "non-finite gradients"}
-# a row's code: 0 while healthy, else (_LATEST - k) * 4 + reason, where k counts the steps absorbed since the last
-# read-back before the row went bad: the element-wise maximum keeps each row's first bad step
-_LATEST = 2**40
 
 
 @dataclass
@@ -72,7 +69,10 @@ class RowHealth:
         self.check_every = check_every
         self._ids: list[int] = []
         self._loss_bad: Tensor | None = None  # rows whose loss was non-finite since the last optimizer step
-        self._codes: Tensor | None = None  # [B] long: each row's first bad step since the last read-back and why
+        self._bad: Tensor | None = None  # rows skipped since the last read-back (they stay skipped until then)
+        # per row, since the last read-back: optimizer steps skipped, and those skipped with the loss as reason
+        self._skips: Tensor | None = None
+        self._loss_skips: Tensor | None = None
         self._steps: list[int] = []  # the optimizer steps absorbed since the last read-back
         self._absorbed = 0  # optimizer steps seen since the fit started (drives the read-back schedule)
 
@@ -81,7 +81,7 @@ class RowHealth:
         """Whether anything was recorded since the last read-back."""
         return bool(self._steps) or self._loss_bad is not None
 
-    def _rows_for(self, trial_ids: Sequence[int]) -> None:
+    def _rows_for(self, trial_ids: list[int]) -> None:
         if trial_ids == self._ids:
             return
         if self.pending:
@@ -92,22 +92,20 @@ class RowHealth:
         self._ids = list(trial_ids)
 
     def record_losses(self, trial_ids: Sequence[int], losses: Tensor) -> Tensor:
-        """A step's ``[B]`` losses (gradient accumulation: every micro-batch's); returns which are finite."""
+        """A step's ``[B]`` losses (gradient accumulation: every micro-batch's); returns which are not finite."""
         self._rows_for(trial_ids if isinstance(trial_ids, list) else list(trial_ids))
-        finite = torch.isfinite(losses.detach())
-        bad = ~finite
+        losses = losses.detach()
+        bad = (losses * 0) != 0  # NaN where not finite: two small ops (torch.isfinite takes five)
         self._loss_bad = bad if self._loss_bad is None else self._loss_bad | bad
-        return finite
+        return bad
 
     def rows_to_skip(self, trial_ids: list[int]) -> Tensor | None:
         """The rows the optimizer must not step: a non-finite loss now, or a divergence not yet read back."""
         if trial_ids != self._ids:
             return None  # nothing recorded for these rows
-        skip = self._loss_bad
-        if self._codes is not None:
-            earlier = self._codes > 0
-            skip = earlier if skip is None else skip | earlier
-        return skip
+        if self._bad is None or self._loss_bad is None:
+            return self._loss_bad if self._bad is None else self._bad
+        return self._loss_bad | self._bad
 
     def _every(self, device: torch.device) -> int:
         return self.check_every if self.check_every is not None else 1 if device.type == "cpu" else 32
@@ -115,15 +113,21 @@ class RowHealth:
     def absorb(self, report: StepReport, step: int) -> bool:
         """Record an optimizer step (``step``: its number, e.g. the Trainer's global step after it).
 
+        A row once skipped is skipped at every later step until the read-back (:meth:`rows_to_skip` says so), so
+        counting its skipped steps tells when it went bad, and its steps skipped for the loss tell why: at its first
+        bad step only its gradients can have been the reason.
+
         Returns whether to read back now: the schedule says so, or the report is on the host already.
         """
         self._rows_for(list(report.trial_ids))
         self._loss_bad = None
         self._absorbed += 1
-        skipped = report.skipped
-        code = skipped * ((_LATEST - len(self._steps)) * 4 + 1)  # reason 1: a non-finite loss ...
-        code += report.skipped_gradients  # ... 2: non-finite gradients
-        self._codes = code if self._codes is None else torch.maximum(self._codes, code, out=self._codes)
+        self._bad = skipped = report.skipped
+        if self._skips is None or self._loss_skips is None:
+            self._skips, self._loss_skips = skipped.long(), report.skipped_loss.long()
+        else:
+            self._skips += skipped
+            self._loss_skips += report.skipped_loss
         self._steps.append(step)
         return report.on_host or self._due(skipped.device)
 
@@ -136,17 +140,15 @@ class RowHealth:
 
     def peek(self) -> HealthReadback:
         """What :meth:`read` would return, without forgetting it (for a checkpoint: one sync)."""
-        if self._codes is None:
+        if self._skips is None or self._loss_skips is None:
             return HealthReadback()
+        n = len(self._steps)
         steps: dict[int, int] = {}
         diverged: dict[int, tuple[str, int]] = {}
-        for tid, code in zip(self._ids, self._codes.tolist()):
-            if code == 0:
-                steps[tid] = len(self._steps)
-                continue
-            k = _LATEST - code // 4  # stepped at the k absorbed steps before it went bad
-            steps[tid] = k
-            diverged[tid] = (_REASONS[code % 4], self._steps[k])
+        for tid, (skips, loss_skips) in zip(self._ids, torch.stack([self._skips, self._loss_skips], 1).tolist()):
+            steps[tid] = n - skips  # stepped until it went bad
+            if skips:
+                diverged[tid] = (_REASONS[1 if loss_skips == skips else 2], self._steps[n - skips])
         return HealthReadback(steps=steps, diverged=diverged)
 
     def read(self) -> HealthReadback:
@@ -155,7 +157,8 @@ class RowHealth:
         The losses of micro-batches still accumulating for the next optimizer step stay recorded.
         """
         out = self.peek()
-        self._codes, self._steps = None, []
+        self._bad = self._skips = self._loss_skips = None
+        self._steps = []
         return out
 
     def reslot(self, trial_ids: Sequence[int]) -> None:
@@ -171,4 +174,5 @@ class RowHealth:
     def reset(self) -> None:
         """Forget every record (a checkpoint is being loaded)."""
         self._ids, self._loss_bad = [], None
-        self._codes, self._steps = None, []
+        self._bad = self._skips = self._loss_skips = None
+        self._steps = []

@@ -9,7 +9,8 @@ the host and make it wait for the GPU every step; so here:
   host: a few microseconds, no device work);
 - only when they differ are the factors recomputed on the host, in double precision as torch's optimizers
   compute their scalars (``1 - dampening``, ``-lr``, ...), and copied to the device in one transfer (from pinned
-  memory, ``non_blocking``, on CUDA) into a persistent ``[K, P, B]`` table (K factors, P parameters, B rows);
+  memory, ``non_blocking``, on CUDA) into a persistent ``[K, P, B]`` table (K factors, P parameters, B rows),
+  in the parameters' dtype (float32 for lower precisions, as torch applies its scalars);
 - every step, :meth:`RowHyperparameters.select` writes this step's factors, with the skipped rows replaced by
   values that leave those rows untouched, into a second persistent table whose ``[B, 1, ...]`` views
   (:meth:`RowHyperparameters.views`) the update's ``torch._foreach_*`` calls read. The views never change, so
@@ -26,7 +27,6 @@ Example::
     >>> table.refresh([[{"lr": 0.1}], [{"lr": 0.2}]])  # unchanged: nothing to do
     False
     >>> table.select(torch.tensor([False, True]))  # row 1 skipped: its factor leaves it as it is
-    >>> table.publish()
     >>> table.views("neg_lr")[0].flatten().tolist()
     [-0.10000000149011612, 0.0]
 """
@@ -77,6 +77,8 @@ class RowHyperparameters:
             for a multiplier).
         group_of: each parameter's param-group index (the same in every row); None: not optimized.
         params: the stacked parameters (their device, dtype and shape give the factors' views).
+        doubles: factors also kept in double precision (:meth:`double`), for arithmetic on the device that torch
+            does on the host in doubles (Adam's bias corrections).
     """
 
     def __init__(
@@ -87,6 +89,7 @@ class RowHyperparameters:
         *,
         group_of: Sequence[int | None],
         params: Sequence[Tensor],
+        doubles: Sequence[str] = (),
     ) -> None:
         self.keys = tuple(keys)
         self.derive = derive
@@ -95,18 +98,18 @@ class RowHyperparameters:
         self._read = operator.itemgetter(*self.keys)
         self._last: list[Any] | None = None  # the raw values last copied: [(row, group) -> tuple of values]
         self._volatile = False  # a tensor hyperparameter may change in place: refreshed every step
-        self.groups = 1 + max((g for g in group_of if g is not None), default=0)
         self.rows = params[0].shape[0]
-        device = params[0].device
-        host = _host_dtype(device)
+        self.device = device = params[0].device
         dtype = factor_dtype(params)
         # parameters outside every group read group 0's factors; the update never touches them
         self._group_index = torch.tensor([0 if g is None else g for g in group_of], device=device)
         count = (len(self.names), len(params), self.rows)
-        self.base = torch.zeros(count, dtype=host, device=device)  # every row's factors, as last copied
-        self.current = torch.zeros(count, dtype=host, device=device)  # this step's (skipped rows neutral)
-        self.table = self.current if dtype == host else torch.zeros(count, dtype=dtype, device=device)
-        self._neutral = torch.tensor(list(neutral.values()), dtype=host, device=device).view(-1, 1, 1)
+        self.base = torch.zeros(count, dtype=dtype, device=device)  # every row's factors, as last copied
+        self.table = torch.zeros(count, dtype=dtype, device=device)  # this step's (skipped rows neutral)
+        self._neutral = torch.tensor(list(neutral.values()), dtype=dtype, device=device).view(-1, 1, 1)
+        self._double_index = torch.tensor([self._index[name] for name in doubles], dtype=torch.long, device=device)
+        self._doubles = {name: d for d, name in enumerate(doubles)}
+        self.doubles = torch.zeros((len(doubles), *count[1:]), dtype=_host_dtype(device), device=device)
         self._views = {
             name: [self.table[k, i].view(-1, *([1] * (p.dim() - 1))) for i, p in enumerate(params)]
             for name, k in self._index.items()
@@ -118,12 +121,16 @@ class RowHyperparameters:
         return self._views[name]
 
     def row(self, name: str) -> Tensor:
-        """This step's ``[P, B]`` values of factor ``name`` in double precision (an update may write into them)."""
-        return self.current[self._index[name]]
+        """This step's ``[P, B]`` values of factor ``name`` (an update may write step-dependent values into it)."""
+        return self.table[self._index[name]]
 
     def base_row(self, name: str) -> Tensor:
         """Every row's ``[P, B]`` values of factor ``name`` as last copied (skips not applied)."""
         return self.base[self._index[name]]
+
+    def double(self, name: str) -> Tensor:
+        """Every row's ``[P, B]`` values of factor ``name`` in double precision (one of ``doubles``)."""
+        return self.doubles[self._doubles[name]]
 
     def host_factors(self, group: int) -> list[tuple[float, ...]]:
         """Param group ``group``'s factors of every row as last copied, on the host (what an update plans from)."""
@@ -152,25 +159,23 @@ class RowHyperparameters:
             rows.append(row)
         self._volatile = volatile
         self._host_values = rows
-        # [B, G, K] on the host (pinned on CUDA), one transfer that does not wait, then each parameter takes its
-        # group's values on the device
-        host = torch.tensor(rows, dtype=self.base.dtype, pin_memory=self.base.device.type == "cuda")
-        by_group = host.to(self.base.device, non_blocking=True).permute(2, 1, 0)
-        torch.index_select(by_group, 1, self._group_index, out=self.base)
+        # [B, G, K] in doubles on the host (pinned on CUDA), one transfer that does not wait, then each parameter
+        # takes its group's values on the device
+        host = torch.tensor(rows, dtype=self.doubles.dtype, pin_memory=self.device.type == "cuda")
+        by_group = host.to(self.device, non_blocking=True).permute(2, 1, 0)
+        by_param = torch.index_select(by_group, 1, self._group_index)
+        self.base.copy_(by_param)
+        if len(self._doubles):
+            torch.index_select(by_param, 0, self._double_index, out=self.doubles)
         return True
 
     def select(self, skip: Tensor | None) -> None:
         """This step's factors: every row's, but the ``skip`` rows' (a ``[B]`` bool mask) neutral ones.
 
         An update that derives step-dependent factors (Adam's bias corrections) writes them into :meth:`row`
-        afterwards; :meth:`publish` then makes them visible through :meth:`views`.
+        afterwards.
         """
         if skip is None:
-            self.current.copy_(self.base)
+            self.table.copy_(self.base)
         else:
-            torch.where(skip, self._neutral, self.base, out=self.current)
-
-    def publish(self) -> None:
-        """Make changes written into :meth:`row` visible through :meth:`views` (a cast, where the dtypes differ)."""
-        if self.table is not self.current:
-            self.table.copy_(self.current)
+            torch.where(skip, self._neutral, self.base, out=self.table)

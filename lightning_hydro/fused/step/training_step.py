@@ -64,8 +64,8 @@ class TrainingStep:
         if loss is None:
             return None
         loss = loss.reshape(group.size)
-        finite = self.health.record_losses(group.trial_ids, loss)  # stays on the device: no host sync
-        return torch.where(finite, loss, 0.0).sum()
+        bad = self.health.record_losses(group.trial_ids, loss)  # stays on the device: no host sync
+        return torch.where(bad, 0.0, loss).sum()
 
     @staticmethod
     def forward_backward(backend: Backend, batch: Any, batch_idx: int) -> None:
