@@ -101,9 +101,10 @@ class FusedLightningModule(L.LightningModule):
             group's health is read back (one host sync): at optimizer steps 1, 2, 4, ... up to this, then every
             this many steps, at each epoch's end and before checkpoints. None: 1 on the CPU (where reading costs
             no wait), 32 on accelerators (see :mod:`.step.row_health`).
-        compile: ``True`` runs the vmap/hfta training step (forward and backward) under ``torch.compile``;
-            ``"reduce-overhead"`` adds CUDA graphs on a GPU. What cannot be compiled runs eagerly, said in one
-            log line. ``backend="auto"`` times the candidates eagerly, then compiles its choice.
+        compile: ``True`` runs the vmap/hfta training step (forward and backward) under ``torch.compile``, and
+            the fused optimizer update too (:mod:`.step.compiled_update`); ``"reduce-overhead"`` adds CUDA graphs
+            on a GPU. What cannot be compiled runs eagerly, said in one log line. ``backend="auto"`` times the
+            candidates eagerly, then compiles its choice.
 
     Raises:
         ValueError / TypeError: an empty list, non-LightningModules, a trial that uses manual optimization,
@@ -138,17 +139,18 @@ class FusedLightningModule(L.LightningModule):
         slots = max_slots if max_slots is not None else len(trials)
         self._slots = TrialSlots(self.stacked, trials, ids, slots, pad_widths=pad_widths)
         self.deterministic = check_deterministic(deterministic)
+        compile = check_compile_setting(compile)
         self._policy = BackendPolicy(
             backend,
             self._slots,
             verify=verify,
             deterministic=self.deterministic,
-            compile=check_compile_setting(compile),
+            compile=compile,
         )
         self._health = RowHealth(check_every=divergence_check_every)
         self._metrics = TrialMetrics()
         self._modes = TrialModes()
-        self._optimizers = TrialOptimizers(self._slots, optimizer_path)
+        self._optimizers = TrialOptimizers(self._slots, optimizer_path, compile=compile)
         self._roster = TrialRoster(self._policy, self._optimizers, self._metrics, self._health, self._modes)
         self._eval_steps = EvaluationSteps(self._policy)
         self._publisher = TrialPublisher(self._slots, self._metrics)

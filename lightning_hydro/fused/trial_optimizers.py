@@ -19,11 +19,13 @@ Example::
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 
+from lightning_hydro.backends.compiled_step import CompileSetting
 from lightning_hydro.fused.step.fused_path import select_fused_path
 from lightning_hydro.fused.trial_clipping import clip_trial_gradients, custom_clipping
 from lightning_hydro.fused.trial_schedulers import drop_scheduler_configs, scheduler_configs
@@ -40,11 +42,13 @@ class TrialOptimizers:
     Args:
         slots: the group's slots (the optimizer is kept there, so that stop and add update it in step).
         path: ``"auto"``, ``"universal"`` or ``"fused"`` (see ``FusedLightningModule(optimizer_path=...)``).
+        compile: the fused module's ``compile=``: the fused update runs under torch.compile too.
     """
 
-    def __init__(self, slots: TrialSlots, path: OptimizerPath) -> None:
+    def __init__(self, slots: TrialSlots, path: OptimizerPath, *, compile: CompileSetting = False) -> None:
         self.slots = slots
         self.path: OptimizerPath = path
+        self.compile: CompileSetting = compile
         self._custom: tuple[tuple[int, ...], bool] | None = None  # (trial ids, whether one clips its own way)
 
     @property
@@ -55,9 +59,8 @@ class TrialOptimizers:
     def configure(self) -> tuple[list[TrialGroupOptimizer], list[dict[str, Any]]]:
         """What ``configure_optimizers`` returns: the group optimizer, and every running trial's scheduler configs."""
         trials = {tid: self.trial_optimization(tid, module) for tid, module in self.slots.running()}
-        self.slots.optimizer = TrialGroupOptimizer(
-            self.slots.group, trials, path=self.path, fast_path=select_fused_path
-        )
+        fast_path = partial(select_fused_path, compile=self.compile)
+        self.slots.optimizer = TrialGroupOptimizer(self.slots.group, trials, path=self.path, fast_path=fast_path)
         configs = [config for tid in self.slots.trial_ids for config in self.scheduler_configs(tid)]
         return [self.slots.optimizer], [vars(c).copy() for c in configs]
 

@@ -126,10 +126,21 @@ def select_fused_path(
     optimizers: Sequence[torch.optim.Optimizer],
     trial_params: Sequence[Sequence[torch.nn.Parameter]],
     stacked: Sequence[torch.nn.Parameter],
+    *,
+    compile: bool | str = False,
 ) -> FusedPath | str:
     """The fused path for these trial optimizers, or why they need the universal path.
 
     See :func:`~lightning_hydro.fused.step.fused_update.select_fused_update` for when the fused path applies.
+
+    Args:
+        optimizers: each trial's optimizer, in row order.
+        trial_params: each trial's parameters in the order of the stacked parameters.
+        stacked: the stacked parameters.
+        compile: run the update's device work under ``torch.compile`` (see :mod:`.compiled_update`).
     """
     update = select_fused_update(optimizers, trial_params, stacked)
-    return update if isinstance(update, str) else FusedPath(update)
+    if isinstance(update, str):
+        return update
+    update.compile(compile)
+    return FusedPath(update)

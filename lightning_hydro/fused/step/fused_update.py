@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from torch.optim import SGD, Adam, AdamW, Optimizer
 from typing_extensions import override
 
+from lightning_hydro.fused.step.compiled_update import run_device_step
 from lightning_hydro.fused.step.row_hyperparameters import RowHyperparameters
 
 __all__ = ["FusedAdamUpdate", "FusedSGDUpdate", "FusedUpdate", "SkipRows", "select_fused_update"]
@@ -77,6 +78,7 @@ class FusedUpdate(ABC):
         self._plan_key: tuple[int, ...] | None = None
         self._indices: dict[tuple[int, ...], Tensor] = {}  # device index of the active parameters, by set
         self._host_rows: list[list[Any]] | None = None  # [P][B] counters read back for export, until the next step
+        self._compiled: bool | str = False  # run the device work under torch.compile (True, "reduce-overhead")
 
     @property
     def rows(self) -> int:
@@ -108,12 +110,23 @@ class FusedUpdate(ABC):
     def _run(self, part: _Part, grads: list[Tensor] | tuple[Tensor, ...]) -> None:
         """The foreach calls of one part of the plan, with this step's factors."""
 
-    def _before(self, active: list[int], skip: Tensor | None) -> None:  # noqa: B027 - optional hook
-        """Per-step work on the ``[P, B]`` counters before the foreach calls (e.g. Adam's bias corrections)."""
+    def _prepare(self, active: list[int]) -> Any:
+        """Host-side facts the device work of a step needs (e.g. which counters it touches); no device work."""
+        return self._counters(active)
+
+    def _before(self, skip: Tensor | None, prepared: Any) -> None:  # noqa: B027 - optional hook
+        """Per-step device work on the ``[P, B]`` counters before the foreach calls (e.g. Adam's bias corrections)."""
+
+    def _finish(self, active: list[int], prepared: Any) -> None:  # noqa: B027 - optional hook
+        """Host-side bookkeeping after a step."""
 
     def _state_keys(self, kind: str) -> tuple[str, ...]:
         """The per-parameter state tensors a part of ``kind`` needs (created as zeros on first use)."""
         return ()
+
+    def compile(self, setting: bool | str) -> None:
+        """Run the device work of each step under ``torch.compile`` (see :mod:`.compiled_update`); False: eagerly."""
+        self._compiled = setting
 
     @torch.no_grad()
     def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_rows: SkipRows = ()) -> None:
@@ -129,17 +142,27 @@ class FusedUpdate(ABC):
         factors = self._factors_for(param_groups)
         plan = self._plan_for(active, factors)
         self._host_rows = None
-        if skip is not None:  # a NaN times a neutral factor is still NaN: zero the skipped rows' gradients
-            for grad in grads:
-                grad.masked_fill_(skip.view(-1, *([1] * (grad.dim() - 1))), 0)
-        factors.select(skip)
-        self._before(active, skip)
+        prepared = self._prepare(active)
         if len(plan) == 1:
-            self._run(plan[0], grads)
-            return
-        by_index = dict(zip(active, grads))
-        for part in plan:
-            self._run(part, [by_index[i] for i in part.indices])
+            by_part = [grads]
+        else:
+            by_index = dict(zip(active, grads))
+            by_part = [[by_index[i] for i in part.indices] for part in plan]
+        run_device_step(self, by_part, skip, prepared, self._compiled)
+        self._finish(active, prepared)
+
+    def device_step(self, grads: list[list[Tensor]], skip: Tensor | None, prepared: Any) -> None:
+        """A step's device work, pure tensor code (what ``compile`` compiles): the plan's parts' gradients in."""
+        if skip is not None:  # a NaN times a neutral factor is still NaN: zero the skipped rows' gradients
+            for part_grads in grads:
+                for grad in part_grads:
+                    grad.masked_fill_(skip.view(-1, *([1] * (grad.dim() - 1))), 0)
+        factors = self._factors
+        assert factors is not None
+        factors.select(skip)
+        self._before(skip, prepared)
+        for part, part_grads in zip(self._plan, grads):
+            self._run(part, part_grads)
 
     def _mask(self, skip_rows: SkipRows) -> Tensor | None:
         if isinstance(skip_rows, Tensor):
@@ -280,8 +303,14 @@ class FusedSGDUpdate(FusedUpdate):
         return () if kind == "plain" else ("momentum_buffer",)
 
     @override
-    def _before(self, active: list[int], skip: Tensor | None) -> None:
-        if not self._fresh.intersection(active):
+    def _prepare(self, active: list[int]) -> Any:
+        # whether a row may start its buffer this step, and which parameters take the step
+        return bool(self._fresh.intersection(active)), self._counters(active)
+
+    @override
+    def _before(self, skip: Tensor | None, prepared: Any) -> None:
+        fresh, index = prepared
+        if not fresh:
             return
         factors = self._factors
         assert factors is not None
@@ -289,13 +318,16 @@ class FusedSGDUpdate(FusedUpdate):
         first = ~self.initialized & factors.base_row("uses_momentum").bool()
         if skip is not None:
             first &= ~skip
-        index = self._counters(active)
         if index is not None:  # a parameter without a gradient takes no step
             first &= torch.zeros_like(first).index_fill_(0, index, True)
         factors.row("keep").masked_fill_(first, 0.0)
         factors.row("add").masked_fill_(first, 1.0)
         self.initialized |= first
-        self._fresh.difference_update(active)
+
+    @override
+    def _finish(self, active: list[int], prepared: Any) -> None:
+        if prepared[0]:
+            self._fresh.difference_update(active)
 
     @override
     def _run(self, part: _Part, grads: list[Tensor] | tuple[Tensor, ...]) -> None:
@@ -410,15 +442,15 @@ class FusedAdamUpdate(FusedUpdate):
         return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if self.amsgrad else ("exp_avg", "exp_avg_sq")
 
     @override
-    def _before(self, active: list[int], skip: Tensor | None) -> None:
+    def _before(self, skip: Tensor | None, prepared: Any) -> None:
         factors = self._factors
         assert factors is not None
-        index = self._counters(active)
+        index = prepared
         if index is None:
             self.steps.add_(1 if skip is None else ~skip)
         else:  # a parameter without a gradient takes no step
             taken = torch.ones_like(self.steps[0]) if skip is None else (~skip).to(self.steps.dtype)
-            self.steps.index_add_(0, index, taken.expand(len(active), -1))
+            self.steps.index_add_(0, index, taken.expand(index.shape[0], -1))
         # torch, in doubles on the host: step_size = lr / (1 - beta1 ** step), bias_correction2_sqrt =
         # sqrt(1 - beta2 ** step); here in doubles on the device, both corrections at once
         corrections = 1 - torch.pow(factors.doubles[1:], self.steps)
