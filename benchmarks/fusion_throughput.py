@@ -7,8 +7,11 @@
 - ``separate``: B ordinary Trainer runs one after another (each trial's own LightningModule);
 - ``raw vmap``: a hand-written torch training loop (stack_module_state + functional_call + vmap, per-trial
   SGD learning rates as a [B] tensor): no Lightning at all, the floor for FusedLightningModule's overhead;
-- ``lightning vmap``: the same vmapped step inside a minimal hand-written LightningModule: Lightning's
-  own per-step cost, to tell it apart from FusedLightningModule's.
+- ``lightning vmap``: the same vmapped step inside a minimal hand-written LightningModule (manual
+  optimization): Lightning's own per-step cost, to tell it apart from FusedLightningModule's;
+- ``lightning vmap (automatic)``: the same again with Lightning's automatic optimization (the step returns the
+  summed loss; a foreach SGD with the per-trial learning rates as a [B] tensor is the optimizer), which is what
+  FusedLightningModule runs under: the closure, backward, clipping and optimizer hooks Lightning adds per step.
 
 ``--model template_mnist`` (issue 11): lightning-hydra-template's MNISTLitModule shape at B = 4 and 16, with
 torchmetrics in every step: the backend ``auto`` picks vs each backend vs separate runs (see fusion_template.py).
@@ -18,7 +21,9 @@ torchmetrics in every step: the backend ``auto`` picks vs each backend vs separa
 backend (vmap, hfta, loop), and each as a ratio to ``loop``.
 
 Every number is the steady-state time of one optimizer step of the whole group (median of the per-step
-intervals after warm-up steps), so Trainer start-up is excluded (reported separately for `separate`).
+intervals after warm-up steps), so Trainer start-up is excluded (reported separately for `separate`). On CUDA
+each interval starts and ends with ``torch.cuda.synchronize()`` (else it would time kernel launches only);
+``benchmarks/gpu_fusion.py`` times windows of many steps between two synchronisations instead.
 Peak memory is the allocator's peak on a GPU, and on the CPU the bytes a step holds (parameters,
 gradients, optimizer state, activations saved for backward; see lightning_hydro/fused/memory_probe.py).
 
@@ -153,10 +158,17 @@ def model_table(args: argparse.Namespace) -> list[str]:
     return lines
 
 
+# what the step times are measured with: wall time, or (``--clock thread``, for a machine shared with other work)
+# the CPU time of this thread, which other processes' load disturbs less (one torch thread: the step runs here)
+CLOCK = {"now": time.perf_counter}
+
+
 class StepTimer(L.Callback):
     """Records the wall time of every training batch after the first `warmup` ones; stops after `steps`.
 
-    It counts batches itself: with manual optimization and no optimizer, Lightning's global_step stays 0.
+    It counts batches itself: with manual optimization and no optimizer, Lightning's global_step stays 0. On
+    CUDA it synchronises before starting and before stopping the clock, so that an interval is the batch's
+    whole work, not the launch of its kernels.
     """
 
     def __init__(self, warmup: int, steps: int) -> None:
@@ -165,13 +177,21 @@ class StepTimer(L.Callback):
         self.batches = 0
         self._last = 0.0
 
+    @staticmethod
+    def _synchronize(trainer: L.Trainer) -> None:
+        device = trainer.strategy.root_device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        self._last = time.perf_counter()
+        self._synchronize(trainer)
+        self._last = CLOCK["now"]()
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self._synchronize(trainer)
         self.batches += 1
         if self.batches > self.warmup:
-            self.times.append(time.perf_counter() - self._last)
+            self.times.append(CLOCK["now"]() - self._last)
         if self.batches >= self.steps:
             trainer.should_stop = True
 
@@ -246,12 +266,12 @@ def time_raw(count: int, width: int, steps: int, warmup: int, device: str) -> fl
     done = 0
     while done < steps:
         for x, y in dm.train_dataloader():  # the same data pipeline as the Trainer runs
-            start = time.perf_counter()
+            start = CLOCK["now"]()
             step(x.to(device), y.to(device))
             if device == "cuda":
                 torch.cuda.synchronize()
             if done >= warmup:
-                times.append(time.perf_counter() - start)
+                times.append(CLOCK["now"]() - start)
             done += 1
             if done >= steps:
                 break
@@ -279,6 +299,61 @@ class LightningVmap(L.LightningModule):
 def time_lightning_vmap(count: int, width: int, steps: int, warmup: int, device: str) -> float:
     timer = StepTimer(warmup, steps)
     trainer_for(steps, device, [timer]).fit(LightningVmap(count, width), datamodule=DigitsDataModule())
+    return statistics.median(timer.times)
+
+
+class VmapSGD(torch.optim.Optimizer):
+    """SGD with momentum 0.9 over stacked [B, ...] parameters, a [B] learning rate per trial, as foreach calls."""
+
+    def __init__(self, params: Any, lrs: torch.Tensor) -> None:
+        super().__init__(params, {})
+        self.lrs = lrs
+        self.buffers: list[torch.Tensor] | None = None
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
+        if closure is not None:
+            with torch.enable_grad():
+                closure()
+        params = [p for group in self.param_groups for p in group["params"]]
+        grads = [p.grad for p in params]
+        if self.buffers is None:
+            self.buffers = [torch.zeros_like(p) for p in params]
+        torch._foreach_mul_(self.buffers, 0.9)
+        torch._foreach_add_(self.buffers, grads)
+        factors = [self.lrs.view(-1, *[1] * (p.dim() - 1)) for p in params]
+        torch._foreach_addcmul_(params, factors, self.buffers, value=-1)
+
+
+class LightningVmapAutomatic(L.LightningModule):
+    """The raw vmapped loss under Lightning's automatic optimization: the floor of FusedLightningModule's setting."""
+
+    def __init__(self, count: int, width: int) -> None:
+        super().__init__()
+        models = [DigitsMLP(hidden_dim=width) for _ in range(count)]
+        params, _ = stack_module_state(models)
+        self.names = list(params)
+        self.stacked = nn.ParameterList([nn.Parameter(v) for v in params.values()])
+        self.__dict__["template"] = models[0].to("meta")  # not a submodule: .to() must not move it
+        self.lrs = torch.tensor([0.01 * (1 + i) for i in range(count)])
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        params = dict(zip(self.names, self.stacked))
+
+        def loss_of(p: dict[str, torch.Tensor]) -> torch.Tensor:
+            return F.cross_entropy(functional_call(self.template, p, (x,)), y)
+
+        return vmap(loss_of)(params).sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return VmapSGD(self.stacked.parameters(), self.lrs.to(self.device))
+
+
+def time_lightning_vmap_automatic(count: int, width: int, steps: int, warmup: int, device: str) -> float:
+    timer = StepTimer(warmup, steps)
+    module = LightningVmapAutomatic(count, width)
+    trainer_for(steps, device, [timer]).fit(module, datamodule=DigitsDataModule())
     return statistics.median(timer.times)
 
 
@@ -326,9 +401,16 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--separate-runs", type=int, default=4, help="separate runs timed per cell (then scaled)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "thread"],
+        default="wall",
+        help="thread: this thread's CPU time (with --threads 1, less disturbed by other processes' load)",
+    )
     parser.add_argument("--output", type=Path, default=None, help="default: benchmarks/results/fusion_<model>.md")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    CLOCK["now"] = time.thread_time if args.clock == "thread" else time.perf_counter
     output = args.output or Path(f"benchmarks/results/fusion_{args.model}.md")
     if args.trials is None:
         args.trials = [4, 16] if args.model == "template_mnist" else [1, 4, 16, 64]
@@ -338,14 +420,22 @@ def main(argv: list[str] | None = None) -> str:
         output.write_text(text)
         return text
 
-    columns = [*(f"fused[{b}]" for b in args.backends), "separate", "raw vmap", "lightning vmap"]
+    columns = [
+        *(f"fused[{b}]" for b in args.backends),
+        "separate",
+        "raw vmap",
+        "lightning vmap",
+        "lightning vmap (automatic)",
+    ]
     header = (
         f"| width | B | {' | '.join(f'{c} ms/step' for c in columns)} | vmap speed-up vs loop "
-        "| vmap speed-up vs separate | overhead vs raw | overhead vs lightning vmap |"
+        "| vmap speed-up vs separate | overhead vs raw | overhead vs lightning vmap "
+        "| overhead vs lightning vmap (automatic) |"
     )
     lines = [
         f"Device: {args.device}, torch threads: {args.threads}, {args.steps} steps ({args.warmup} warm-up), median of "
-        f"{args.repeats} repeats; ms per optimizer step of the whole group of B trials.",
+        f"{args.repeats} repeats; ms per optimizer step of the whole group of B trials"
+        f"{' (thread CPU time)' if args.clock == 'thread' else ''}.",
         "",
         header,
         "|" + "---|" * (header.count("|") - 1),
@@ -365,12 +455,16 @@ def main(argv: list[str] | None = None) -> str:
                 startup.append(start)
                 cells["raw vmap"].append(time_raw(count, width, args.steps, args.warmup, args.device))
                 cells["lightning vmap"].append(time_lightning_vmap(count, width, args.steps, args.warmup, args.device))
+                cells["lightning vmap (automatic)"].append(
+                    time_lightning_vmap_automatic(count, width, args.steps, args.warmup, args.device)
+                )
             ms = {c: 1000 * statistics.median(v) for c, v in cells.items()}
             fused = ms.get("fused[vmap]", ms[columns[0]])
             row = (
                 f"| {width} | {count} | {' | '.join(f'{ms[c]:.2f}' for c in columns)} | "
                 f"{ms.get('fused[loop]', float('nan')) / fused:.2f}x | {ms['separate'] / fused:.2f}x | "
-                f"{100 * (fused / ms['raw vmap'] - 1):+.0f}% | {100 * (fused / ms['lightning vmap'] - 1):+.0f}% |"
+                f"{100 * (fused / ms['raw vmap'] - 1):+.0f}% | {100 * (fused / ms['lightning vmap'] - 1):+.0f}% | "
+                f"{100 * (fused / ms['lightning vmap (automatic)'] - 1):+.0f}% |"
             )
             lines.append(row)
             print(row, flush=True)

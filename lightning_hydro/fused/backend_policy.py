@@ -73,6 +73,7 @@ class BackendPolicy:
         self.verify_ids: set[int] = set(slots.trial_ids) if verify else set()
         self.backend: Backend | None = None if requested == "auto" else self._make(requested)
         self.parked: Backend | None = None  # auto's choice, set aside while a lone trial runs on the loop
+        self.lone = False  # auto started with one trial: the loop, untimed; a second trial makes it choose
         self.eval_fallback: dict[str, Backend] = {}
         self.unbuilt: str | None = None  # restored for a group with no running trial: no rows to build it on
         self.report = ""
@@ -93,6 +94,8 @@ class BackendPolicy:
     @property
     def recorded_name(self) -> str | None:
         """The backend a resumed run should use: auto's timed choice, even while parked for a lone trial."""
+        if self.lone:
+            return None  # nothing was timed: a resumed run decides again
         if self.backend is None:
             return self.unbuilt
         return self.name if self.parked is None else self.parked.name
@@ -131,6 +134,12 @@ class BackendPolicy:
         if self.backend is not None:
             return self.backend
         group = self.slots.group
+        if group.size == 1:  # nothing to batch: the trial's own module, as in a plain run (no timing)
+            self.backend, self.lone = make_backend("loop", group), True
+            self.slots.book.set_backend(self.slots.trial_ids, "loop")
+            self.report = "FusedLightningModule: backend='auto' runs a group of one trial on 'loop' (nothing to batch)."
+            rank_zero_info(self.report)
+            return self.backend
         candidates = [(name, partial(make_backend, name, group)) for name in ("hfta", "vmap", "loop")]
         with preserved_metric_states(group.modules):  # timing steps must not count in torchmetrics
             choice = choose(group, candidates, run_step, timed=not self.deterministic)
@@ -220,12 +229,17 @@ class BackendPolicy:
         auto times the backends once, on the first batch, and its choice stays while early stopping shrinks the
         group, except at one trial: then there is nothing to batch, and the loop runs the trial's own module
         faster (1.8-1.9x on the digits MLP, 1.4x on ResNet-18: docs/fused.md, docs/hfta.md); the same
-        results to float rounding.
+        results to float rounding. A group that starts with one trial runs it on the loop without timing, and
+        chooses by timing once a second trial joins.
         """
         self.rebind()
         if self.requested != "auto" or (self.backend is None and self.parked is None):
             return
         size = self.slots.group.size
+        if self.lone:
+            if size > 1:  # a group that started with one trial has grown: time the candidates on its next batch
+                self.backend, self.lone = None, False
+            return
         if size == 1 and self.parked is None and not isinstance(self.backend, LoopBackend):
             self.parked, self.backend = self.backend, make_backend("loop", self.slots.group)
             rank_zero_info("FusedLightningModule: one trial left; backend='auto' runs it on 'loop' from now on.")
@@ -238,7 +252,7 @@ class BackendPolicy:
         """After a checkpoint was loaded into new stacked state: use the recorded backend (no re-verification)."""
         self.verify_ids.clear()
         name = name or self.requested
-        self.parked = None
+        self.parked, self.lone = None, False
         self.eval_fallback.clear()
         if not self.slots.group.size:  # every trial had ended: an evaluation builds it on the trials it stacks
             self.backend, self.unbuilt = None, None if name == "auto" else name

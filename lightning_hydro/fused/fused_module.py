@@ -24,17 +24,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor, nn
 from typing_extensions import override
 
-from lightning_hydro.backends import Backend, BackendName
+from lightning_hydro.backends import BackendName
 from lightning_hydro.backends.auto import choose_backend
 from lightning_hydro.backends.compiled_step import CompileSetting, check_compile_setting
-from lightning_hydro.backends.errors import explain_backward_error
 from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments, check_precision
 from lightning_hydro.fused.backend_policy import BackendPolicy
 from lightning_hydro.fused.evaluation_steps import EvaluationSteps, predictions_by_trial
@@ -47,7 +45,8 @@ from lightning_hydro.fused.group_checkpoint import (
 )
 from lightning_hydro.fused.manual_steps import ManualSteps, choose_loop_for_manual
 from lightning_hydro.fused.rank_sync import RankSync
-from lightning_hydro.fused.row_health import RowHealth
+from lightning_hydro.fused.step.row_health import RowHealth
+from lightning_hydro.fused.step.training_step import TrainingStep
 from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_callbacks import per_trial_callbacks, refuse_module_callbacks
 from lightning_hydro.fused.trial_hooks import forward_hook, hide_absent_hooks
@@ -113,10 +112,11 @@ class FusedLightningModule(L.LightningModule):
         divergence_check_every: a diverged trial is skipped on the device at once, and its slot freed when the
             group's health is read back (one host sync): at optimizer steps 1, 2, 4, ... up to this, then every
             this many steps, at each epoch's end and before checkpoints. None: 1 on the CPU (where reading costs
-            no wait), 32 on accelerators (see :mod:`.row_health`).
-        compile: ``True`` runs the vmap/hfta training step (forward and backward) under ``torch.compile``;
-            ``"reduce-overhead"`` adds CUDA graphs on a GPU. What cannot be compiled runs eagerly, said in one
-            log line. ``backend="auto"`` times the candidates eagerly, then compiles its choice.
+            no wait), 32 on accelerators (see :mod:`.step.row_health`).
+        compile: ``True`` runs the vmap/hfta training step (forward and backward) under ``torch.compile``, and
+            the fused optimizer update too (:mod:`.step.compiled_update`); ``"reduce-overhead"`` adds CUDA graphs
+            on a GPU. What cannot be compiled runs eagerly, said in one log line. ``backend="auto"`` times the
+            candidates eagerly, then compiles its choice.
 
     Trials that use manual optimization (``automatic_optimization = False``: several optimizers, a GAN) run their
     own ``training_step`` one after another on the loop backend, each stepping its own optimizers (see
@@ -156,25 +156,29 @@ class FusedLightningModule(L.LightningModule):
         slots = max_slots if max_slots is not None else len(trials)
         self._slots = TrialSlots(self.stacked, trials, ids, slots, pad_widths=pad_widths)
         self.deterministic = check_deterministic(deterministic)
+        compile = check_compile_setting(compile)
         self._policy = BackendPolicy(
             backend,
             self._slots,
             verify=verify,
             deterministic=self.deterministic,
-            compile=check_compile_setting(compile),
+            compile=compile,
         )
         self._health = RowHealth(check_every=divergence_check_every)
         self._metrics = TrialMetrics()
         self._modes = TrialModes()
         self.automatic_optimization = trials[0].automatic_optimization  # the same for all (checked)
         self._manual = None if self.automatic_optimization else ManualSteps(self._slots, self._health)
-        self._optimizers = TrialOptimizers(self._slots, optimizer_path, self._manual)
+        self._optimizers = TrialOptimizers(self._slots, optimizer_path, self._manual, compile=compile)
         self._ranks = RankSync()  # several processes (DDP): every rank holds and decides the same trials
         self._roster = TrialRoster(
             self._policy, self._optimizers, self._metrics, self._health, self._modes, self._ranks.mark_rows_changed
         )
         self._eval_steps = EvaluationSteps(self._policy, self._optimizers)
         self._publisher = TrialPublisher(self._slots, self._metrics)
+        self._training_step = TrainingStep(
+            self._policy, self._publisher, self._health, self._ranks, model_name=type(trials[0]).__name__
+        )
         self._diverged_on_resume: dict[int, str] = {}
         self._open_batch: int | None = None
         self.summary = summary
@@ -256,7 +260,7 @@ class FusedLightningModule(L.LightningModule):
     def results(self) -> dict[int, TrialResult]:
         """Every trial ever in the group: ``{id: {"status", "budget", "epochs", "steps", "metrics", ...}}``.
 
-        Steps and divergences are read back from the device at the points :mod:`.row_health` lists; call
+        Steps and divergences are read back from the device at the points :mod:`.step.row_health` lists; call
         :meth:`read_health` first for counts exact to the last step.
         """
         return self._slots.book.results()
@@ -489,21 +493,6 @@ class FusedLightningModule(L.LightningModule):
 
     # -- steps --------------------------------------------------------------------------------------------------
 
-    def _training_forward_backward(self, backend: Backend, batch: Any, batch_idx: int) -> None:
-        loss = backend.run("training_step", batch, batch_idx).loss()
-        if loss is not None:
-            finite = torch.where(torch.isfinite(loss.detach()), loss, torch.zeros_like(loss)).sum()
-            self._explained_backward(finite, backend.name)
-
-    def _explained_backward(self, loss: Tensor, backend: str, *args: Any, **kwargs: Any) -> None:
-        try:
-            loss.backward(*args, **kwargs)
-        except RuntimeError as err:  # e.g. activation checkpointing, which recomputes the forward outside vmap
-            explained = explain_backward_error(err, backend=backend, module_name=type(self._first()).__name__)
-            if explained is None:
-                raise
-            raise explained from err
-
     def _manual_training_step(self, batch: Any, batch_idx: int) -> None:
         # manual optimization: each trial's own step runs in turn and steps its own optimizers (manual_steps.py)
         self._policy.for_training(lambda backend: None, choose_loop_for_manual, type(self._first()).__name__)
@@ -527,30 +516,16 @@ class FusedLightningModule(L.LightningModule):
         if self._manual is not None:
             self._manual_training_step(batch, batch_idx)
             return None
-        backend = self._policy.for_training(
-            lambda b: self._training_forward_backward(b, batch, batch_idx),
-            # looked up here, so that tests can replace the module's chooser; several processes take rank 0's
-            self._ranks.chooser(choose_backend, self.trainer),
-            type(self._first()).__name__,
-        )
-        if self._policy.verify_ids:
-            backend = self._policy.verify(backend, batch, batch_idx)
-        out = self._policy.run_training(backend, batch, batch_idx)
-        self._publisher.record_step("train", "training_step", out.logs, batch)
-        loss = out.loss()
-        if loss is None:
-            return None
-        loss = self._ranks.losses(loss.reshape(self._group.size))  # a row bad on any rank is skipped on all
-        # no host sync: the rows' finiteness stays on the device (row_health.py); a non-finite row adds 0
-        self._health.record_losses(self._group.trial_ids, loss)
-        return torch.where(torch.isfinite(loss.detach()), loss, torch.zeros_like(loss)).sum()
+        # the steady step, top to bottom: lightning_hydro/fused/step/ (the chooser is looked up here, so that tests
+        # can replace the module's; several processes take rank 0's choice)
+        return self._training_step(batch, batch_idx, self._ranks.chooser(choose_backend, self.trainer))
 
     @override
     def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
         if self._fabric:  # LightningModule.backward's other branch
             super().backward(loss, *args, **kwargs)
         else:
-            self._explained_backward(loss, self.backend or "auto", *args, **kwargs)
+            self._training_step.backward(loss, self.backend or "auto", *args, **kwargs)
 
     @override
     def forward(self, *args: Any) -> Any:

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from lightning_hydro.fused.backend_policy import BackendPolicy
 from lightning_hydro.fused.callback_view import TRIAL_CHECKPOINT_KEY
-from lightning_hydro.fused.row_health import HealthReadback
+from lightning_hydro.fused.step.row_health import HealthReadback
 from lightning_hydro.fused.trial_model_checkpoint import TrialModelCheckpoint
 from lightning_hydro.fused.trial_slots import TrialSlots
 from lightning_hydro.fused.trial_specs import module_spec, rebuild_trials

@@ -35,7 +35,7 @@ from lightning_hydro.backends import Backend, StepOutputs
 from lightning_hydro.backends.auto import AutoChoice
 from lightning_hydro.backends.base import stack_logs
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
-from lightning_hydro.fused.row_health import RowHealth
+from lightning_hydro.fused.step.row_health import RowHealth
 from lightning_hydro.fused.trial_slots import TrialSlots
 from lightning_hydro.optim.group_optimizer import StepReport
 

@@ -89,12 +89,11 @@ def _state_bytes(module: L.LightningModule) -> int:
     optimizer = getattr(module, "_optimizer", None)
     if optimizer is not None:
         fused = optimizer.fused
-        states = (
-            fused.state
-            if fused is not None
-            else [s for t in optimizer.trials.values() for s in t.optimizer.state.values()]
-        )
-        total += sum(_bytes(v) for state in states for v in state.values() if isinstance(v, Tensor))
+        if fused is not None:
+            total += sum(_bytes(v) for v in fused.state_tensors())
+        else:
+            states = [s for t in optimizer.trials.values() for s in t.optimizer.state.values()]
+            total += sum(_bytes(v) for state in states for v in state.values() if isinstance(v, Tensor))
     return total
 
 

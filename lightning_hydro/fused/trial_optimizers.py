@@ -22,13 +22,16 @@ Example::
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 
+from lightning_hydro.backends.compiled_step import CompileSetting
 from lightning_hydro.fused.manual_steps import ManualSteps
-from lightning_hydro.fused.trial_clipping import clip_trial_gradients
+from lightning_hydro.fused.step.fused_path import select_fused_path
+from lightning_hydro.fused.trial_clipping import clip_trial_gradients, custom_clipping
 from lightning_hydro.fused.trial_schedulers import drop_scheduler_configs, scheduler_configs
 from lightning_hydro.fused.trial_slots import TrialSlots
 from lightning_hydro.optim.group_optimizer import OptimizerPath, TrialGroupOptimizer
@@ -45,12 +48,22 @@ class TrialOptimizers:
         slots: the group's slots (the optimizer is kept there, so that stop and add update it in step).
         path: ``"auto"``, ``"universal"`` or ``"fused"`` (see ``FusedLightningModule(optimizer_path=...)``).
         manual_steps: for trials that use manual optimization, the guard of their steps.
+        compile: the fused module's ``compile=``: the fused update runs under torch.compile too.
     """
 
-    def __init__(self, slots: TrialSlots, path: OptimizerPath, manual_steps: ManualSteps | None = None) -> None:
+    def __init__(
+        self,
+        slots: TrialSlots,
+        path: OptimizerPath,
+        manual_steps: ManualSteps | None = None,
+        *,
+        compile: CompileSetting = False,
+    ) -> None:
         self.slots = slots
         self.path: OptimizerPath = path
         self._manual_steps = manual_steps
+        self.compile: CompileSetting = compile
+        self._custom: tuple[tuple[int, ...], bool] | None = None  # (trial ids, whether one clips its own way)
 
     @property
     def manual_steps(self) -> ManualSteps | None:
@@ -76,7 +89,8 @@ class TrialOptimizers:
         if self._manual_steps is not None:
             self.slots.optimizer = ManualGroupOptimizer(self.slots.group, trials)
         else:
-            self.slots.optimizer = TrialGroupOptimizer(self.slots.group, trials, path=self.path)
+            fast_path = partial(select_fused_path, compile=self.compile)
+            self.slots.optimizer = TrialGroupOptimizer(self.slots.group, trials, path=self.path, fast_path=fast_path)
         configs = [config for tid in self.slots.trial_ids for config in self.scheduler_configs(tid)]
         return [self.slots.optimizer], [vars(c).copy() for c in configs]
 
@@ -107,5 +121,10 @@ class TrialOptimizers:
 
     def clip(self, value: float | None, algorithm: str | None) -> None:
         """Clip each trial's gradients as Lightning clips one module's (see :mod:`.trial_clipping`)."""
-        if self.optimizer is not None:
-            clip_trial_gradients(self.slots.group, self.optimizer, value, algorithm)
+        if self.optimizer is None:
+            return
+        group = self.slots.group
+        ids = tuple(group.trial_ids)
+        if self._custom is None or self._custom[0] != ids:  # asked every step; answered once per set of trials
+            self._custom = (ids, custom_clipping(group.modules))
+        clip_trial_gradients(group, self.optimizer, value, algorithm, custom=self._custom[1])

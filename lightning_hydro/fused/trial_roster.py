@@ -22,7 +22,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from lightning_hydro.fused.backend_policy import BackendPolicy
-from lightning_hydro.fused.row_health import HealthReadback, RowHealth
+from lightning_hydro.fused.step.row_health import HealthReadback, RowHealth
 from lightning_hydro.fused.trainer_view import attach_trainer
 from lightning_hydro.fused.trial_metrics import TrialMetrics
 from lightning_hydro.fused.trial_modes import TrialModes

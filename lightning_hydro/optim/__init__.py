@@ -1,9 +1,10 @@
 """Per-trial optimization of a fused group: the group optimizer, the fused fast path, per-trial clipping.
 
 Users meet this package through ``FusedLightningModule(optimizer_path=...)``; the names below are what they
-may need. The group optimizer (:mod:`~lightning_hydro.optim.group_optimizer`), the fused updates
-(:mod:`~lightning_hydro.optim.fused_update`, which are not ``torch.optim.Optimizer``s) and the parsing of
-``configure_optimizers`` (:mod:`~lightning_hydro.optim.trial_optimization`) stay importable from their modules.
+may need. The group optimizer (:mod:`~lightning_hydro.optim.group_optimizer`) and the parsing of
+``configure_optimizers`` (:mod:`~lightning_hydro.optim.trial_optimization`) stay importable from their modules; the
+fused updates (which are not ``torch.optim.Optimizer``s) are part of the steady fused step,
+:mod:`lightning_hydro.fused.step.fused_update`.
 """
 
 from lightning_hydro._deprecation import Renamed, renamed_names
@@ -18,8 +19,8 @@ __getattr__ = renamed_names(
     __name__,
     {
         old: Renamed(
-            f"lightning_hydro.optim.fused_update:{new}",
-            f"is renamed lightning_hydro.optim.fused_update.{new}: it is the fused fast path's update, not a "
+            f"lightning_hydro.fused.step.fused_update:{new}",
+            f"is renamed lightning_hydro.fused.step.fused_update.{new}: it is the fused fast path's update, not a "
             "torch.optim.Optimizer",
         )
         for old, new in {"FusedAdam": "FusedAdamUpdate", "FusedSGD": "FusedSGDUpdate"}.items()

@@ -37,14 +37,20 @@ def clip_grad_norm_per_trial(params: Iterable[nn.Parameter], max_norm: float, no
     per_param = torch.stack([torch.linalg.vector_norm(g.flatten(1), norm_type, dim=1) for g in grads])
     total = torch.linalg.vector_norm(per_param, norm_type, dim=0)
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for g in grads:
-        g.mul_(coef.view(-1, *([1] * (g.dim() - 1))).to(g.dtype))
+    torch._foreach_mul_(grads, [_row_factor(coef, g) for g in grads])  # torch.nn.utils' foreach kernels do this too
     return total
+
+
+def _row_factor(coef: Tensor, grad: Tensor) -> Tensor:
+    """``[B]`` per-row factors shaped ``[B, 1, ...]`` to scale ``grad`` (in its dtype)."""
+    coef = coef if coef.dtype == grad.dtype else coef.to(grad.dtype)
+    return coef.view(-1, *([1] * (grad.dim() - 1)))
 
 
 @torch.no_grad()
 def clip_grad_value_per_trial(params: Iterable[nn.Parameter], clip_value: float) -> None:
     """Clamp every gradient element to ``[-clip_value, clip_value]`` (elementwise, so trivially per trial)."""
-    for p in params:
-        if p.grad is not None:
-            p.grad.clamp_(-clip_value, clip_value)
+    grads = [p.grad for p in params if p.grad is not None]
+    if grads:
+        torch._foreach_clamp_min_(grads, -clip_value)
+        torch._foreach_clamp_max_(grads, clip_value)

@@ -7,7 +7,8 @@ is not stepped), then updates the healthy rows either
 
 - on the *universal* path: each trial parameter's ``.grad`` becomes the view ``stacked.grad[row]`` and the
   trial's own optimizer steps, whatever its class; or
-- on the *fused* path (:mod:`.fused_update`): one vectorised SGD/Adam/AdamW update of the stacked tensors.
+- on the *fused* path: one vectorised SGD/Adam/AdamW update of the stacked tensors, by the group's
+  :class:`FastPath` (:mod:`lightning_hydro.fused.step` builds it; this layer knows only its interface).
 
 Its ``state_dict`` holds every trial's optimizer and scheduler state in torch's own per-trial format,
 keyed by trial id, whichever path produced it.
@@ -20,8 +21,8 @@ the skipped rows are a ``[B]`` mask on the device and the report holds device te
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
@@ -29,13 +30,20 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_hydro.optim.fused_update import FusedUpdate, SkipRows, select_fused_update
 from lightning_hydro.optim.trial_optimization import TrialOptimization
 
 if TYPE_CHECKING:
     from lightning_hydro.stacking.stacked_state import StackedState
 
-__all__ = ["OptimizerPath", "RowsToSkip", "StepReport", "TrialGroupOptimizer", "TrialScheduler"]
+__all__ = [
+    "FastPath",
+    "FastPathBuilder",
+    "OptimizerPath",
+    "RowsToSkip",
+    "StepReport",
+    "TrialGroupOptimizer",
+    "TrialScheduler",
+]
 
 OptimizerPath = Literal["auto", "universal", "fused"]
 
@@ -46,28 +54,57 @@ class RowsToSkip(Protocol):
     def rows_to_skip(self, trial_ids: list[int]) -> Tensor | None:
         """A ``[B]`` bool mask over the rows of ``trial_ids`` (True: do not step), or None: skip none."""
 
-    def reads_each_step(self, device: torch.device) -> bool:
-        """Whether the caller reads each step's report back at once (then the skipped rows are read here too)."""
+
+class FastPath(Protocol):
+    """The fused fast path: one vectorised update of every row of the stacked parameters, on the device.
+
+    Built by a :data:`FastPathBuilder` (``lightning_hydro.fused.step.select_fused_path``) for a group whose trials
+    all use one of the optimizer classes it implements; it holds the optimizer state of every row, stacked.
+    """
+
+    def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_loss: Tensor) -> tuple[Tensor, Tensor]:
+        """Update every row except ``skip_loss``'s and those with non-finite gradients.
+
+        Returns:
+            ``[B]`` bool masks: the rows with non-finite gradients, and every row not stepped.
+        """
+
+    def export_row(self, row: int) -> list[dict[str, Tensor]]:
+        """Row ``row``'s state in torch's per-parameter format (an empty dict: no state yet)."""
+
+    def import_row(self, row: int, states: Sequence[dict[str, Any]]) -> None:
+        """Load row ``row``'s state from torch's per-parameter format."""
+
+    def state_tensors(self) -> list[Tensor]:
+        """Every stacked state tensor it holds (memory accounting)."""
+
+
+# (each trial's optimizer, each trial's parameters in stacked order, the stacked parameters) -> a fast path, or
+# the reason there is none for these optimizers
+FastPathBuilder = Callable[
+    [Sequence[Optimizer], Sequence[Sequence[nn.Parameter]], Sequence[nn.Parameter]], "FastPath | str"
+]
 
 
 @dataclass(frozen=True)
 class StepReport:
     """What one ``step`` did, as ``[B]`` bool masks over the rows of ``trial_ids`` (on the group's device).
 
-    ``skipped_loss``: rows skipped because the caller said so (a non-finite loss); ``skipped_gradients``: rows
-    whose gradients were not finite. ``on_host`` is True where reading the masks costs no device sync (the
-    universal path has read them already).
+    ``skipped_loss``: rows skipped because the caller said so (a non-finite loss, or a divergence not read back
+    yet); ``skipped_gradients``: rows whose gradients were not finite (a row may be in both: the loss is its
+    reason); ``skipped``: every row not stepped (their union, computed if not given). ``on_host`` is True where
+    reading the masks costs no device sync (the universal path has read them already).
     """
 
     trial_ids: tuple[int, ...]
     skipped_loss: Tensor
     skipped_gradients: Tensor
     on_host: bool = False
+    skipped: Tensor = field(default=None)  # type: ignore[assignment]
 
-    @property
-    def skipped(self) -> Tensor:
-        """Rows that were not stepped."""
-        return self.skipped_loss | self.skipped_gradients
+    def __post_init__(self) -> None:
+        if self.skipped is None:
+            object.__setattr__(self, "skipped", self.skipped_loss | self.skipped_gradients)
 
     def read(self) -> tuple[list[int], dict[int, str]]:
         """The stepped trials and the skipped ones with the reason (one device sync)."""
@@ -113,7 +150,8 @@ def _record_step(optimizer: Optimizer) -> None:
     torch's ``LRScheduler`` wraps ``optimizer.step`` with a function that sets ``optimizer._opt_called``,
     and its first ``step()`` warns that the first value of the schedule is skipped when that flag is unset.
     The fused path updates the trial's parameters without calling ``step()``, so it sets the flag as the
-    wrapper would: the warning keeps firing where it is true (a scheduler stepped before any update).
+    wrapper would: the warning keeps firing where it is true (a scheduler stepped before any update). torch
+    never clears the flag, so it is set once, after the first fused step of each optimizer.
     """
     if hasattr(optimizer.step, "_wrapped_by_lr_sched"):
         optimizer._opt_called = True  # type: ignore[attr-defined]
@@ -126,6 +164,8 @@ class TrialGroupOptimizer(Optimizer):
         group: the stacked state of the group (rows = live trials).
         trials: each live trial's optimizer and schedulers, by trial id.
         path: ``"auto"`` (fused where possible), ``"universal"`` or ``"fused"`` (error where impossible).
+        fast_path: builds the fused fast path (``lightning_hydro.fused.step.select_fused_path``); None: every
+            step takes the universal path.
     """
 
     def __init__(
@@ -134,13 +174,18 @@ class TrialGroupOptimizer(Optimizer):
         trials: Mapping[int, TrialOptimization],
         *,
         path: OptimizerPath = "auto",
+        fast_path: FastPathBuilder | None = None,
     ) -> None:
         super().__init__(list(group.params.values()), defaults={})
         self.group = group
         self.trials: dict[int, TrialOptimization] = dict(trials)
         self.path: OptimizerPath = path
-        self.fused: FusedUpdate | None = None
+        self.fast_path = fast_path
+        self.fused: FastPath | None = None
         self.fused_unavailable = ""
+        self._stacked = list(group.params.values())  # the stacked Parameters keep their identity (see StackedState)
+        self._unflagged: list[Optimizer] = []  # optimizers whose schedulers have not heard of a fused step yet
+        self._no_rows: Tensor | None = None  # an all-False [B] mask, kept for steps that skip no row
         self.rebuild()
 
     # -- slot changes (the rows of ``group`` change between materialize() and the call that follows) --------
@@ -175,13 +220,18 @@ class TrialGroupOptimizer(Optimizer):
     def rebuild(self) -> None:
         """Choose the path for the current rows; on the fused path, take the trials' state into it."""
         self.materialize()
+        self._no_rows = None
         if self.path == "universal" or not self.trials:
             return
         ids = self.group.trial_ids
-        candidate = select_fused_update(
-            [self.trials[tid].optimizer for tid in ids],
-            [self._trial_params(tid) for tid in ids],
-            list(self.group.params.values()),
+        candidate = (
+            "no fast path was given (TrialGroupOptimizer(fast_path=None))"
+            if self.fast_path is None
+            else self.fast_path(
+                [self.trials[tid].optimizer for tid in ids],
+                [self._trial_params(tid) for tid in ids],
+                list(self.group.params.values()),
+            )
         )
         if isinstance(candidate, str):
             if self.path == "fused":
@@ -197,6 +247,7 @@ class TrialGroupOptimizer(Optimizer):
             optimizer.state.clear()
         self.fused = candidate
         self.fused_unavailable = ""
+        self._unflagged = [self.trials[tid].optimizer for tid in ids]
 
     @property
     def active_path(self) -> Literal["universal", "fused"]:
@@ -240,28 +291,32 @@ class TrialGroupOptimizer(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 closure()
-        if all(p.grad is None for p in self.group.params.values()):
+        if all(p.grad is None for p in self._stacked):
             return None  # the step returned None: nothing to update, as for any torch optimizer
-        ids = list(self.group.trial_ids)
+        ids = self.group.trial_ids
         by_loss = None if skip is None else skip.rows_to_skip(ids)
         if by_loss is None:
-            by_loss = torch.zeros(len(ids), dtype=torch.bool, device=self.group.device)
-        by_grads = self._non_finite_gradients() & ~by_loss
-        host = self.fused is None or (skip is not None and skip.reads_each_step(self.group.device))
-        report = StepReport(tuple(ids), by_loss, by_grads, on_host=host)
-        if self.fused is not None:
-            rows: SkipRows = report.skipped  # a device mask: every row saved and selected (no host sync)
-            if host:  # read anyway: save and restore only the skipped rows (cheaper than the masked path)
-                rows = report.skipped.nonzero().flatten().tolist()
-            self.fused.step([self.trials[tid].optimizer.param_groups for tid in ids], skip_rows=rows)
-            for tid in ids:  # a skipped row leaves the group at the next read-back: its flag does not matter
-                _record_step(self.trials[tid].optimizer)
-            return report
+            by_loss = self._skip_none()
+        if self.fused is not None:  # one update of every row on the device; nothing read back
+            by_grads, skipped = self.fused.step([self.trials[tid].optimizer.param_groups for tid in ids], by_loss)
+            if self._unflagged:
+                for optimizer in self._unflagged:
+                    _record_step(optimizer)
+                self._unflagged = []
+            return StepReport(tuple(ids), by_loss, by_grads, skipped=skipped)
+        report = StepReport(tuple(ids), by_loss, self._non_finite_gradients() & ~by_loss, on_host=True)
         stepped, _ = report.read()  # the universal path steps trial by trial: it must know which on the host
         self.group.distribute_grads([self.group.row_of(tid) for tid in stepped])
         for tid in stepped:
             self.trials[tid].optimizer.step()
         return report
+
+    def _skip_none(self) -> Tensor:
+        """An all-False ``[B]`` mask on the group's device (made once per group size)."""
+        mask = self._no_rows
+        if mask is None or mask.shape[0] != self.group.size or mask.device != self.group.device:
+            mask = self._no_rows = torch.zeros(self.group.size, dtype=torch.bool, device=self.group.device)
+        return mask
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -87,3 +87,85 @@ def test_a_step_that_cannot_compile_runs_eagerly_with_one_log_line(caplog):
 def test_compile_argument_is_checked():
     with pytest.raises(ValueError, match=r"compile must be False, True or 'reduce-overhead', got 'max-autotune'"):
         FusedLightningModule([DigitsMLP(hidden_dim=8)], compile="max-autotune")  # type: ignore[arg-type]
+
+
+def _update_steps(compile: bool | str, steps: int = 3) -> list[torch.Tensor]:
+    """A fused AdamW update of 3 rows stepped ``steps`` times on fixed gradients; the parameters after."""
+    from lightning_hydro.fused.step.fused_update import select_fused_update
+
+    generator = torch.Generator().manual_seed(0)
+    stacked = [
+        nn.Parameter(torch.randn(3, 4, 5, generator=generator)),
+        nn.Parameter(torch.randn(3, 5, generator=generator)),
+    ]
+    trials = [[nn.Parameter(p.detach()[r].clone()) for p in stacked] for r in range(3)]
+    optimizers = [torch.optim.AdamW(t, lr=0.01 * (r + 1)) for r, t in enumerate(trials)]
+    update = select_fused_update(optimizers, trials, stacked)
+    assert not isinstance(update, str)
+    update.compile(compile)
+    for _ in range(steps):
+        for p in stacked:
+            p.grad = torch.randn(p.shape, generator=generator)
+        update.step([o.param_groups for o in optimizers], skip_rows=torch.tensor([False, True, False]))
+    return [p.detach().clone() for p in stacked]
+
+
+def test_a_fused_update_that_cannot_compile_runs_eagerly_with_one_log_line(monkeypatch, caplog):
+    from lightning_hydro.fused.step import compiled_update
+
+    def cannot_compile(function: Any, **kwargs: Any) -> Any:
+        def fails(*args: Any) -> None:
+            raise torch._dynamo.exc.Unsupported("a stand-in for what dynamo cannot trace")
+
+        return fails
+
+    monkeypatch.setattr(compiled_update, "_COMPILED", {})
+    monkeypatch.setattr(compiled_update, "_FAILED", {})
+    monkeypatch.setattr(compiled_update.torch, "compile", cannot_compile)
+    eager = _update_steps(False)
+    with caplog.at_level(logging.WARNING, logger="lightning_hydro"):
+        fallen_back = _update_steps(True)
+    lines = [r.getMessage() for r in caplog.records if "runs the fused optimizer update eagerly" in r.getMessage()]
+    assert len(lines) == 1
+    assert "a stand-in for what dynamo cannot trace" in lines[0]
+    assert compiled_update.compile_failure(True).startswith("Unsupported")
+    for a, b in zip(eager, fallen_back):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_the_compiled_fused_update_gives_the_eager_numbers_and_compiles_once_per_group_size():
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from lightning_hydro.fused.step import compiled_update
+
+    torch._dynamo.reset()
+    eager, compiled = _update_steps(False), _update_steps(True)
+    assert compiled_update.compile_failure(True) == ""
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)  # inductor fuses the ops: float rounding
+    code = compiled_update._device_step.__code__
+    assert len(_debug_get_cache_entry_list(code)) == 1
+    _update_steps(True)  # a new group of the same size: the same compiled code
+    assert len(_debug_get_cache_entry_list(code)) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_a_compiled_fit_runs_the_fused_update_compiled_like_the_eager_fit(optimizer):
+    from lightning_hydro.fused.step import compiled_update
+
+    def fit(compile: bool) -> FusedLightningModule:
+        trials = [
+            seeded(lambda lr=lr: DigitsMLP(hidden_dim=32, lr=lr, optimizer=optimizer, weight_decay=0.01), [i])[0]
+            for i, lr in enumerate([0.01, 0.03, 0.1])
+        ]
+        fused = FusedLightningModule(trials, backend="vmap", compile=compile, optimizer_path="fused", summary=False)
+        fit_digits(make_trainer(max_steps=10, limit_val_batches=0, gradient_clip_val=0.5), fused)
+        return fused
+
+    eager, compiled = fit(False), fit(True)
+    assert compiled_update.compile_failure(True) == ""
+    assert compiled_update._COMPILED  # the update went through torch.compile
+    for tid in range(3):
+        assert max_state_difference(compiled.unfuse(tid), eager.unfuse(tid)) <= 1e-5

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_hydro.fused.row_health import RowHealth
+from lightning_hydro.fused.step.row_health import RowHealth
 from lightning_hydro.optim.group_optimizer import StepReport
 
 

@@ -7,7 +7,14 @@ import pytest
 
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsMLP
-from tests.helpers import fit_digits, make_trainer, max_state_difference, mixed_optimizer_mlps, train_separately
+from tests.helpers import (
+    fit_digits,
+    make_trainer,
+    max_state_difference,
+    mixed_optimizer_mlps,
+    seeded,
+    train_separately,
+)
 
 
 class SlotProbe(L.Callback):
@@ -149,3 +156,45 @@ def test_a_checkpoint_keeps_autos_choice_while_a_lone_trial_runs_on_the_loop(mon
     checkpoint: dict = {}
     fused.on_save_checkpoint(checkpoint)
     assert checkpoint["lightning_hydro"]["backend"] == "vmap"  # a resumed group that refills goes back to it
+
+
+class AddOneAtFirstEpochEnd(L.Callback):
+    """Records the backend of every batch; at the end of epoch 0 adds ``newcomer``."""
+
+    def __init__(self, newcomer: L.LightningModule) -> None:
+        self.newcomer = newcomer
+        self.backends: list[str | None] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.backends.append(pl_module.backend)
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.current_epoch == 0:
+            pl_module.add_trial(self.newcomer)
+
+
+def test_auto_runs_a_group_of_one_on_the_loop_untimed_and_times_once_a_second_trial_joins(monkeypatch):
+    from lightning_hydro.backends import auto
+
+    sizes: list[int] = []
+
+    def choose(group, candidates, run_step, **kwargs):
+        sizes.append(group.size)
+        return auto.AutoChoice(dict(candidates)["vmap"]())
+
+    monkeypatch.setattr("lightning_hydro.fused.fused_module.choose_backend", choose)
+    trial = seeded(lambda: DigitsMLP(hidden_dim=16, lr=0.1), [3])[0]
+    alone = train_separately([trial], fit_digits, max_epochs=1, limit_train_batches=4, limit_val_batches=0)[0]
+    probe = AddOneAtFirstEpochEnd(DigitsMLP(hidden_dim=16, lr=0.05))
+    fused = FusedLightningModule([trial], backend="auto", max_slots=2, summary=False)
+    checkpoint: dict = {}
+    fit_digits(make_trainer(max_epochs=1, limit_train_batches=4, limit_val_batches=0), fused)
+    assert sizes == []  # one trial: nothing timed
+    assert fused.backend == "loop"
+    assert fused.results[0]["backend"] == "loop"
+    assert max_state_difference(fused.unfuse(0), alone) <= 1e-6  # its own module, its own numbers
+    fused.on_save_checkpoint(checkpoint)
+    assert checkpoint["lightning_hydro"]["backend"] is None  # untimed: a resumed run decides again
+    fit_digits(make_trainer(max_epochs=2, limit_train_batches=4, limit_val_batches=0, callbacks=[probe]), fused)
+    assert sizes == [2]  # the newcomer made auto time the candidates, once
+    assert probe.backends == ["loop"] * 4 + ["vmap"] * 4

@@ -10,7 +10,7 @@ from torch import nn
 
 from lightning_hydro.demos import DigitsMLP
 from lightning_hydro.fused.backend_policy import BackendPolicy
-from lightning_hydro.fused.row_health import RowHealth
+from lightning_hydro.fused.step.row_health import RowHealth
 from lightning_hydro.fused.trial_metrics import TrialMetrics
 from lightning_hydro.fused.trial_modes import TrialModes
 from lightning_hydro.fused.trial_optimizers import TrialOptimizers

@@ -1,10 +1,13 @@
 """The package's public names: what users need, old names deprecated."""
 
+import importlib
+
 import pytest
 import torch
 
 import lightning_hydro.optim as optim
-from lightning_hydro.optim.fused_update import FusedAdamUpdate, FusedSGDUpdate
+from lightning_hydro.fused.step import fused_update
+from lightning_hydro.fused.step.fused_update import FusedAdamUpdate, FusedSGDUpdate
 
 
 @pytest.mark.parametrize(("old", "new"), [("FusedAdam", FusedAdamUpdate), ("FusedSGD", FusedSGDUpdate)])
@@ -16,3 +19,10 @@ def test_the_fused_updates_do_not_pose_as_optimizers(old, new):
     missing = "FusedRMSprop"
     with pytest.raises(AttributeError, match=r"has no attribute 'FusedRMSprop'"):
         getattr(optim, missing)
+
+
+@pytest.mark.parametrize("name", ["FusedAdamUpdate", "FusedSGDUpdate", "FusedUpdate", "select_fused_update"])
+def test_the_old_module_of_the_fused_updates_still_resolves_them(name):
+    old = importlib.import_module("lightning_hydro.optim.fused_update")
+    with pytest.warns(DeprecationWarning, match=rf"optim.fused_update.{name} moved to lightning_hydro.fused.step"):
+        assert getattr(old, name) is getattr(fused_update, name)

@@ -1,0 +1,31 @@
+"""The steady training step of a fused group: one optimizer step of B trials, in the order it runs.
+
+Lightning's automatic optimization drives the step; the fused module's hooks hand each stage to a module here
+(the universal path, each trial's own optimizer, lives in :mod:`lightning_hydro.optim.group_optimizer`):
+
+1. :mod:`.training_step` (``FusedLightningModule.training_step``): the backend runs every trial's own
+   ``training_step`` in one call; what the trials logged is booked per trial; :mod:`.row_health` records which
+   of the ``[B]`` losses are not finite; the sum of the finite ones goes to Lightning's backward, which leaves
+   each trial's gradient in its row of the stacked gradients.
+2. :mod:`.fused_path` (``configure_gradient_clipping``): ``Trainer(gradient_clip_val=...)`` clips each row by its
+   own norm, and the norms are kept: they tell the next stage which rows are not finite.
+3. ``TrialGroupOptimizer.step`` hands the fused path the rows :mod:`.row_health` says to skip (a non-finite
+   loss, or a divergence not read back yet); :mod:`.fused_path` adds the rows with non-finite gradients and
+   runs :mod:`.fused_update`: a few ``torch._foreach_*`` calls over the stacked ``[B, ...]`` tensors, each
+   hyperparameter a ``[B, 1, ...]`` factor from :mod:`.row_hyperparameters` (copied to the device only when a
+   scheduler or the user changed one), the skipped rows' factors made neutral on the device.
+4. :mod:`.row_health` (``optimizer_step``) absorbs the step's report on the device; the fused module reads it
+   back on a schedule (optimizer steps 1, 2, 4, ..., then every 32 on an accelerator, every step on the CPU),
+   at epoch ends and before slot changes, and frees diverged trials' slots then
+   (:mod:`lightning_hydro.fused.trial_roster`).
+5. :mod:`.compiled_update`: with ``compile=True`` stage 3's device work runs under ``torch.compile`` (the
+   forward and backward of stage 1 already do: :mod:`lightning_hydro.backends.compiled_step`).
+
+No stage reads a value back to the host or copies one from it, unless a hyperparameter changed (then one
+non-blocking copy from pinned memory): ``tests/fused/test_host_syncs.py`` counts both on the CPU, and checks
+the same cases under CUDA's sync debug mode on a GPU.
+
+Nothing here is public API (users meet it through ``FusedLightningModule``): each name stays in its module.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,178 @@
+"""``RowHealth``: which rows of a fused group are healthy, kept on the device and read back when needed.
+
+A training step must not wait for the device to answer "did any trial diverge?": on a GPU that wait (a host
+sync) costs more than the step of a small model. So each step only *records*, as ``[B]`` device tensors,
+whether a row's loss was finite (:meth:`RowHealth.record_losses`) and, from the optimizer's
+:class:`~lightning_hydro.optim.group_optimizer.StepReport` (:meth:`RowHealth.absorb`), at which optimizer step
+a row was first skipped and why: two ``[B]`` counters, two small device ops per step (a row once skipped stays
+skipped until the read-back, so counting its skipped steps dates its divergence).
+
+A row that went bad stays skipped (its last finite weights are kept) until the fused module reads everything
+back in one sync (:meth:`RowHealth.read`) and frees its slot: at the end of each training epoch, before a
+checkpoint, when the group's rows change, and at optimizer steps 1, 2, 4, ... up to ``check_every`` and every
+``check_every`` steps after that (a diverging trial usually blows up in its first steps; the early checks free
+its slot, or end a fit whose trials all diverged, at once).
+
+By default ``check_every`` is 1 on the CPU and 32 elsewhere. A read costs a wait only where the device runs
+ahead of the host (CUDA, MPS, XLA): on the CPU every op has finished when it returns, so the group is read
+back after every step there, and a diverged trial leaves the group at once, as on every device before. On an
+accelerator the trial stays in the group, skipped, until the read-back; its neighbours' values never depend on
+its values, but the batched kernels run on one more row meanwhile, which can change their float rounding.
+
+Example::
+
+    >>> import torch
+    >>> health = RowHealth(check_every=4)
+    >>> health.record_losses([3, 7], torch.tensor([0.5, float("nan")])).tolist()  # which losses are not finite
+    [False, True]
+    >>> health.rows_to_skip([3, 7]).tolist()
+    [False, True]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from lightning_hydro.optim.group_optimizer import StepReport
+
+__all__ = ["HealthReadback", "RowHealth"]
+
+_REASONS = {1: "non-finite loss", 2: "non-finite gradients"}
+
+
+@dataclass
+class HealthReadback:
+    """What the rows did since the last read-back: optimizer steps taken, and divergences (reason, step)."""
+
+    steps: dict[int, int] = field(default_factory=dict)
+    diverged: dict[int, tuple[str, int]] = field(default_factory=dict)
+
+
+class RowHealth:
+    """Per-row step counts and divergences of a fused group, accumulated on the device.
+
+    Args:
+        check_every: read back at least every this many optimizer steps (after the ramp 1, 2, 4, ...); None:
+            1 on the CPU, 32 on other devices.
+    """
+
+    def __init__(self, check_every: int | None = None) -> None:
+        if check_every is not None and check_every < 1:
+            raise ValueError(
+                f"divergence_check_every must be a positive number of optimizer steps or None, got {check_every}; "
+                "pass e.g. 32 (read the group's health back every 32 steps) or None (the device's default)."
+            )
+        self.check_every = check_every
+        self._ids: list[int] = []
+        self._loss_bad: Tensor | None = None  # rows whose loss was non-finite since the last optimizer step
+        self._bad: Tensor | None = None  # rows skipped since the last read-back (they stay skipped until then)
+        # per row, since the last read-back: optimizer steps skipped, and those skipped with the loss as reason
+        self._skips: Tensor | None = None
+        self._loss_skips: Tensor | None = None
+        self._steps: list[int] = []  # the optimizer steps absorbed since the last read-back
+        self._absorbed = 0  # optimizer steps seen since the fit started (drives the read-back schedule)
+
+    @property
+    def pending(self) -> bool:
+        """Whether anything was recorded since the last read-back."""
+        return bool(self._steps) or self._loss_bad is not None
+
+    def _rows_for(self, trial_ids: list[int]) -> None:
+        if trial_ids == self._ids:
+            return
+        if self.pending:
+            raise RuntimeError(
+                f"RowHealth: the rows changed from {self._ids} to {list(trial_ids)} with unread records; read them "
+                "back (RowHealth.read) before changing the group's slots."
+            )
+        self._ids = list(trial_ids)
+
+    def record_losses(self, trial_ids: Sequence[int], losses: Tensor) -> Tensor:
+        """A step's ``[B]`` losses (gradient accumulation: every micro-batch's); returns which are not finite."""
+        self._rows_for(trial_ids if isinstance(trial_ids, list) else list(trial_ids))
+        losses = losses.detach()
+        bad = (losses * 0) != 0  # NaN where not finite: two small ops (torch.isfinite takes five)
+        self._loss_bad = bad if self._loss_bad is None else self._loss_bad | bad
+        return bad
+
+    def rows_to_skip(self, trial_ids: list[int]) -> Tensor | None:
+        """The rows the optimizer must not step: a non-finite loss now, or a divergence not yet read back."""
+        if trial_ids != self._ids:
+            return None  # nothing recorded for these rows
+        if self._bad is None or self._loss_bad is None:
+            return self._loss_bad if self._bad is None else self._bad
+        return self._loss_bad | self._bad
+
+    def _every(self, device: torch.device) -> int:
+        return self.check_every if self.check_every is not None else 1 if device.type == "cpu" else 32
+
+    def absorb(self, report: StepReport, step: int) -> bool:
+        """Record an optimizer step (``step``: its number, e.g. the Trainer's global step after it).
+
+        A row once skipped is skipped at every later step until the read-back (:meth:`rows_to_skip` says so), so
+        counting its skipped steps tells when it went bad, and its steps skipped for the loss tell why: at its first
+        bad step only its gradients can have been the reason.
+
+        Returns whether to read back now: the schedule says so, or the report is on the host already.
+        """
+        self._rows_for(list(report.trial_ids))
+        self._loss_bad = None
+        self._absorbed += 1
+        self._bad = skipped = report.skipped
+        if self._skips is None or self._loss_skips is None:
+            self._skips, self._loss_skips = skipped.long(), report.skipped_loss.long()
+        else:
+            self._skips += skipped
+            self._loss_skips += report.skipped_loss
+        self._steps.append(step)
+        return report.on_host or self._due(skipped.device)
+
+    def _due(self, device: torch.device) -> bool:
+        every = self._every(device)
+        n = self._absorbed
+        if n <= every:
+            return n & (n - 1) == 0 or n == every  # 1, 2, 4, 8, ... then every
+        return n % every == 0
+
+    def peek(self) -> HealthReadback:
+        """What :meth:`read` would return, without forgetting it (for a checkpoint: one sync)."""
+        if self._skips is None or self._loss_skips is None:
+            return HealthReadback()
+        n = len(self._steps)
+        steps: dict[int, int] = {}
+        diverged: dict[int, tuple[str, int]] = {}
+        for tid, (skips, loss_skips) in zip(self._ids, torch.stack([self._skips, self._loss_skips], 1).tolist()):
+            steps[tid] = n - skips  # stepped until it went bad
+            if skips:
+                diverged[tid] = (_REASONS[1 if loss_skips == skips else 2], self._steps[n - skips])
+        return HealthReadback(steps=steps, diverged=diverged)
+
+    def read(self) -> HealthReadback:
+        """Everything recorded since the last read-back, then forget it (one device sync).
+
+        The losses of micro-batches still accumulating for the next optimizer step stay recorded.
+        """
+        out = self.peek()
+        self._bad = self._skips = self._loss_skips = None
+        self._steps = []
+        return out
+
+    def reslot(self, trial_ids: Sequence[int]) -> None:
+        """The group's rows now hold ``trial_ids`` (after :meth:`read`): carry accumulating losses over by id."""
+        if self._steps:
+            raise RuntimeError("RowHealth.reslot: read the records back first.")
+        if self._loss_bad is not None:
+            old = dict(zip(self._ids, self._loss_bad.unbind(0)))
+            false = torch.zeros((), dtype=torch.bool, device=self._loss_bad.device)
+            self._loss_bad = torch.stack([old.get(tid, false) for tid in trial_ids]) if trial_ids else None
+        self._ids = list(trial_ids)
+
+    def reset(self) -> None:
+        """Forget every record (a checkpoint is being loaded)."""
+        self._ids, self._loss_bad = [], None
+        self._bad = self._skips = self._loss_skips = None
+        self._steps = []
