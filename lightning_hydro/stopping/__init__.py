@@ -10,26 +10,25 @@ The names below are the public API; helpers (cutoffs, bracket arithmetic, store 
 importable from their modules.
 """
 
-from lightning_hydro._deprecation import Renamed, renamed_names
-from lightning_hydro.schedulers.async_successive_halving import AsyncSuccessiveHalving, TrialReport
-from lightning_hydro.schedulers.budget_accounting import BudgetSummary, successive_halving_budget, summarize_budget
-from lightning_hydro.schedulers.deadline_policy import DeadlinePolicy, TrialProgress
-from lightning_hydro.schedulers.decision import Decision
-from lightning_hydro.schedulers.group_sizing import LinearCost
-from lightning_hydro.schedulers.halving_config import HalvingConfig, Mode, TrialId
-from lightning_hydro.schedulers.hyperband import HyperbandRule, hyperband_brackets
-from lightning_hydro.schedulers.memory_rung_store import MemoryRungStore
-from lightning_hydro.schedulers.open_store import StoreSpec, open_store
-from lightning_hydro.schedulers.rung_store import (
+from lightning_hydro.stopping.async_successive_halving import AsyncSuccessiveHalving, TrialReport
+from lightning_hydro.stopping.budget_accounting import BudgetSummary, successive_halving_budget, summarize_budget
+from lightning_hydro.stopping.deadline_policy import DeadlinePolicy, TrialProgress
+from lightning_hydro.stopping.decision import Decision
+from lightning_hydro.stopping.group_sizing import LinearCost
+from lightning_hydro.stopping.halving_config import HalvingConfig, Mode, TrialId
+from lightning_hydro.stopping.hyperband import HyperbandRule, hyperband_brackets
+from lightning_hydro.stopping.memory_rung_store import MemoryRungStore
+from lightning_hydro.stopping.open_store import StoreSpec, open_store
+from lightning_hydro.stopping.rung_store import (
     RungStore,
     RungStoreError,
     StoreOpenError,
     StoreSettingsMismatchError,
 )
-from lightning_hydro.schedulers.sqlalchemy_rung_store import SqlAlchemyRungStore
-from lightning_hydro.schedulers.sqlite_rung_store import SqliteRungStore
-from lightning_hydro.schedulers.successive_halving import SuccessiveHalvingRule
-from lightning_hydro.schedulers.trial_record import TimeAttr, TrialRecord, TrialResult, TrialStatus
+from lightning_hydro.stopping.sqlalchemy_rung_store import SqlAlchemyRungStore
+from lightning_hydro.stopping.sqlite_rung_store import SqliteRungStore
+from lightning_hydro.stopping.successive_halving import SuccessiveHalvingRule
+from lightning_hydro.stopping.trial_record import TimeAttr, TrialRecord, TrialResult, TrialStatus
 
 __all__ = [
     "AsyncSuccessiveHalving",
@@ -61,15 +60,3 @@ __all__ = [
     "successive_halving_budget",
     "summarize_budget",
 ]
-
-# Old names, kept for one release: the rules shared their names with the callbacks of lightning_hydro.callbacks.
-__getattr__ = renamed_names(
-    __name__,
-    {
-        old: Renamed(
-            f"{__name__}:{new}",
-            f"is renamed {new} (lightning_hydro.callbacks.{old} is the callback); import {new} instead",
-        )
-        for old, new in {"SuccessiveHalving": "SuccessiveHalvingRule", "Hyperband": "HyperbandRule"}.items()
-    },
-)

@@ -5,18 +5,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from lightning_hydro.schedulers.cutoff import judge_against_quantile, quantile_score, to_score, to_value
-from lightning_hydro.schedulers.decision import Decision, off_rung_decision, rung_action
-from lightning_hydro.schedulers.halving_config import (
+from lightning_hydro.stopping.cutoff import judge_against_quantile, quantile_score, to_score, to_value
+from lightning_hydro.stopping.decision import Decision, off_rung_decision, rung_action
+from lightning_hydro.stopping.halving_config import (
     HalvingConfig,
     TrialId,
     check_budget,
     check_trial_id,
     check_value,
 )
-from lightning_hydro.schedulers.open_store import StoreSpec, open_store
-from lightning_hydro.schedulers.rung_record import RungEntry, RungRecord
-from lightning_hydro.schedulers.rung_store import AppendResult
+from lightning_hydro.stopping.open_store import StoreSpec, open_store
+from lightning_hydro.stopping.rung_record import RungEntry, RungRecord
+from lightning_hydro.stopping.rung_store import AppendResult
 
 
 class TrialReport(NamedTuple):
@@ -32,7 +32,7 @@ class AsyncSuccessiveHalving:
 
     When a trial reaches a rung milestone its value is recorded there, and the trial stops if the value
     is worse than the ``1 - 1/eta`` quantile of the values recorded at that rung *before* it (see
-    :mod:`~lightning_hydro.schedulers.cutoff` for the interpolation). The first trial at a rung continues.
+    :mod:`~lightning_hydro.stopping.cutoff` for the interpolation). The first trial at a rung continues.
     A NaN or infinite value (a diverged trial) stops the trial at any budget. A trial whose budget reaches
     ``max_t`` is ``"complete"``.
 
@@ -43,7 +43,7 @@ class AsyncSuccessiveHalving:
     the rung up to and including the batch. For a group whose trials start together this is exactly
     synchronous successive halving (keep ``ceil(n/eta)``).
 
-    Records live in a :class:`~lightning_hydro.schedulers.rung_store.RungStore`; with a shared one (a SQLite
+    Records live in a :class:`~lightning_hydro.stopping.rung_store.RungStore`; with a shared one (a SQLite
     file or a database URL) processes that each train one trial apply the rule together. Recording and
     reading the rung happen in one transaction, so the decisions are those of a sequential run in the
     store's arrival order. A report already recorded (same trial, rung and budget: a resumed run replaying
@@ -56,7 +56,7 @@ class AsyncSuccessiveHalving:
     Args:
         config: Mode, grace period, reduction factor, max_t.
         store: Where records live: None (memory), a SQLite path, a database URL or a store
-            (see :func:`~lightning_hydro.schedulers.open_store.open_store`).
+            (see :func:`~lightning_hydro.stopping.open_store.open_store`).
         bracket: Which bracket's rungs to use in the store (Hyperband runs one ASHA per bracket).
 
     Raises:

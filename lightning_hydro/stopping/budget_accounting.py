@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from lightning_hydro.schedulers.halving_config import AnyTrialId, HalvingConfig, Rounding, keep_count
+from lightning_hydro.stopping.halving_config import AnyTrialId, HalvingConfig, Rounding, keep_count
 
 
 @dataclass(frozen=True)

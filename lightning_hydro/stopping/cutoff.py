@@ -14,7 +14,7 @@ trial always stops. If the lower order statistic is a diverged score the cutoff 
 value passes.
 
 Over a batch of ``n`` distinct finite values, this rule keeps exactly ``ceil(n / eta)`` of them: the
-``"ceil"`` rounding of :func:`~lightning_hydro.schedulers.halving_config.keep_count`. That is why ASHA
+``"ceil"`` rounding of :func:`~lightning_hydro.stopping.halving_config.keep_count`. That is why ASHA
 deciding a whole fused group at once equals synchronous successive halving.
 """
 
@@ -24,8 +24,8 @@ import math
 from collections.abc import Sequence
 from fractions import Fraction
 
-from lightning_hydro.schedulers.decision import Reason
-from lightning_hydro.schedulers.halving_config import Mode
+from lightning_hydro.stopping.decision import Reason
+from lightning_hydro.stopping.halving_config import Mode
 
 Score = Fraction | None
 """An exact score (higher is better), or None for a diverged value (``-inf``)."""

@@ -10,10 +10,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lightning_hydro.schedulers.cutoff import to_score
-from lightning_hydro.schedulers.decision import Decision
-from lightning_hydro.schedulers.group_sizing import LinearCost
-from lightning_hydro.schedulers.halving_config import (
+from lightning_hydro.stopping.cutoff import to_score
+from lightning_hydro.stopping.decision import Decision
+from lightning_hydro.stopping.group_sizing import LinearCost
+from lightning_hydro.stopping.halving_config import (
     HalvingConfig,
     TrialId,
     check_budget,
@@ -23,7 +23,7 @@ from lightning_hydro.schedulers.halving_config import (
 
 SecondsPerUnit = float | LinearCost
 """Seconds a group needs to advance every trial in it by one unit of budget (epoch or step): a constant,
-or a :class:`~lightning_hydro.schedulers.group_sizing.LinearCost` of the group size (a fused group steps
+or a :class:`~lightning_hydro.stopping.group_sizing.LinearCost` of the group size (a fused group steps
 faster with fewer trials)."""
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from lightning_hydro.schedulers.halving_config import TrialId, is_diverged
+from lightning_hydro.stopping.halving_config import TrialId, is_diverged
 
 Action = Literal["continue", "stop", "complete"]
 """``"continue"`` training, ``"stop"`` now (free the slot), or ``"complete"``: the trial reached ``max_t``."""

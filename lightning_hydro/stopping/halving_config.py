@@ -124,7 +124,7 @@ def keep_count(n_trials: int, reduction_factor: int, rounding: Rounding = "ceil"
     """How many of ``n_trials`` a synchronous halving step keeps.
 
     ``"ceil"`` keeps ``ceil(n / eta)``: the count that ASHA's quantile cutoff gives a batch (see
-    :mod:`~lightning_hydro.schedulers.cutoff`), and never zero. ``"floor"`` keeps
+    :mod:`~lightning_hydro.stopping.cutoff`), and never zero. ``"floor"`` keeps
     ``max(1, floor(n / eta))``, the rounding of Li et al.'s Hyperband tables.
 
     Example::

@@ -7,17 +7,17 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from lightning_hydro._deprecation import RenamedAttribute
-from lightning_hydro.schedulers.async_successive_halving import AsyncSuccessiveHalving, TrialReport
-from lightning_hydro.schedulers.budget_accounting import HalvingBudget, successive_halving_budget
-from lightning_hydro.schedulers.decision import Decision
-from lightning_hydro.schedulers.halving_config import (
+from lightning_hydro.stopping.async_successive_halving import AsyncSuccessiveHalving, TrialReport
+from lightning_hydro.stopping.budget_accounting import HalvingBudget, successive_halving_budget
+from lightning_hydro.stopping.decision import Decision
+from lightning_hydro.stopping.halving_config import (
     HalvingConfig,
     Rounding,
     TrialId,
     check_trial_id,
     keep_count,
 )
-from lightning_hydro.schedulers.open_store import StoreSpec, open_store
+from lightning_hydro.stopping.open_store import StoreSpec, open_store
 
 BracketOrder = Literal["sequential", "interleaved"]
 """How a stream of trials is dealt to brackets (see :func:`bracket_for_position`)."""
@@ -161,7 +161,7 @@ class HyperbandRule:
 
     Args:
         config: The sweep's mode, grace period (the smallest budget), reduction factor and max_t.
-        store: Where records live (see :func:`~lightning_hydro.schedulers.open_store.open_store`).
+        store: Where records live (see :func:`~lightning_hydro.stopping.open_store.open_store`).
         order: How new trials are dealt to brackets (see :func:`bracket_for_position`).
 
     Example::

@@ -6,8 +6,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from lightning_hydro.schedulers.rung_record import RungEntry, RungRecord
-from lightning_hydro.schedulers.rung_store import RungKey, RungStore
+from lightning_hydro.stopping.rung_record import RungEntry, RungRecord
+from lightning_hydro.stopping.rung_store import RungKey, RungStore
 
 T = TypeVar("T")
 

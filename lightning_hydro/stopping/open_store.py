@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import re
 
-from lightning_hydro.schedulers.memory_rung_store import MemoryRungStore
-from lightning_hydro.schedulers.rung_store import RungStore, StoreOpenError
-from lightning_hydro.schedulers.sqlite_rung_store import SqliteRungStore
+from lightning_hydro.stopping.memory_rung_store import MemoryRungStore
+from lightning_hydro.stopping.rung_store import RungStore, StoreOpenError
+from lightning_hydro.stopping.sqlite_rung_store import SqliteRungStore
 
 StoreSpec = RungStore | str | os.PathLike[str] | None
 """What :func:`open_store` accepts."""
@@ -19,16 +19,16 @@ _SQLITE_PREFIX = "sqlite:///"
 def open_store(spec: StoreSpec = None, *, namespace: str = "default") -> RungStore:
     """Open the rung store that ``spec`` names.
 
-    - ``None``: a :class:`~lightning_hydro.schedulers.memory_rung_store.MemoryRungStore` (one process; a fused
+    - ``None``: a :class:`~lightning_hydro.stopping.memory_rung_store.MemoryRungStore` (one process; a fused
       group).
     - a path (``str`` without a URL scheme, or ``os.PathLike``), or a ``"sqlite:///relative.db"`` /
       ``"sqlite:////absolute.db"`` URL: a
-      :class:`~lightning_hydro.schedulers.sqlite_rung_store.SqliteRungStore` on that file, shared by the
+      :class:`~lightning_hydro.stopping.sqlite_rung_store.SqliteRungStore` on that file, shared by the
       processes of one machine. Needs nothing beyond Python.
     - any other URL, e.g. ``"postgresql://user@host/db"``: a
-      :class:`~lightning_hydro.schedulers.sqlalchemy_rung_store.SqlAlchemyRungStore` (needs
+      :class:`~lightning_hydro.stopping.sqlalchemy_rung_store.SqlAlchemyRungStore` (needs
       ``pip install sqlalchemy`` and the database's driver).
-    - a :class:`~lightning_hydro.schedulers.rung_store.RungStore`: returned unchanged.
+    - a :class:`~lightning_hydro.stopping.rung_store.RungStore`: returned unchanged.
 
     Args:
         spec: See above.
@@ -73,7 +73,7 @@ def open_store(spec: StoreSpec = None, *, namespace: str = "default") -> RungSto
             f"open_store: malformed database URL {spec!r}: expected 'dialect://...', e.g. "
             "'postgresql://user:password@host/database' or 'sqlite:///path/to/file.db'."
         )
-    from lightning_hydro.schedulers.sqlalchemy_rung_store import SqlAlchemyRungStore
+    from lightning_hydro.stopping.sqlalchemy_rung_store import SqlAlchemyRungStore
 
     return SqlAlchemyRungStore(spec, namespace=namespace)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from lightning_hydro.schedulers.halving_config import TrialId
+from lightning_hydro.stopping.halving_config import TrialId
 
 
 @dataclass(frozen=True)

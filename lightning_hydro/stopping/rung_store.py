@@ -1,6 +1,6 @@
 """Where rung records live: the interface every store implements, and its errors.
 
-A store keeps :class:`~lightning_hydro.schedulers.rung_record.RungRecord` objects under a *namespace* (one
+A store keeps :class:`~lightning_hydro.stopping.rung_record.RungRecord` objects under a *namespace* (one
 sweep). Its one write, :meth:`RungStore.append`, is atomic: it adds records and reads back every record at
 the rungs it touched in the same transaction, so a decision made from that snapshot is the one a
 sequential run would make for the same arrival order, however many processes append at once. Appending
@@ -9,7 +9,7 @@ record: a run resumed from a checkpoint can replay its reports and get the same 
 
 Implementations: ``MemoryRungStore`` (a fused group in one process), ``SqliteRungStore`` (a file shared
 by the processes of one machine) and ``SqlAlchemyRungStore`` (a database server);
-:func:`~lightning_hydro.schedulers.open_store.open_store` picks one from a path or URL.
+:func:`~lightning_hydro.stopping.open_store.open_store` picks one from a path or URL.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
-from lightning_hydro.schedulers.rung_record import RungEntry, RungRecord
+from lightning_hydro.stopping.rung_record import RungEntry, RungRecord
 
 T = TypeVar("T")
 RungKey = tuple[int, int]

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from lightning_hydro.schedulers._sql_codec import (
+from lightning_hydro.stopping._sql_codec import (
     LOCKS_TABLE,
     RECORDS_TABLE,
     SETTINGS_TABLE,
@@ -20,8 +20,8 @@ from lightning_hydro.schedulers._sql_codec import (
     encode_value,
     record_from_row,
 )
-from lightning_hydro.schedulers.rung_record import RungEntry, RungRecord
-from lightning_hydro.schedulers.rung_store import RungStore, StoreOpenError
+from lightning_hydro.stopping.rung_record import RungEntry, RungRecord
+from lightning_hydro.stopping.rung_store import RungStore, StoreOpenError
 
 if TYPE_CHECKING:
     import sqlalchemy

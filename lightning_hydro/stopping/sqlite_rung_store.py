@@ -11,15 +11,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from lightning_hydro.schedulers._sql_codec import (
+from lightning_hydro.stopping._sql_codec import (
     RECORDS_TABLE,
     SETTINGS_TABLE,
     encode_trial_id,
     encode_value,
     record_from_row,
 )
-from lightning_hydro.schedulers.rung_record import RungEntry, RungRecord
-from lightning_hydro.schedulers.rung_store import RungStore, StoreOpenError
+from lightning_hydro.stopping.rung_record import RungEntry, RungRecord
+from lightning_hydro.stopping.rung_store import RungStore, StoreOpenError
 
 T = TypeVar("T")
 
@@ -51,7 +51,7 @@ class SqliteRungStore(RungStore):
     connection lazily (also after a fork), and the store pickles without it.
 
     SQLite's locking is unreliable on network filesystems (NFS): for processes on several machines use a
-    database server URL (:class:`~lightning_hydro.schedulers.sqlalchemy_rung_store.SqlAlchemyRungStore`).
+    database server URL (:class:`~lightning_hydro.stopping.sqlalchemy_rung_store.SqlAlchemyRungStore`).
 
     Args:
         path: The database file; created if missing. Its directory must exist and be writable.

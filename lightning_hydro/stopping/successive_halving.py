@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lightning_hydro.schedulers.cutoff import judge_against_top_k
-from lightning_hydro.schedulers.decision import Decision, off_rung_decision, rung_action
-from lightning_hydro.schedulers.halving_config import (
+from lightning_hydro.stopping.cutoff import judge_against_top_k
+from lightning_hydro.stopping.decision import Decision, off_rung_decision, rung_action
+from lightning_hydro.stopping.halving_config import (
     AnyTrialId,
     HalvingConfig,
     Rounding,
@@ -17,8 +17,8 @@ from lightning_hydro.schedulers.halving_config import (
     check_value,
     keep_count,
 )
-from lightning_hydro.schedulers.memory_rung_store import MemoryRungStore
-from lightning_hydro.schedulers.rung_record import RungEntry, RungRecord
+from lightning_hydro.stopping.memory_rung_store import MemoryRungStore
+from lightning_hydro.stopping.rung_record import RungEntry, RungRecord
 
 
 class SuccessiveHalvingRule:
@@ -39,7 +39,7 @@ class SuccessiveHalvingRule:
     Args:
         config: Mode, grace period, reduction factor, max_t.
         rounding: ``"ceil"`` or ``"floor"``
-            (see :func:`~lightning_hydro.schedulers.halving_config.keep_count`).
+            (see :func:`~lightning_hydro.stopping.halving_config.keep_count`).
 
     Example::
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_hydro.schedulers import (
+from lightning_hydro.stopping import (
     AsyncSuccessiveHalving,
     Decision,
     HalvingConfig,

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_hydro.schedulers import HalvingConfig, SuccessiveHalvingRule, TrialId, summarize_budget
-from lightning_hydro.schedulers.decision import Action
-from lightning_hydro.schedulers.halving_config import keep_count
+from lightning_hydro.stopping import HalvingConfig, SuccessiveHalvingRule, TrialId, summarize_budget
+from lightning_hydro.stopping.decision import Action
+from lightning_hydro.stopping.halving_config import keep_count
 
 CONFIG = HalvingConfig("min", grace_period=1, reduction_factor=3, max_t=9)
 

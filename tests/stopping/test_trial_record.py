@@ -1,4 +1,4 @@
-from lightning_hydro.schedulers.trial_record import TrialRecord, best_trial, format_results_table
+from lightning_hydro.stopping.trial_record import TrialRecord, best_trial, format_results_table
 
 
 def test_round_trip_and_budget():

@@ -1,0 +1,16 @@
+"""Moved to :mod:`lightning_hydro.stopping.deadline_policy`.
+
+The old names resolve there for one release, with a ``DeprecationWarning``.
+"""
+
+from lightning_hydro.schedulers import _moved_names
+
+__getattr__ = _moved_names(
+    __name__,
+    (
+        "DeadlinePlan",
+        "DeadlinePolicy",
+        "SecondsPerUnit",
+        "TrialProgress",
+    ),
+)

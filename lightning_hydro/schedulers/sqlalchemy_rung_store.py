@@ -1,0 +1,15 @@
+"""Moved to :mod:`lightning_hydro.stopping.sqlalchemy_rung_store`.
+
+The old names resolve there for one release, with a ``DeprecationWarning``.
+"""
+
+from lightning_hydro.schedulers import _moved_names
+
+__getattr__ = _moved_names(
+    __name__,
+    (
+        "INSTALL_HINT",
+        "SqlAlchemyRungStore",
+        "import_sqlalchemy",
+    ),
+)
