@@ -31,7 +31,7 @@ from lightning_hydro.backends.hfta.registry import (
     has_tensors,
     is_groupable,
 )
-from lightning_hydro.backends.hfta.trial_groups import TrialGroupedModule
+from lightning_hydro.backends.hfta.trial_grouped_module import TrialGroupedModule
 
 Outcome = Literal["fused", "grouped", "native", "rejected"]
 
