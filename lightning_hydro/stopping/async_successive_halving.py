@@ -136,7 +136,7 @@ class AsyncSuccessiveHalving:
             raise ValueError(
                 "AsyncSuccessiveHalving.load_state_dict: the checkpoint was made with "
                 f"{dict(state['config'])} "
-                f"(bracket {state['bracket']}), but this scheduler has {self.config.to_dict()} (bracket "
+                f"(bracket {state['bracket']}), but this rule has {self.config.to_dict()} (bracket "
                 f"{self.bracket}). Resume with the settings the run started with."
             )
         self.store.load_state_dict(state["store"])

@@ -181,7 +181,7 @@ class HyperbandRule:
         self.brackets = hyperband_brackets(config)
         bracket_for_position(0, self.brackets, order)  # validates order
         self.store = open_store(store)
-        self._schedulers = {
+        self._rules = {
             bracket.s: AsyncSuccessiveHalving(bracket.config, self.store, bracket=bracket.s)
             for bracket in self.brackets
         }
@@ -223,7 +223,7 @@ class HyperbandRule:
 
     def report(self, trial_id: TrialId, budget: int, value: float) -> Decision:
         """Judge one trial in its bracket (see :meth:`AsyncSuccessiveHalving.report`)."""
-        return self._scheduler_of(trial_id, where="report").report(trial_id, budget, value)
+        return self._rule_of(trial_id, where="report").report(trial_id, budget, value)
 
     def report_batch(self, reports: Iterable[tuple[TrialId, int, float]]) -> list[Decision]:
         """Judge simultaneous reports, each batch of one bracket together; decisions in input order."""
@@ -234,7 +234,7 @@ class HyperbandRule:
             by_bracket.setdefault(s, []).append(position)
         decisions: list[Decision | None] = [None] * len(batch)
         for s, positions in by_bracket.items():
-            for position, decision in zip(positions, self._schedulers[s].report_batch([batch[p] for p in positions])):
+            for position, decision in zip(positions, self._rules[s].report_batch([batch[p] for p in positions])):
                 decisions[position] = decision
         return [decision for decision in decisions if decision is not None]
 
@@ -257,11 +257,11 @@ class HyperbandRule:
         if dict(state["config"]) != self.config.to_dict() or state["order"] != self.order:
             raise ValueError(
                 f"HyperbandRule.load_state_dict: the checkpoint was made with {dict(state['config'])} and "
-                f"order={state['order']!r}, but this scheduler has {self.config.to_dict()} and "
+                f"order={state['order']!r}, but this rule has {self.config.to_dict()} and "
                 f"order={self.order!r}. Resume with the settings the run started with."
             )
-        for scheduler in self._schedulers.values():
-            scheduler.load_state_dict(scheduler.state_dict() | {"store": state["store"]})
+        for rule in self._rules.values():
+            rule.load_state_dict(rule.state_dict() | {"store": state["store"]})
         self._assignments = {trial_id: int(s) for trial_id, s in state["assignments"]}
         self._next_position = int(state["next_position"])
 
@@ -273,5 +273,5 @@ class HyperbandRule:
             )
         return self._assignments[trial_id]
 
-    def _scheduler_of(self, trial_id: TrialId, *, where: str) -> AsyncSuccessiveHalving:
-        return self._schedulers[self._assignment(trial_id, where=where)]
+    def _rule_of(self, trial_id: TrialId, *, where: str) -> AsyncSuccessiveHalving:
+        return self._rules[self._assignment(trial_id, where=where)]

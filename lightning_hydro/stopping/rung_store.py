@@ -108,7 +108,7 @@ class RungStore(ABC):
                 raise StoreSettingsMismatchError(
                     f"{type(self).__name__}: namespace {self.namespace!r} (bracket {bracket}) in "
                     f"{self.location} "
-                    f"holds records made with {existing}, but this scheduler uses {wanted}. Use the same "
+                    f"holds records made with {existing}, but this rule uses {wanted}. Use the same "
                     "settings in every process of a sweep, or give this sweep its own namespace or storage."
                 )
 

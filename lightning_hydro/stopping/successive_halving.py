@@ -122,7 +122,7 @@ class SuccessiveHalvingRule:
             raise ValueError(
                 "SuccessiveHalvingRule.load_state_dict: the checkpoint was made with "
                 f"{dict(state['config'])} and "
-                f"rounding={state['rounding']!r}, but this scheduler has {self.config.to_dict()} and "
+                f"rounding={state['rounding']!r}, but this rule has {self.config.to_dict()} and "
                 f"rounding={self.rounding!r}. Resume with the settings the run started with."
             )
         self._alive = None if state["alive"] is None else list(state["alive"])
