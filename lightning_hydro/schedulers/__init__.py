@@ -1,8 +1,9 @@
 """Moved: the early-stopping rules are :mod:`lightning_hydro.stopping` ("scheduler" now names LR schedulers only).
 
 Every old import path resolves there for one release, with a ``DeprecationWarning`` that names the new path:
-the package's names (``from lightning_hydro.schedulers import ASHA``-style imports of the rules, the rung stores
-and the trial vocabulary) and each old module (``lightning_hydro.schedulers.hyperband`` and the others are stubs).
+the package's names (``from lightning_hydro.schedulers import AsyncSuccessiveHalving``: the rules, the rung
+stores and the trial vocabulary) and each old module (``lightning_hydro.schedulers.hyperband`` and the others
+are stubs).
 """
 
 from collections.abc import Callable, Iterable
@@ -33,7 +34,7 @@ __getattr__ = renamed_names(
             )
             for name in _stopping_names
         },
-        # Renamed in the previous release: the rules shared their names with the callbacks.
+        # The rules' names up to 0.1.0, when they shared their names with the callbacks.
         **{
             old: Renamed(
                 f"lightning_hydro.stopping:{new}",
