@@ -6,6 +6,7 @@ stores and the trial vocabulary) and each old module (``lightning_hydro.schedule
 are stubs).
 """
 
+import importlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -45,3 +46,9 @@ __getattr__ = renamed_names(
         },
     },
 )
+
+# `open_store` names a function and a module. Importing the module's stub later would set this package's
+# attribute to the stub module and hide the function, which `lightning_hydro.schedulers.open_store` was: import
+# the stub now (later imports find it loaded and set nothing) and drop the attribute, so the name resolves above.
+importlib.import_module(f"{__name__}.open_store")
+del globals()["open_store"]

@@ -75,3 +75,10 @@ def test_any_other_name_is_the_usual_attribute_error():
         getattr(schedulers, missing)
     with pytest.raises(ImportError, match=r"cannot import name 'Hyperbands'"):
         exec("from lightning_hydro.schedulers.hyperband import Hyperbands")
+
+
+def test_open_store_stays_the_function_after_its_old_module_is_imported():
+    importlib.import_module("lightning_hydro.schedulers.open_store")
+    with pytest.warns(DeprecationWarning, match=r"^lightning_hydro.schedulers.open_store moved to"):
+        from lightning_hydro.schedulers import open_store
+    assert open_store is stopping.open_store
