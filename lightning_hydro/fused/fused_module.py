@@ -59,14 +59,14 @@ from lightning_hydro.fused.trial_slots import TrialSlots
 from lightning_hydro.fused.trial_specs import trials_from_configs
 from lightning_hydro.fused.width_padding import width_optimizer_path
 from lightning_hydro.optim.group_optimizer import OptimizerPath, TrialGroupOptimizer
-from lightning_hydro.schedulers.trial_record import (
+from lightning_hydro.stacking.stacked_state import StackedState
+from lightning_hydro.stopping.trial_record import (
     TimeAttr,
     TrialRecord,
     TrialResult,
     TrialStatus,
     format_results_table,
 )
-from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = ["FusedLightningModule"]
 

@@ -29,7 +29,7 @@ from lightning_hydro.fused.trial_book import TrialBook
 from lightning_hydro.fused.trial_hooks import record_step_logs
 from lightning_hydro.fused.trial_metrics import TrialMetrics
 from lightning_hydro.fused.trial_slots import TrialSlots
-from lightning_hydro.schedulers.trial_record import TrialRecord, best_trial
+from lightning_hydro.stopping.trial_record import TrialRecord, best_trial
 
 __all__ = ["LogFunction", "TrialPublisher", "chosen_trial"]
 

@@ -28,7 +28,7 @@ from lightning_hydro.fused.trial_metrics import TrialMetrics
 from lightning_hydro.fused.trial_modes import TrialModes
 from lightning_hydro.fused.trial_optimizers import TrialOptimizers
 from lightning_hydro.optim.group_optimizer import StepReport
-from lightning_hydro.schedulers.trial_record import TrialStatus
+from lightning_hydro.stopping.trial_record import TrialStatus
 
 __all__ = ["TrialRoster"]
 
