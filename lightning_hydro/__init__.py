@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"  # the release in the making (0.1.0 was the last); deprecations made now go in 0.3.0
 
 _EXPORTS = {
     "FusedLightningModule": "lightning_hydro.fused",
