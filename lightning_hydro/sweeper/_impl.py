@@ -29,9 +29,6 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lightning_hydro.sweeper.app_config import SEED_KEY, TRAINER_KEY, check_sweep_keys
-from lightning_hydro.sweeper.device_plan import DevicePlan, device_env_override, visible_gpus
-from lightning_hydro.sweeper.fusion_report import warn_if_nothing_fuses
-from lightning_hydro.sweeper.group_model import trial_seed
 from lightning_hydro.sweeper.group_spec import (
     RESULT_FILE,
     STATE_DIR,
@@ -41,17 +38,28 @@ from lightning_hydro.sweeper.group_spec import (
     group_launch_overrides,
     spec_path,
 )
-from lightning_hydro.sweeper.group_task import ERROR_FILE, GroupTask
+from lightning_hydro.sweeper.job.group_model import trial_seed
+from lightning_hydro.sweeper.job.group_task import ERROR_FILE, GroupTask
+from lightning_hydro.sweeper.job.rank_relaunch import RelaunchedJob, relaunched_job
 from lightning_hydro.sweeper.json_files import write_json_atomic
-from lightning_hydro.sweeper.launch_rules import TrainerPlacement, check_launch, launcher_kind, plan_devices
-from lightning_hydro.sweeper.plots import plot_in_background
-from lightning_hydro.sweeper.rank_relaunch import RelaunchedJob, relaunched_job
-from lightning_hydro.sweeper.reports import format_best_table, metric_value, rank_trials, write_results
-from lightning_hydro.sweeper.samplers import GridSampler, Sampler, SamplerFeedback, TPESampler, make_sampler
-from lightning_hydro.sweeper.search_space import Interval, override_key, parse_search_space
-from lightning_hydro.sweeper.settings import SweepSettings
-from lightning_hydro.sweeper.study_channel import STUDY_NAME, ChannelSpec, StudyChannel
-from lightning_hydro.sweeper.sweep_search import (
+from lightning_hydro.sweeper.planning.device_plan import DevicePlan, device_env_override, visible_gpus
+from lightning_hydro.sweeper.planning.fusion_report import warn_if_nothing_fuses
+from lightning_hydro.sweeper.planning.grouping import (
+    fused_options,
+    is_width_refusal,
+    launch_report,
+    plan_padded_groups,
+    split_refused,
+    width_keys,
+)
+from lightning_hydro.sweeper.planning.launch_rules import TrainerPlacement, check_launch, launcher_kind, plan_devices
+from lightning_hydro.sweeper.planning.plots import plot_in_background
+from lightning_hydro.sweeper.planning.reports import format_best_table, metric_value, rank_trials, write_results
+from lightning_hydro.sweeper.planning.samplers import GridSampler, Sampler, SamplerFeedback, TPESampler, make_sampler
+from lightning_hydro.sweeper.planning.search_space import Interval, override_key, parse_search_space
+from lightning_hydro.sweeper.planning.settings import SweepSettings
+from lightning_hydro.sweeper.planning.study_channel import STUDY_NAME, ChannelSpec, StudyChannel
+from lightning_hydro.sweeper.planning.sweep_search import (
     absorb_asked_trials,
     partition_quotas,
     rung_storage,
@@ -59,22 +67,14 @@ from lightning_hydro.sweeper.sweep_search import (
     search_section,
     sweep_name,
 )
-from lightning_hydro.sweeper.sweep_state import SweepState
-from lightning_hydro.sweeper.trial_groups import (
+from lightning_hydro.sweeper.planning.sweep_state import SweepState
+from lightning_hydro.sweeper.planning.trial_groups import (
     Partition,
     Trial,
     TrialGroup,
     partition_label,
     partition_of,
     plan_groups,
-)
-from lightning_hydro.sweeper.width_partitions import (
-    fused_options,
-    is_width_refusal,
-    launch_report,
-    plan_padded_groups,
-    split_refused,
-    width_keys,
 )
 
 __all__ = ["LightningHydroSweeperImpl"]

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_hydro.sweeper.json_files import CorruptStateFile, read_json, read_json_or_redo, write_json_atomic
-from lightning_hydro.sweeper.trial_groups import GroupKind
+from lightning_hydro.sweeper.planning.trial_groups import GroupKind
 
 __all__ = [
     "GROUP_ENV",
@@ -121,10 +121,10 @@ class GroupSpec:
             (``backend``, ``optimizer_path``, ``deterministic``, ``pad_widths``: the app config's ``fused``
             section).
         search: the group's part in the sweep-wide search (see
-            :class:`~lightning_hydro.sweeper.group_search.GroupSearch`): its quota of trials, its partition and
+            :class:`~lightning_hydro.sweeper.job.group_search.GroupSearch`): its quota of trials, its partition and
             the sweep's sampler; empty when freed slots take only the group's planned trials.
         launch: the Hydra overrides the job was launched with; a rank that Lightning's DDP re-launches runs the
-            job again with them (see :mod:`~lightning_hydro.sweeper.rank_relaunch`).
+            job again with them (see :mod:`~lightning_hydro.sweeper.job.rank_relaunch`).
     """
 
     group_id: str

@@ -5,7 +5,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from hydra_plugins.lightning_hydro_sweeper.config import LightningHydroSweeperConf
-from lightning_hydro.sweeper.settings import ProbeSettings, RetrainSettings, SchedulerSettings, SweepSettings
+from lightning_hydro.sweeper.planning.settings import ProbeSettings, RetrainSettings, SchedulerSettings, SweepSettings
 
 
 def test_defaults_and_dictconfig_input():

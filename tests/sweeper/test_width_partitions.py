@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from lightning_hydro.stacking.width_plan import WidthPaddingError
-from lightning_hydro.sweeper.search_space import Configuration
-from lightning_hydro.sweeper.trial_groups import Trial, TrialGroup
-from lightning_hydro.sweeper.width_partitions import (
+from lightning_hydro.sweeper.planning.grouping import (
     fused_options,
     is_width_refusal,
     launch_report,
@@ -13,6 +11,8 @@ from lightning_hydro.sweeper.width_partitions import (
     split_refused,
     width_keys,
 )
+from lightning_hydro.sweeper.planning.search_space import Configuration
+from lightning_hydro.sweeper.planning.trial_groups import Trial, TrialGroup
 
 
 def _trials(rows: list[dict[str, object]]) -> list[Trial]:

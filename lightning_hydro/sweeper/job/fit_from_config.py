@@ -3,7 +3,7 @@
 In a plain run (``python train.py``) it trains the config's model once (trial 0). In a job launched by
 the ``lightning_hydro`` sweeper it reads its group's spec (see :mod:`~lightning_hydro.sweeper.group_spec`),
 builds one module per trial (the job's config with the trial's overrides), and trains them all through
-:func:`~lightning_hydro.sweeper.fit_trials.fit_trials`. Its config layout is described in
+:func:`~lightning_hydro.sweeper.job.fit_trials.fit_trials`. Its config layout is described in
 :mod:`~lightning_hydro.sweeper.app_config`.
 
 Example (``examples/train.py``)::
@@ -40,12 +40,6 @@ from lightning_hydro.sweeper.app_config import (
     SEED_KEY,
     TRAINER_KEY,
 )
-from lightning_hydro.sweeper.backend_cache import BACKEND_FILE, BackendCache
-from lightning_hydro.sweeper.device_plan import DEVICES_ENV
-from lightning_hydro.sweeper.fit_trials import FusedSettings, fit_trials
-from lightning_hydro.sweeper.fusion_limit import measure_fusion_limit
-from lightning_hydro.sweeper.group_model import restore_model_node
-from lightning_hydro.sweeper.group_search import GroupSearch
 from lightning_hydro.sweeper.group_spec import (
     STATE_DIR,
     GroupSpec,
@@ -54,9 +48,15 @@ from lightning_hydro.sweeper.group_spec import (
     read_group_spec,
     write_group_result,
 )
-from lightning_hydro.sweeper.overrides import apply_overrides
-from lightning_hydro.sweeper.scaling_settings import ScalingSettings
-from lightning_hydro.sweeper.trainer_factory import ConfigTrainerFactory
+from lightning_hydro.sweeper.job.backend_cache import BACKEND_FILE, BackendCache
+from lightning_hydro.sweeper.job.fit_trials import FusedSettings, fit_trials
+from lightning_hydro.sweeper.job.group_model import restore_model_node
+from lightning_hydro.sweeper.job.group_search import GroupSearch
+from lightning_hydro.sweeper.job.overrides import apply_overrides
+from lightning_hydro.sweeper.job.scaling_settings import ScalingSettings
+from lightning_hydro.sweeper.job.trainer_factory import ConfigTrainerFactory
+from lightning_hydro.sweeper.planning.device_plan import DEVICES_ENV
+from lightning_hydro.sweeper.planning.fusion_limit import measure_fusion_limit
 
 __all__ = ["apply_overrides", "fit_from_config"]
 

@@ -1,6 +1,6 @@
 """``SweepGroupModule``: a sweep group's fused trials, trained by the user's own Trainer and task function.
 
-It is what the job's rewritten ``model`` node instantiates (see :mod:`~lightning_hydro.sweeper.group_model`).
+It is what the job's rewritten ``model`` node instantiates (see :mod:`~lightning_hydro.sweeper.job.group_model`).
 Through ``configure_callbacks`` it brings what the group needs to whatever Trainer the task function builds,
 next to the user's own callbacks and loggers:
 
@@ -24,10 +24,10 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from lightning_hydro.fused import FusedLightningModule
-from lightning_hydro.sweeper.backend_cache import BackendCache, model_signature
-from lightning_hydro.sweeper.early_stopping import REFILLING, build_stopping_callback
-from lightning_hydro.sweeper.group_search import GroupSearch, group_stopping
 from lightning_hydro.sweeper.group_spec import GroupSpec, read_group_result, write_group_result
+from lightning_hydro.sweeper.job.backend_cache import BackendCache, model_signature
+from lightning_hydro.sweeper.job.early_stopping import REFILLING, build_stopping_callback
+from lightning_hydro.sweeper.job.group_search import GroupSearch, group_stopping
 
 __all__ = ["GroupResultWriter", "SweepGroupModule"]
 

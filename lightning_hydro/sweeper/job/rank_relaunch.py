@@ -2,10 +2,10 @@
 
 Lightning's DDP (its subprocess launcher) starts each further rank of a fit by re-running the command line with
 ``LOCAL_RANK=<r>`` in the environment; in a sweep that command line is the sweep's own (``python train.py -m ...``).
-The group job that starts the fit (:class:`~lightning_hydro.sweeper.group_task.GroupTask`) leaves its sweep directory
-(:data:`SWEEP_DIR_ENV`) next to its group (``LIGHTNING_HYDRO_GROUP``) in the environment the re-run inherits; there
-the sweeper finds the overrides that group was launched with (in its spec, ``GroupSpec.launch``) and runs that one
-job, the group's other rank, instead of a second sweep (:func:`relaunched_job`).
+The group job that starts the fit (:class:`~lightning_hydro.sweeper.job.group_task.GroupTask`) leaves its sweep
+directory (:data:`SWEEP_DIR_ENV`) next to its group (``LIGHTNING_HYDRO_GROUP``) in the environment the re-run
+inherits; there the sweeper finds the overrides that group was launched with (in its spec, ``GroupSpec.launch``) and
+runs that one job, the group's other rank, instead of a second sweep (:func:`relaunched_job`).
 
 A job also leaves the process it ran in as it found it (:func:`job_scope`): DDP sets ``LOCAL_RANK``,
 ``WORLD_SIZE``, ``NODE_RANK`` and ``MASTER_ADDR``/``MASTER_PORT`` in the job's process and leaves its process group

@@ -19,7 +19,7 @@ Example::
 
     >>> import tempfile
     >>> from pathlib import Path
-    >>> from lightning_hydro.sweeper.search_space import parse_search_space
+    >>> from lightning_hydro.sweeper.planning.search_space import parse_search_space
     >>> lines = ("model.lr=tag(log, interval(1e-3, 1))", "data.batch_size=32,64")
     >>> spec = ChannelSpec(storage=str(Path(tempfile.mkdtemp()) / "s.journal"), sampler="tpe", seed=0,
     ...                    mode="max", space=lines)
@@ -44,8 +44,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_hydro.sweeper.samplers import optuna_distribution
-from lightning_hydro.sweeper.search_space import Choice, Configuration, SearchSpace, parse_search_space
+from lightning_hydro.sweeper.planning.samplers import optuna_distribution
+from lightning_hydro.sweeper.planning.search_space import Choice, Configuration, SearchSpace, parse_search_space
 
 __all__ = ["STUDY_NAME", "ChannelSpec", "StudyChannel", "is_learning_sampler"]
 

@@ -7,7 +7,7 @@ blocks of ``devices_per_group``, deals the blocks to the jobs round-robin, and l
 jobs at once than the user allows, whatever the launcher's own parallelism.
 
 A job learns its block from the environment variable :data:`DEVICES_ENV` (indices into the devices the sweep
-sees, which the job's process inherits), and its task (:class:`~lightning_hydro.sweeper.group_task.GroupTask`)
+sees, which the job's process inherits), and its task (:class:`~lightning_hydro.sweeper.job.group_task.GroupTask`)
 turns it into ``trainer.devices=[i, ...]`` where the job runs on GPUs (:func:`assigned_trainer_devices`).
 ``trainer.devices`` rather than ``CUDA_VISIBLE_DEVICES``: joblib reuses its worker processes, and a process
 whose CUDA is initialised no longer sees a changed ``CUDA_VISIBLE_DEVICES``.

@@ -16,8 +16,8 @@ from typing import Any
 
 from lightning_hydro.sweeper.group_spec import STATE_DIR, read_group_result
 from lightning_hydro.sweeper.json_files import CorruptStateFile, read_json, write_json_atomic
-from lightning_hydro.sweeper.search_space import Configuration
-from lightning_hydro.sweeper.trial_groups import Partition, Trial, TrialGroup, partition_label
+from lightning_hydro.sweeper.planning.search_space import Configuration
+from lightning_hydro.sweeper.planning.trial_groups import Partition, Trial, TrialGroup, partition_label
 
 __all__ = ["PLAN_FILE", "SweepState"]
 

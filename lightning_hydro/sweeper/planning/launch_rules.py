@@ -7,12 +7,12 @@ decides where the job runs. Some pairs cannot work, and are refused at launch wi
   group and refill source, and hand back only rank 0's weights: a sweep job cannot run that way;
 - DDP (Lightning's subprocess launcher re-runs the command line for each further rank) works in the basic launcher's
   jobs, where the command line is the sweep's own (the re-run process runs only its group's job: see
-  :mod:`~lightning_hydro.sweeper.rank_relaunch`), but not in joblib's, submitit_local's or Ray's worker processes;
+  :mod:`~lightning_hydro.sweeper.job.rank_relaunch`), but not in joblib's, submitit_local's or Ray's worker processes;
 - on SLURM, Lightning starts no processes itself: the job needs ``tasks_per_node`` equal to its devices.
 
 Where the jobs run on this machine, :func:`plan_devices` deals the GPUs to them
-(:class:`~lightning_hydro.sweeper.device_plan.DevicePlan`); a cluster (SLURM's ``gpus_per_node``, Ray's ``num_gpus``)
-places them itself.
+(:class:`~lightning_hydro.sweeper.planning.device_plan.DevicePlan`); a cluster (SLURM's ``gpus_per_node``, Ray's
+``num_gpus``) places them itself.
 
 Example::
 
@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from lightning_hydro.sweeper.device_plan import DevicePlan
+from lightning_hydro.sweeper.planning.device_plan import DevicePlan
 
 __all__ = ["LauncherKind", "TrainerPlacement", "check_launch", "launcher_kind", "plan_devices"]
 

@@ -3,7 +3,7 @@
 The sweeper hands this wrapper, not the task function itself, to the configured launcher (it pickles like a
 function, so joblib and submitit run it in their workers). In a group job it:
 
-1. points the job's ``model`` node at the group's fused trials (:func:`~lightning_hydro.sweeper.group_model.
+1. points the job's ``model`` node at the group's fused trials (:func:`~lightning_hydro.sweeper.job.group_model.
    rewrite_model_node`), so that a task function which instantiates ``cfg.model`` trains the whole group;
 2. runs the task function unchanged (what it returns is passed on; the sweeper reads the group's results
    from ``group_result.json``, written by the fused module or by ``fit_from_config``);
@@ -12,9 +12,9 @@ function, so joblib and submitit run it in their workers). In a group job it:
 4. raises :class:`GroupResultMissing` if the task function returned without the group's results;
 5. on the rerun of an interrupted group, sets a top-level ``ckpt_path: null`` (lightning-hydra-template's
    resume key) to the group's latest fused ``last.ckpt``, so that the task function resumes the group;
-6. where the sweeper dealt the job GPUs (:mod:`~lightning_hydro.sweeper.device_plan`) and the job runs on GPUs,
+6. where the sweeper dealt the job GPUs (:mod:`~lightning_hydro.sweeper.planning.device_plan`) and the job runs on GPUs,
    sets ``trainer.devices`` to them;
-7. runs the task function in a :func:`~lightning_hydro.sweeper.rank_relaunch.job_scope`: DDP ranks that Lightning
+7. runs the task function in a :func:`~lightning_hydro.sweeper.job.rank_relaunch.job_scope`: DDP ranks that Lightning
    re-launches find their group, and the process is left without DDP's traces for the next job. Only global
    rank zero checks that the results were written (it writes them).
 """
@@ -33,10 +33,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightning_hydro.callbacks.callback_arguments import MonitorNotLoggedError
 from lightning_hydro.sweeper.app_config import TRAINER_KEY
-from lightning_hydro.sweeper.device_plan import assigned_trainer_devices
-from lightning_hydro.sweeper.group_model import built_groups, describe_trials, rewrite_model_node
 from lightning_hydro.sweeper.group_spec import RESULT_FILE, GroupSpec, job_dirs, read_group_spec
-from lightning_hydro.sweeper.rank_relaunch import job_scope
+from lightning_hydro.sweeper.job.group_model import built_groups, describe_trials, rewrite_model_node
+from lightning_hydro.sweeper.job.rank_relaunch import job_scope
+from lightning_hydro.sweeper.planning.device_plan import assigned_trainer_devices
 
 __all__ = ["ERROR_FILE", "GroupResultMissing", "GroupTask", "SweepMetricNotLogged", "keys_concerned"]
 

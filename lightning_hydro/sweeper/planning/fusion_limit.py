@@ -2,7 +2,7 @@
 
 A probe job trains a few steps of the partition's model fused at B=1 and B=2 and measures peak memory
 and step time (:func:`measure_fusion_limit`, through
-:func:`~lightning_hydro.fused.memory_probe.measure_fused_step`). Memory grows about
+:func:`~lightning_hydro.sweeper.planning.memory_probe.measure_fused_step`). Memory grows about
 linearly with B, so ``memory(B) = m1 + (B - 1) * (m2 - m1)``; the limit is the largest B whose
 extrapolated memory stays within the device capacity minus a safety margin (the approach of Hydro and
 Fluid). The fused group checks its real memory when it starts.
@@ -28,7 +28,7 @@ from lightning_hydro.schedulers.group_sizing import LinearCost, plan_group_size
 if TYPE_CHECKING:
     import lightning as L
 
-    from lightning_hydro.sweeper.fit_trials import TrainerFactory
+    from lightning_hydro.sweeper.job.fit_trials import TrainerFactory
 
 __all__ = ["FusionProbe", "fusion_limit_from_probe", "measure_fusion_limit", "probe_fusion"]
 
@@ -110,9 +110,9 @@ def probe_fusion(
             differ between the two and spoil the extrapolation); ``loop`` for trials that use manual optimization.
         groups_per_device: group jobs that share the GPU at once: each plans for its share of the memory, and no
             more than is free (what other jobs hold counts: see
-            :func:`~lightning_hydro.fused.memory_probe.shared_capacity_bytes`).
+            :func:`~lightning_hydro.sweeper.planning.memory_probe.shared_capacity_bytes`).
     """
-    from lightning_hydro.fused.memory_probe import device_capacity_bytes, measure_fused_step
+    from lightning_hydro.sweeper.planning.memory_probe import device_capacity_bytes, measure_fused_step
 
     trainer_kwargs = getattr(trainer_factory, "trainer_kwargs", {})
     accelerator = str(trainer_kwargs.get("accelerator", "auto"))

@@ -2,14 +2,14 @@
 
 With ``hydra.sweeper.pad_widths`` (default true) a non-fusible key under ``model.`` whose searched values are
 all integers is a *width key*: it no longer splits trials into partitions. Inside each partition of the other
-non-fusible keys, trials are cut by :func:`~lightning_hydro.sweeper.width_groups.group_by_padded_cost` (similar
+non-fusible keys, trials are cut by :func:`~lightning_hydro.sweeper.planning.width_groups.group_by_padded_cost` (similar
 widths together, padding overhead at most ``hydra.sweeper.max_padding_overhead``), and each group's job fuses
 its trials with ``pad_widths=True`` when their widths differ. Each trial's widths then travel with its own
 overrides, not the group's.
 
 Example::
 
-    >>> from lightning_hydro.sweeper.search_space import Configuration
+    >>> from lightning_hydro.sweeper.planning.search_space import Configuration
     >>> confs = [{"model.h": 32, "data.batch_size": 8}, {"model.h": 64, "data.batch_size": 8}]
     >>> trials = [Trial(i, Configuration(c, {k: str(v) for k, v in c.items()})) for i, c in enumerate(confs)]
     >>> width_keys(trials, ["model.h", "data.batch_size"])
@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lightning_hydro.stacking.width_plan import WidthPaddingError
-from lightning_hydro.sweeper.trial_groups import Partition, Trial, TrialGroup, partition_label, partition_of
-from lightning_hydro.sweeper.width_groups import group_by_padded_cost
+from lightning_hydro.sweeper.planning.trial_groups import Partition, Trial, TrialGroup, partition_label, partition_of
+from lightning_hydro.sweeper.planning.width_groups import group_by_padded_cost
 
 __all__ = ["fused_options", "launch_report", "needs_padding", "plan_padded_groups", "width_keys"]
 
@@ -130,7 +130,7 @@ def split_refused(group: TrialGroup, trials: Sequence[Trial], widths: Sequence[s
 
     Example::
 
-        >>> from lightning_hydro.sweeper.search_space import Configuration
+        >>> from lightning_hydro.sweeper.planning.search_space import Configuration
         >>> trials = [Trial(i, Configuration({"model.h": h}, {"model.h": str(h)})) for i, h in enumerate([8, 16, 8])]
         >>> parts = split_refused(TrialGroup("group_0000", "search", (0, 1, 2), 3, ()), trials, ["model.h"])
         >>> [(g.group_id, g.trial_ids, g.slots, g.partition) for g in parts]

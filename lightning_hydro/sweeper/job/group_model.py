@@ -1,21 +1,21 @@
 """The ``model`` node of a sweep job: instantiating it builds the group's trials as one fused module.
 
 A project's own task function (lightning-hydra-template's ``train.py``: ``hydra.utils.instantiate(cfg.model)``,
-then ``trainer.fit``) sweeps unchanged: in a group job, :class:`~lightning_hydro.sweeper.group_task.GroupTask`
+then ``trainer.fit``) sweeps unchanged: in a group job, :class:`~lightning_hydro.sweeper.job.group_task.GroupTask`
 rewrites the job's ``model`` node before the task function sees it, keeping every key and interpolation in
 place and only redirecting its ``_target_``:
 
 .. code-block:: yaml
 
     model:
-      _target_: lightning_hydro.sweeper.group_model.fused_group_model   # was src.models.MNISTLitModule
+      _target_: lightning_hydro.sweeper.job.group_model.fused_group_model   # was src.models.MNISTLitModule
       _trial_target_: src.models.MNISTLitModule
       _recursive_: false
       net: {_target_: ..., lin1_size: 64}   # untouched: each trial's overrides are applied to this node
       optimizer: {_target_: torch.optim.Adam, _partial_: true, lr: 0.001}
 
 :func:`fused_group_model` then builds each trial's module from the node with the trial's overrides (each
-seeded with the trial's seed) and returns them as one :class:`~lightning_hydro.sweeper.sweep_group_module.
+seeded with the trial's seed) and returns them as one :class:`~lightning_hydro.sweeper.job.sweep_group_module.
 SweepGroupModule`, which records the group's results when fit ends.
 
 Example::
@@ -39,11 +39,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from lightning_hydro.fused import ArchitectureMismatchError
 from lightning_hydro.sweeper.app_config import MODEL_KEY
-from lightning_hydro.sweeper.backend_cache import BACKEND_FILE, BackendCache
-from lightning_hydro.sweeper.group_search import GroupSearch
 from lightning_hydro.sweeper.group_spec import STATE_DIR, GroupSpec, job_dirs, read_group_spec
-from lightning_hydro.sweeper.overrides import apply_overrides
-from lightning_hydro.sweeper.search_space import override_key
+from lightning_hydro.sweeper.job.backend_cache import BACKEND_FILE, BackendCache
+from lightning_hydro.sweeper.job.group_search import GroupSearch
+from lightning_hydro.sweeper.job.overrides import apply_overrides
+from lightning_hydro.sweeper.planning.search_space import override_key
 
 __all__ = [
     "GROUP_MODEL_TARGET",
@@ -57,7 +57,7 @@ __all__ = [
     "trial_seed",
 ]
 
-GROUP_MODEL_TARGET = "lightning_hydro.sweeper.group_model.fused_group_model"
+GROUP_MODEL_TARGET = "lightning_hydro.sweeper.job.group_model.fused_group_model"
 built_groups: set[str] = set()
 """Ids of the groups whose fused module this process built (a job's wrapper checks it when results lack)."""
 TRIAL_TARGET_KEY = "_trial_target_"
@@ -119,7 +119,7 @@ def fused_group_model(**node: Any) -> L.LightningModule:
         ValueError: if the node lacks its original target, or if the group's trials cannot fuse (the
             message names the trials' differing overrides and the fix).
     """
-    from lightning_hydro.sweeper.sweep_group_module import SweepGroupModule
+    from lightning_hydro.sweeper.job.sweep_group_module import SweepGroupModule
 
     target = node.pop(TRIAL_TARGET_KEY, None)
     if not isinstance(target, str):

@@ -4,7 +4,7 @@ With a learning sampler (``tpe`` or an Optuna sampler) and a refilling scheduler
 first configurations (one round): they decide the partitions, and each partition gets ONE group whose quota
 is its share of ``n_trials`` (:func:`partition_quotas`) and whose slots are ``min(fusion limit, quota)``. The
 group asks the sweep's sampler for the rest of its quota as its slots free (see
-:mod:`~lightning_hydro.sweeper.group_search`); when it ends, :func:`absorb_asked_trials` adds those trials
+:mod:`~lightning_hydro.sweeper.job.group_search`); when it ends, :func:`absorb_asked_trials` adds those trials
 to the sweep's plan.
 
 Example::
@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lightning_hydro.sweeper.group_spec import STATE_DIR
-from lightning_hydro.sweeper.search_space import SearchSpace
-from lightning_hydro.sweeper.study_channel import ChannelSpec, StudyChannel
-from lightning_hydro.sweeper.sweep_state import SweepState
-from lightning_hydro.sweeper.trial_groups import Trial, TrialGroup
+from lightning_hydro.sweeper.planning.search_space import SearchSpace
+from lightning_hydro.sweeper.planning.study_channel import ChannelSpec, StudyChannel
+from lightning_hydro.sweeper.planning.sweep_state import SweepState
+from lightning_hydro.sweeper.planning.trial_groups import Trial, TrialGroup
 
 __all__ = [
     "RUNG_FILE",

@@ -2,7 +2,7 @@
 
 Example::
 
-    >>> from lightning_hydro.sweeper.trial_groups import TrialGroup
+    >>> from lightning_hydro.sweeper.planning.trial_groups import TrialGroup
     >>> groups = [TrialGroup(f"g{i}", "search", (i,), 1, (("data.batch_size", str(i)),)) for i in range(3)]
     >>> print(nothing_fuses_message(groups, ["data.batch_size"], ["data.batch_size", "model.lr"]))
     lightning_hydro sweeper: nothing fuses: the 3 trials fall into 3 groups of one trial each, because ...
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from lightning_hydro.sweeper.trial_groups import TrialGroup
+from lightning_hydro.sweeper.planning.trial_groups import TrialGroup
 
 __all__ = ["nothing_fuses_message", "warn_if_nothing_fuses"]
 

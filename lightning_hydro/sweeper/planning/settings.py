@@ -22,8 +22,8 @@ from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_hydro.sweeper.samplers import SAMPLERS
-from lightning_hydro.sweeper.study_channel import is_learning_sampler
+from lightning_hydro.sweeper.planning.samplers import SAMPLERS
+from lightning_hydro.sweeper.planning.study_channel import is_learning_sampler
 
 __all__ = ["SCHEDULERS", "ProbeSettings", "RetrainSettings", "SchedulerSettings", "SweepSettings"]
 

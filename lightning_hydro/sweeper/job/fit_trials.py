@@ -28,12 +28,12 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_hydro.schedulers import TrialResult, TrialStatus
-from lightning_hydro.sweeper.backend_cache import BackendCache, model_signature
-from lightning_hydro.sweeper.early_stopping import REFILLING, build_stopping_callback
-from lightning_hydro.sweeper.group_search import GroupSearch, group_stopping
 from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec
+from lightning_hydro.sweeper.job.backend_cache import BackendCache, model_signature
+from lightning_hydro.sweeper.job.early_stopping import REFILLING, build_stopping_callback
+from lightning_hydro.sweeper.job.group_search import GroupSearch, group_stopping
+from lightning_hydro.sweeper.job.metric_history import MetricHistory, scalar_metrics
 from lightning_hydro.sweeper.json_files import read_json_or_redo, write_json_atomic
-from lightning_hydro.sweeper.metric_history import MetricHistory, scalar_metrics
 
 __all__ = ["FusedSettings", "TrainerFactory", "fit_trials", "trial_dir"]
 

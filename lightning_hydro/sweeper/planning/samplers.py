@@ -7,7 +7,7 @@ configurations the sampler can produce (``None``: unbounded).
 
 Example::
 
-    >>> from lightning_hydro.sweeper.search_space import parse_search_space
+    >>> from lightning_hydro.sweeper.planning.search_space import parse_search_space
     >>> space = parse_search_space(["model.lr=0.1,0.2", "data.batch_size=32,64"])
     >>> sampler = make_sampler("grid", space, seed=0, mode="max")
     >>> sampler.max_trials
@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol
 
 from lightning_hydro._deprecation import Renamed, renamed_names
 from lightning_hydro.schedulers import TrialStatus
-from lightning_hydro.sweeper.search_space import Choice, Configuration, Interval, SearchSpace
+from lightning_hydro.sweeper.planning.search_space import Choice, Configuration, Interval, SearchSpace
 
 __all__ = [
     "SAMPLERS",

@@ -7,7 +7,7 @@ slots) a partition becomes ONE group with ``F`` slots: its other trials wait and
 
 Example::
 
-    >>> from lightning_hydro.sweeper.search_space import Configuration
+    >>> from lightning_hydro.sweeper.planning.search_space import Configuration
     >>> sizes = [32, 64, 32, 32]
     >>> trials = [Trial(i, Configuration({"bs": bs}, {"bs": str(bs)})) for i, bs in enumerate(sizes)]
     >>> groups = plan_groups(trials, non_fusible=["bs"], fusion_limit=lambda p: 2, refill=False)
@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from lightning_hydro.sweeper.search_space import Configuration
+from lightning_hydro.sweeper.planning.search_space import Configuration
 
 __all__ = ["GroupKind", "Partition", "Trial", "TrialGroup", "partition_label", "partition_of", "plan_groups"]
 
