@@ -30,6 +30,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lightning_hydro.sweeper.app_config import SEED_KEY, TRAINER_KEY, check_sweep_keys
 from lightning_hydro.sweeper.group_spec import (
+    ERROR_FILE,
     RESULT_FILE,
     STATE_DIR,
     EarlyStoppingSpec,
@@ -37,9 +38,9 @@ from lightning_hydro.sweeper.group_spec import (
     TrialSpec,
     group_launch_overrides,
     spec_path,
+    trial_seed,
 )
-from lightning_hydro.sweeper.job.group_model import trial_seed
-from lightning_hydro.sweeper.job.group_task import ERROR_FILE, GroupTask
+from lightning_hydro.sweeper.job.group_task import GroupTask
 from lightning_hydro.sweeper.job.rank_relaunch import RelaunchedJob, relaunched_job
 from lightning_hydro.sweeper.json_files import write_json_atomic
 from lightning_hydro.sweeper.planning.device_plan import DevicePlan, device_env_override, visible_gpus

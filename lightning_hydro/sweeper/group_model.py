@@ -25,7 +25,6 @@ _NAMES = (
     "read_group_spec",
     "restore_model_node",
     "rewrite_model_node",
-    "trial_seed",
 )
 _RENAMED = {
     name: Renamed(
@@ -34,5 +33,10 @@ _RENAMED = {
     )
     for name in _NAMES
 }
+_RENAMED["trial_seed"] = Renamed(
+    "lightning_hydro.sweeper.group_spec:trial_seed",
+    "moved to lightning_hydro.sweeper.group_spec.trial_seed (the contract between the sweeper and its jobs); import it "
+    "from there",
+)
 
 __getattr__ = renamed_names(__name__, _RENAMED)

@@ -19,16 +19,17 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lightning_hydro.sweeper.json_files import CorruptStateFile, read_json, read_json_or_redo, write_json_atomic
-from lightning_hydro.sweeper.planning.trial_groups import GroupKind
 
 __all__ = [
+    "ERROR_FILE",
     "GROUP_ENV",
     "RESULT_FILE",
     "STATE_DIR",
     "EarlyStoppingSpec",
+    "GroupKind",
     "GroupSpec",
     "TrialSpec",
     "group_launch_overrides",
@@ -36,12 +37,32 @@ __all__ = [
     "read_group_result",
     "read_group_spec",
     "spec_path",
+    "trial_seed",
     "write_group_result",
 ]
 
 GROUP_ENV = "LIGHTNING_HYDRO_GROUP"
 STATE_DIR = "lightning_hydro"
 RESULT_FILE = "group_result.json"
+ERROR_FILE = "job_error.txt"
+"""A failed job's traceback, in its job directory: written by the job, logged by the sweeper."""
+
+GroupKind = Literal["search", "retrain", "probe"]
+
+
+def trial_seed(config_seed: int | None, sweep_seed: int, trial_id: int) -> int:
+    """The seed a trial's module is built with: the config's ``seed``, or one derived from the sweep's.
+
+    A ``seed: null`` config (lightning-hydra-template's default) gives each trial its own reproducible seed.
+
+    Example::
+
+        >>> trial_seed(7, 0, 3), trial_seed(None, 0, 3) == trial_seed(None, 0, 3) != trial_seed(None, 0, 4)
+        (7, True)
+    """
+    if config_seed is not None:
+        return int(config_seed)
+    return (sweep_seed * 1_000_003 + 7919 * (trial_id + 1)) % (2**31 - 1)
 
 
 @dataclass(frozen=True)

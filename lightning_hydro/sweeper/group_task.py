@@ -7,7 +7,6 @@ from lightning_hydro._deprecation import Renamed, renamed_names
 
 _NAMES = (
     "CKPT_PATH_KEY",
-    "ERROR_FILE",
     "GroupResultMissing",
     "GroupSpec",
     "GroupTask",
@@ -31,5 +30,10 @@ _RENAMED = {
     )
     for name in _NAMES
 }
+_RENAMED["ERROR_FILE"] = Renamed(
+    "lightning_hydro.sweeper.group_spec:ERROR_FILE",
+    "moved to lightning_hydro.sweeper.group_spec.ERROR_FILE (the contract between the sweeper and its jobs); import it "
+    "from there",
+)
 
 __getattr__ = renamed_names(__name__, _RENAMED)

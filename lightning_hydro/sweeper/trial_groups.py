@@ -7,7 +7,6 @@ from lightning_hydro._deprecation import Renamed, renamed_names
 
 _NAMES = (
     "Configuration",
-    "GroupKind",
     "Partition",
     "Trial",
     "TrialGroup",
@@ -22,5 +21,10 @@ _RENAMED = {
     )
     for name in _NAMES
 }
+_RENAMED["GroupKind"] = Renamed(
+    "lightning_hydro.sweeper.group_spec:GroupKind",
+    "moved to lightning_hydro.sweeper.group_spec.GroupKind (the contract between the sweeper and its jobs); import it "
+    "from there",
+)
 
 __getattr__ = renamed_names(__name__, _RENAMED)

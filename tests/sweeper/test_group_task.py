@@ -14,8 +14,8 @@ import hydra
 import pytest
 from omegaconf import DictConfig
 
+from lightning_hydro.sweeper.group_spec import ERROR_FILE
 from lightning_hydro.sweeper.job.group_model import GROUP_MODEL_TARGET
-from lightning_hydro.sweeper.job.group_task import ERROR_FILE
 
 from .conftest import TINY, TRAIN, KeptSweep
 

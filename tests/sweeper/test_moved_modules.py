@@ -98,3 +98,18 @@ def test_the_new_paths_load_without_deprecation_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         for new in MOVED.values():
             importlib.import_module(new)
+
+
+@pytest.mark.parametrize(
+    ("old", "name"),
+    [
+        ("lightning_hydro.sweeper.job.group_model", "trial_seed"),
+        ("lightning_hydro.sweeper.group_model", "trial_seed"),
+        ("lightning_hydro.sweeper.group_task", "ERROR_FILE"),
+        ("lightning_hydro.sweeper.trial_groups", "GroupKind"),
+    ],
+)
+def test_the_contracts_names_resolve_from_the_modules_they_left(old, name):
+    group_spec = importlib.import_module("lightning_hydro.sweeper.group_spec")
+    with pytest.warns(DeprecationWarning, match=rf"{old}\.{name} moved to .*sweeper\.group_spec\.{name}"):
+        assert getattr(importlib.import_module(old), name) is getattr(group_spec, name)

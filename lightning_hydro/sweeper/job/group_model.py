@@ -37,6 +37,7 @@ import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from lightning_hydro._deprecation import Renamed, renamed_names
 from lightning_hydro.fused import ArchitectureMismatchError
 from lightning_hydro.sweeper.app_config import MODEL_KEY
 from lightning_hydro.sweeper.group_spec import STATE_DIR, GroupSpec, job_dirs, read_group_spec
@@ -54,8 +55,18 @@ __all__ = [
     "fused_group_model",
     "restore_model_node",
     "rewrite_model_node",
-    "trial_seed",
 ]
+
+__getattr__ = renamed_names(
+    __name__,
+    {
+        "trial_seed": Renamed(
+            "lightning_hydro.sweeper.group_spec:trial_seed",
+            "moved to lightning_hydro.sweeper.group_spec.trial_seed (the contract: both sides seed trials with it); "
+            "import it from there",
+        )
+    },
+)
 
 GROUP_MODEL_TARGET = "lightning_hydro.sweeper.job.group_model.fused_group_model"
 built_groups: set[str] = set()
@@ -93,21 +104,6 @@ def restore_model_node(cfg: DictConfig) -> None:
     with read_write(node), open_dict(node):
         node["_target_"] = node.pop(TRIAL_TARGET_KEY)
         node.pop(_RECURSIVE, None)
-
-
-def trial_seed(config_seed: int | None, sweep_seed: int, trial_id: int) -> int:
-    """The seed a trial's module is built with: the config's ``seed``, or one derived from the sweep's.
-
-    A ``seed: null`` config (lightning-hydra-template's default) gives each trial its own reproducible seed.
-
-    Example::
-
-        >>> trial_seed(7, 0, 3), trial_seed(None, 0, 3) == trial_seed(None, 0, 3) != trial_seed(None, 0, 4)
-        (7, True)
-    """
-    if config_seed is not None:
-        return int(config_seed)
-    return (sweep_seed * 1_000_003 + 7919 * (trial_id + 1)) % (2**31 - 1)
 
 
 def fused_group_model(**node: Any) -> L.LightningModule:

@@ -29,7 +29,7 @@ from typing_extensions import override
 from lightning_hydro.schedulers import RungStore, open_store
 from lightning_hydro.schedulers.rung_record import RungEntry, RungRecord
 from lightning_hydro.schedulers.rung_store import AppendResult
-from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec
+from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec, trial_seed
 from lightning_hydro.sweeper.job.early_stopping import SWEEP_TRIAL_PREFIX
 from lightning_hydro.sweeper.json_files import read_json, write_json_atomic
 from lightning_hydro.sweeper.planning.study_channel import ChannelSpec, StudyChannel
@@ -183,8 +183,6 @@ class GroupSearch:
 
     def seed(self, trial_id: int) -> int:
         """The seed an asked trial's module is built with (as the sweeper seeds its planned trials)."""
-        from lightning_hydro.sweeper.job.group_model import trial_seed
-
         return trial_seed(self.seeds[0], self.seeds[1], trial_id)
 
     def refill(

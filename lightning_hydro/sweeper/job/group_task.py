@@ -33,16 +33,15 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightning_hydro.callbacks.callback_arguments import MonitorNotLoggedError
 from lightning_hydro.sweeper.app_config import TRAINER_KEY
-from lightning_hydro.sweeper.group_spec import RESULT_FILE, GroupSpec, job_dirs, read_group_spec
+from lightning_hydro.sweeper.group_spec import ERROR_FILE, RESULT_FILE, GroupSpec, job_dirs, read_group_spec
 from lightning_hydro.sweeper.job.group_model import built_groups, describe_trials, rewrite_model_node
 from lightning_hydro.sweeper.job.rank_relaunch import job_scope
 from lightning_hydro.sweeper.planning.device_plan import assigned_trainer_devices
 
-__all__ = ["ERROR_FILE", "GroupResultMissing", "GroupTask", "SweepMetricNotLogged", "keys_concerned"]
+__all__ = ["GroupResultMissing", "GroupTask", "SweepMetricNotLogged", "keys_concerned"]
 
 log = logging.getLogger(__name__)
 
-ERROR_FILE = "job_error.txt"
 CKPT_PATH_KEY = "ckpt_path"  # lightning-hydra-template's "resume fit from this checkpoint" key
 
 

@@ -28,8 +28,6 @@ from lightning_hydro.schedulers.group_sizing import LinearCost, plan_group_size
 if TYPE_CHECKING:
     import lightning as L
 
-    from lightning_hydro.sweeper.job.fit_trials import TrainerFactory
-
 __all__ = ["FusionProbe", "fusion_limit_from_probe", "measure_fusion_limit", "probe_fusion"]
 
 
@@ -92,7 +90,7 @@ def probe_fusion(
     trial_ids: Sequence[int],
     *,
     datamodule: L.LightningDataModule,
-    trainer_factory: TrainerFactory,
+    trainer_factory: object,
     steps: int = 5,
     backend: str = "vmap",
     groups_per_device: int = 1,
@@ -103,8 +101,10 @@ def probe_fusion(
         build_module: builds the (seeded) module of a trial id.
         trial_ids: two trials of the partition (one if the partition has a single trial: it is built twice).
         datamodule: the partition's data.
-        trainer_factory: the app's Trainer settings; its ``accelerator`` and, if it names one GPU (``[i]``, as the
-            sweeper sets for a job it gave a GPU), its ``devices`` are used for the probe.
+        trainer_factory: the job's :class:`~lightning_hydro.sweeper.job.fit_trials.TrainerFactory` (the planning side
+            does not import the job's): its ``trainer_kwargs``, the app's Trainer settings, if it has them; their
+            ``accelerator`` and, if they name one GPU (``[i]``, as the sweeper sets for a job it gave a GPU),
+            ``devices`` are used for the probe.
         steps: training steps per measurement (the first is excluded from the time).
         backend: the fusion backend measured, the same at B=1 and B=2 (not ``auto``, whose choice could
             differ between the two and spoil the extrapolation); ``loop`` for trials that use manual optimization.
@@ -138,7 +138,7 @@ def measure_fusion_limit(
     trial_ids: Sequence[int],
     *,
     datamodule: L.LightningDataModule,
-    trainer_factory: TrainerFactory,
+    trainer_factory: object,
     safety_margin: float,
     max_limit: int,
     groups_per_device: int = 1,

@@ -20,13 +20,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
+from lightning_hydro.sweeper.group_spec import GroupKind
 from lightning_hydro.sweeper.planning.search_space import Configuration
 
-__all__ = ["GroupKind", "Partition", "Trial", "TrialGroup", "partition_label", "partition_of", "plan_groups"]
+__all__ = ["Partition", "Trial", "TrialGroup", "partition_label", "partition_of", "plan_groups"]
 
-GroupKind = Literal["search", "retrain", "probe"]
 Partition = tuple[tuple[str, str], ...]
 """The non-fusible (key, override text) pairs that a partition's trials share, in key order."""
 
