@@ -1,5 +1,12 @@
-"""Padded groups in a sweep: trials that differ only in searched hidden widths share one group.
+"""Group planning, the entry: a round's trials become the groups that train them (:class:`GroupPlanner`).
 
+Trials fuse only when they share every non-fusible value: a *partition*. Each round, :class:`GroupPlanner` chooses
+plain or padded groups, caps them by the fusion limit (a number, or measured per partition for ``auto``:
+:mod:`~lightning_hydro.sweeper.planning.fusion_limit`), gives each group its quota of a sweep-wide search, and adds
+them to the plan. Plain groups are cut by :func:`~lightning_hydro.sweeper.planning.trial_groups.plan_groups`; padded
+ones by :func:`plan_padded_groups` below.
+
+Padded groups: trials that differ only in searched hidden widths share one group.
 With ``hydra.sweeper.pad_widths`` (default true) a non-fusible key under ``model.`` whose searched values are
 all integers is a *width key*: it no longer splits trials into partitions. Inside each partition of the other
 non-fusible keys, trials are cut by :func:`~lightning_hydro.sweeper.planning.width_groups.group_by_padded_cost` (similar
@@ -18,15 +25,37 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lightning_hydro.stacking.width_plan import WidthPaddingError
-from lightning_hydro.sweeper.planning.trial_groups import Partition, Trial, TrialGroup, partition_label, partition_of
+from lightning_hydro.sweeper.planning.fusion_report import warn_if_nothing_fuses
+from lightning_hydro.sweeper.planning.settings import SweepSettings
+from lightning_hydro.sweeper.planning.sweep_search import partition_quotas
+from lightning_hydro.sweeper.planning.sweep_state import SweepState
+from lightning_hydro.sweeper.planning.trial_groups import (
+    Partition,
+    Trial,
+    TrialGroup,
+    partition_label,
+    partition_of,
+    plan_groups,
+)
 from lightning_hydro.sweeper.planning.width_groups import group_by_padded_cost
 
-__all__ = ["fused_options", "launch_report", "needs_padding", "plan_padded_groups", "width_keys"]
+__all__ = [
+    "GroupPlanner",
+    "fused_options",
+    "is_width_refusal",
+    "launch_report",
+    "needs_padding",
+    "padded_in",
+    "plan_padded_groups",
+    "split_refused",
+    "width_keys",
+]
 
 log = logging.getLogger(__name__)
 
@@ -143,3 +172,102 @@ def split_refused(group: TrialGroup, trials: Sequence[Trial], widths: Sequence[s
         TrialGroup(f"{group.group_id}_w{i}", group.kind, tuple(ids), min(group.slots, len(ids)), group.partition + part)
         for i, (part, ids) in enumerate(parts.items())
     ]
+
+
+def padded_in(partition: Partition, non_fusible: Sequence[str], searched: Sequence[str]) -> list[str]:
+    """The searched non-fusible keys a group of ``partition`` leaves free: its padded widths (none if plain).
+
+    Example::
+
+        >>> padded_in((("data.batch_size", "8"),), ["data.batch_size", "model.h"], ["data.batch_size", "model.h"])
+        ['model.h']
+    """
+    shared = dict(partition)
+    return [k for k in non_fusible if k in searched and k not in shared]
+
+
+class GroupPlanner:
+    """Plans each round's groups and keeps the fusion limits they are capped by.
+
+    A round goes: :meth:`choose_widths` (which width keys the round pads), then, for ``fusion_limit: auto``,
+    the sweeper probes each partition of :meth:`splitting_keys` whose limit is not known yet, then :meth:`plan`.
+
+    Args:
+        settings: the validated ``hydra.sweeper`` settings.
+        state: the sweep's plan, which :meth:`plan` adds the round's trials and groups to.
+        searched: the search space's keys.
+        continuous: a sweep-wide search (freed slots ask the sweep's sampler): each partition gets one group with a
+            quota, and no widths are padded (a freed slot may ask for any width).
+    """
+
+    def __init__(
+        self, settings: SweepSettings, state: SweepState, searched: Sequence[str], *, continuous: bool
+    ) -> None:
+        self.settings = settings
+        self.state = state
+        self.searched = list(searched)
+        self.continuous = continuous
+        self.padded_keys: list[str] = []
+
+    def choose_widths(self, trials: Sequence[Trial]) -> list[str]:
+        """Choose the width keys this round pads (none without ``pad_widths`` or in a sweep-wide search)."""
+        padding = self.settings.pad_widths and not self.continuous
+        self.padded_keys = width_keys(trials, self.settings.non_fusible) if padding else []
+        return self.padded_keys
+
+    def splitting_keys(self) -> list[str]:
+        """The non-fusible keys that split this round's trials into partitions (the padded widths do not)."""
+        return [k for k in self.settings.non_fusible if k not in self.padded_keys]
+
+    def plan(self, trials: Sequence[Trial], *, n_target: int) -> list[TrialGroup]:
+        """Group the round's ``trials`` (plain or padded), add them to the plan, and log the groups.
+
+        Args:
+            trials: the round's trials, in sampling order.
+            n_target: the trials the sweep asks for in all (a sweep-wide search's quotas share out the rest).
+        """
+        refill = self.settings.scheduler.name != "none" and self.settings.scheduler.refill
+        first_index = len(self.state.groups_of_kind("search"))
+        if self.padded_keys:
+            groups, overheads = plan_padded_groups(
+                trials,
+                non_fusible=self.settings.non_fusible,
+                widths=self.padded_keys,
+                fusion_limit=self.fusion_limit,
+                refill=refill,
+                max_overhead=self.settings.max_padding_overhead,
+                first_index=first_index,
+            )
+            log.info("%s", launch_report(groups, self.padded_keys, overheads))
+        else:
+            groups = plan_groups(
+                trials,
+                non_fusible=self.settings.non_fusible,
+                fusion_limit=self.fusion_limit,
+                refill=refill,
+                first_index=first_index,
+            )
+        if self.continuous:  # each partition's group asks for its share of the rest as slots free
+            groups = self._with_quotas(groups, asked=len(self.state.trials) + len(trials), n_target=n_target)
+        self.state.add(trials, groups)
+        warn_if_nothing_fuses(groups, self.splitting_keys(), self.searched)
+        sizes = ", ".join(f"{g.group_id}: {len(g.trial_ids)} [{partition_label(g.partition)}]" for g in groups)
+        log.info("lightning_hydro: %d new trials in %d groups (%s)", len(trials), len(groups), sizes)
+        return groups
+
+    def fusion_limit(self, partition: Partition) -> int:
+        """The most trials of ``partition`` trained at once: the setting, or the limit measured for it."""
+        limit = self.settings.fusion_limit
+        if isinstance(limit, int):
+            return limit
+        measured = self.state.fusion_limit(partition)
+        if measured is None:  # pragma: no cover - the sweeper probes every partition before it plans
+            raise RuntimeError(f"no fusion limit measured for {partition_label(partition)}")
+        return measured
+
+    def _with_quotas(self, groups: list[TrialGroup], *, asked: int, n_target: int) -> list[TrialGroup]:
+        """Give each group its partition's share of the trials not asked yet; slots: min(fusion limit, quota)."""
+        counts = {g.group_id: len(g.trial_ids) for g in groups}
+        quotas = partition_quotas(counts, sum(counts.values()) + max(0, n_target - asked))
+        self.state.quotas.update(quotas)
+        return [dataclasses.replace(g, slots=min(self.fusion_limit(g.partition), quotas[g.group_id])) for g in groups]

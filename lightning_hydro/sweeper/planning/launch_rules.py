@@ -28,13 +28,26 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from lightning_hydro.sweeper.planning.device_plan import DevicePlan
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-__all__ = ["LauncherKind", "TrainerPlacement", "check_launch", "launcher_kind", "plan_devices"]
+from lightning_hydro.sweeper.app_config import TRAINER_KEY
+from lightning_hydro.sweeper.planning.device_plan import DevicePlan, visible_gpus
+
+__all__ = [
+    "LauncherKind",
+    "TrainerPlacement",
+    "check_launch",
+    "launcher_kind",
+    "plan_devices",
+    "plan_sweep_devices",
+]
+
+log = logging.getLogger(__name__)
 
 LauncherKind = Literal["basic", "joblib", "submitit_local", "submitit_slurm", "ray", "other"]
 _ON_THIS_MACHINE = ("basic", "joblib", "submitit_local")
@@ -172,3 +185,57 @@ def check_launch(
             f"{tasks_per_node}: on SLURM each rank is a task that SLURM starts. Fix: "
             f"hydra.launcher.tasks_per_node={processes} hydra.launcher.gpus_per_node={processes}."
         )
+
+
+def plan_sweep_devices(
+    config: DictConfig, *, devices_per_group: int | None, groups_per_device: int
+) -> DevicePlan | None:
+    """Refuse a launcher that cannot run the jobs' Trainers; deal the GPUs this machine sees to the jobs.
+
+    Args:
+        config: the app config (``hydra.launcher`` and ``trainer.accelerator``/``devices``/``strategy`` are read).
+        devices_per_group: ``hydra.sweeper.devices_per_group``.
+        groups_per_device: ``hydra.sweeper.groups_per_device``.
+
+    Returns:
+        The GPUs dealt to the jobs (:func:`plan_devices`), or ``None``.
+
+    Raises:
+        ValueError: for a launcher and Trainer that cannot work together (:func:`check_launch`).
+    """
+    launcher = config.hydra.launcher
+    kind = launcher_kind(str(launcher.get("_target_", "")))
+    placement = TrainerPlacement.from_config(_trainer_placement(config))
+    gpus = visible_gpus()
+    plan = plan_devices(
+        kind,
+        placement,
+        gpus,
+        devices_per_group=devices_per_group,
+        groups_per_device=groups_per_device,
+    )
+    processes = len(plan.blocks[0]) if plan is not None else placement.processes(len(gpus))
+    tasks_per_node = launcher.get("tasks_per_node")
+    check_launch(kind, placement, gpus=len(gpus), processes=processes, tasks_per_node=tasks_per_node)
+    if plan is not None:
+        log.info(
+            "lightning_hydro: %d GPU(s) in %d block(s) of %d, at most %d group job(s) per block at a time%s",
+            len(gpus),
+            len(plan.blocks),
+            len(plan.blocks[0]),
+            plan.groups_per_device,
+            f" ({len(plan.idle)} GPU(s) idle: they make no whole block)" if plan.idle else "",
+        )
+    elif devices_per_group is not None:
+        where = "the cluster places them" if kind not in _ON_THIS_MACHINE else "no GPU is used"
+        log.info("lightning_hydro: hydra.sweeper.devices_per_group is not applied: %s", where)
+    return plan
+
+
+def _trainer_placement(config: DictConfig) -> dict[str, Any]:
+    """The app config's ``trainer.accelerator``, ``devices`` and ``strategy`` (unset ones left out)."""
+    found: dict[str, Any] = {}
+    for key in ("accelerator", "devices", "strategy"):
+        node = OmegaConf.select(config, f"{TRAINER_KEY}.{key}", default=None)
+        found[key] = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig | ListConfig) else node
+    return {k: v for k, v in found.items() if v is not None}
