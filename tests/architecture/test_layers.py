@@ -143,3 +143,20 @@ def test_the_sweepers_top_holds_the_entry_the_contract_and_old_paths_only():
             for alias in (node.names if isinstance(node, ast.Import) else [None])
         }
         assert imports == {"lightning_hydro._deprecation"}, f"sweeper/{path.name} is neither shared nor an old path"
+
+
+def test_only_the_sweepers_settings_read_the_hydra_plugins_config_node():
+    # The Hydra plugin's config node is where each hydra.sweeper default is written; the settings read their
+    # defaults from it, and nothing else of ours imports the plugin (which forwards to the sweeper, above it).
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            for name in names:
+                if name.split(".")[0] == "hydra_plugins":
+                    found.setdefault(str(path.relative_to(PACKAGE)), set()).add(name)
+    assert found == {"sweeper/planning/settings.py": {"hydra_plugins.lightning_hydro_sweeper.config"}}

@@ -1,6 +1,9 @@
 """Validated sweeper settings: ``hydra.sweeper.*`` checked once, before any job starts.
 
-Every error names the setting, what was expected, what came, and how to fix it.
+Every error names the setting, what was expected, what came, and how to fix it. Every default is written once, in
+the Hydra config node (:class:`~hydra_plugins.lightning_hydro_sweeper.config.LightningHydroSweeperConf` and its
+sections, which Hydra's plugin discovery imports without torch): :meth:`SweepSettings.from_config` fills what it is
+not given from there, and the plugin's Sweeper passes the node's fields on as they are.
 
 Example::
 
@@ -17,11 +20,17 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
 
+from hydra_plugins.lightning_hydro_sweeper.config import (
+    FusionProbeConf,
+    LightningHydroSweeperConf,
+    RetrainConf,
+    SchedulerConf,
+)
 from lightning_hydro.sweeper.planning.samplers import SAMPLERS
 from lightning_hydro.sweeper.planning.study_channel import is_learning_sampler
 
@@ -38,28 +47,28 @@ _P = "lightning_hydro sweeper"
 class SchedulerSettings:
     """``hydra.sweeper.scheduler``: early stopping inside each group (named as the callbacks name it)."""
 
-    name: str = "none"
-    reduction_factor: float = 3.0
-    grace_period: int = 1
-    max_t: int | None = None
-    refill: bool = True
-    options: dict[str, Any] = field(default_factory=dict)
+    name: str
+    reduction_factor: float
+    grace_period: int
+    max_t: int | None
+    refill: bool
+    options: dict[str, Any]
 
 
 @dataclass(frozen=True)
 class ProbeSettings:
     """``hydra.sweeper.probe``: how ``fusion_limit: auto`` turns a probe into a limit."""
 
-    safety_margin: float = 0.2
-    max_limit: int = 64
+    safety_margin: float
+    max_limit: int
 
 
 @dataclass(frozen=True)
 class RetrainSettings:
     """``hydra.sweeper.retrain``: final full-scale jobs for the best configurations."""
 
-    top_k: int = 0
-    overrides: tuple[str, ...] = ()
+    top_k: int
+    overrides: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -78,13 +87,13 @@ class SweepSettings:
     scheduler: SchedulerSettings
     probe: ProbeSettings
     retrain: RetrainSettings
-    compile: bool | Literal["reduce-overhead"] = False
-    storage: str | None = None
-    plots: bool = True
-    pad_widths: bool = True
-    max_padding_overhead: float = 1.0
-    devices_per_group: int | None = None
-    groups_per_device: int = 1
+    compile: bool | Literal["reduce-overhead"]
+    storage: str | None
+    plots: bool
+    pad_widths: bool
+    max_padding_overhead: float
+    devices_per_group: int | None
+    groups_per_device: int
 
     @property
     def continuous(self) -> bool:
@@ -92,34 +101,41 @@ class SweepSettings:
         return is_learning_sampler(self.sampler) and self.scheduler.name in ("asha", "hyperband", "deadline")
 
     @classmethod
-    def from_config(
-        cls,
-        *,
-        sampler: str = "random",
-        n_trials: int | None = None,
-        seed: int = 0,
-        metric: str = "val_loss",
-        mode: str = "min",
-        non_fusible: Sequence[str] = (),
-        fusion_limit: Any = 16,
-        round_size: int | None = None,
-        params: Mapping[str, Any] | None = None,
-        scheduler: Mapping[str, Any] | None = None,
-        probe: Mapping[str, Any] | None = None,
-        retrain: Mapping[str, Any] | None = None,
-        compile: Any = False,
-        storage: str | None = None,
-        plots: bool = True,
-        pad_widths: bool = True,
-        max_padding_overhead: float = 1.0,
-        devices_per_group: int | None = None,
-        groups_per_device: int = 1,
-    ) -> SweepSettings:
+    def from_config(cls, **given: Any) -> SweepSettings:
         """Validate the fields of ``hydra.sweeper`` (plain values, dicts or DictConfigs).
 
+        Args:
+            given: any fields of :class:`~hydra_plugins.lightning_hydro_sweeper.config.LightningHydroSweeperConf`
+                (its ``_target_`` aside); the others take the defaults written there.
+
         Raises:
+            TypeError: for a field that ``hydra.sweeper`` does not have.
             ValueError: naming the first invalid setting and how to fix it.
         """
+        defaults = _defaults(LightningHydroSweeperConf())
+        unknown = sorted(set(given) - set(defaults))
+        if unknown:
+            raise TypeError(
+                f"SweepSettings.from_config() got unexpected keyword argument(s) {unknown}; hydra.sweeper has "
+                f"{sorted(defaults)}."
+            )
+        values = {**defaults, **given}
+        sampler: str = values["sampler"]
+        n_trials: int | None = values["n_trials"]
+        seed: int = values["seed"]
+        metric: str = values["metric"]
+        mode: str = values["mode"]
+        non_fusible: Sequence[str] = values["non_fusible"]
+        fusion_limit: Any = values["fusion_limit"]
+        round_size: int | None = values["round_size"]
+        params: Mapping[str, Any] | None = values["params"]
+        compile: Any = values["compile"]
+        storage: str | None = values["storage"]
+        plots: bool = values["plots"]
+        pad_widths: bool = values["pad_widths"]
+        max_padding_overhead: float = values["max_padding_overhead"]
+        devices_per_group: int | None = values["devices_per_group"]
+        groups_per_device: int = values["groups_per_device"]
         if sampler not in SAMPLERS and not is_learning_sampler(sampler):
             raise ValueError(
                 f"{_P}: unknown sampler {sampler!r}; expected one of {list(SAMPLERS)}. Fix: e.g. "
@@ -180,9 +196,9 @@ class SweepSettings:
             fusion_limit=_fusion_limit(fusion_limit),
             round_size=round_size,
             params=_param_lines(params),
-            scheduler=_scheduler(_plain(scheduler)),
-            probe=_probe(_plain(probe)),
-            retrain=_retrain(_plain(retrain)),
+            scheduler=_scheduler(_plain(given.get("scheduler"))),
+            probe=_probe(_plain(given.get("probe"))),
+            retrain=_retrain(_plain(given.get("retrain"))),
             compile=compile,
             storage=storage,
             plots=plots,
@@ -210,6 +226,15 @@ class SweepSettings:
             **({"max_padding_overhead": self.max_padding_overhead} if self.max_padding_overhead != 1.0 else {}),
             **({"storage": self.storage} if self.storage is not None else {}),
         }
+
+
+def _defaults(conf: Any) -> dict[str, Any]:
+    """The defaults of ``hydra.sweeper`` or of one of its sections, as the Hydra config node writes them.
+
+    A fresh instance each time (its lists and dicts are not shared); ``_target_`` is Hydra's, not a setting. A
+    section given in part keeps the other defaults of that section.
+    """
+    return {f.name: getattr(conf, f.name) for f in fields(conf) if f.name != "_target_"}
 
 
 def _plain(node: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -264,8 +289,9 @@ def _flatten(tree: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     return out
 
 
-def _scheduler(raw: dict[str, Any]) -> SchedulerSettings:
-    raw = dict(raw)
+def _scheduler(given: dict[str, Any]) -> SchedulerSettings:
+    defaults = {k: v for k, v in _defaults(SchedulerConf()).items() if k not in _RENAMED_SETTINGS}
+    raw = {**defaults, **given}
     for old, new in _RENAMED_SETTINGS.items():
         value = raw.pop(old, None)
         if value is None:
@@ -276,7 +302,7 @@ def _scheduler(raw: dict[str, Any]) -> SchedulerSettings:
             DeprecationWarning,
             stacklevel=2,
         )
-        default = SchedulerSettings.__dataclass_fields__[new].default
+        default = defaults[new]
         if raw.get(new, default) not in (default, value):
             raise ValueError(
                 f"{_P}: hydra.sweeper.scheduler.{old}={value} and {new}={raw[new]} disagree; {old} is the old name "
@@ -317,8 +343,8 @@ def _scheduler(raw: dict[str, Any]) -> SchedulerSettings:
     return settings
 
 
-def _probe(raw: dict[str, Any]) -> ProbeSettings:
-    settings = ProbeSettings(**raw)
+def _probe(given: dict[str, Any]) -> ProbeSettings:
+    settings = ProbeSettings(**{**_defaults(FusionProbeConf()), **given})
     if not 0.0 <= settings.safety_margin < 1.0:
         raise ValueError(f"{_P}: hydra.sweeper.probe.safety_margin must be in [0, 1), got {settings.safety_margin}.")
     if settings.max_limit < 1:
@@ -326,8 +352,9 @@ def _probe(raw: dict[str, Any]) -> ProbeSettings:
     return settings
 
 
-def _retrain(raw: dict[str, Any]) -> RetrainSettings:
-    settings = RetrainSettings(top_k=int(raw.get("top_k", 0)), overrides=tuple(raw.get("overrides", ())))
+def _retrain(given: dict[str, Any]) -> RetrainSettings:
+    raw = {**_defaults(RetrainConf()), **given}
+    settings = RetrainSettings(top_k=int(raw["top_k"]), overrides=tuple(raw["overrides"]))
     if settings.top_k < 0:
         raise ValueError(f"{_P}: hydra.sweeper.retrain.top_k must be >= 0, got {settings.top_k}.")
     return settings
