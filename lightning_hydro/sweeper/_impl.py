@@ -11,6 +11,12 @@ A sweep, start to end:
 5. write ``results.json``, ``results.csv`` and ``plots/``, and log a table of the best trials.
 
 A rerun with the same ``hydra.sweep.dir`` skips finished groups and relaunches the others.
+
+This class runs the sweep in that order; each step's work lives in ``sweeper/planning/``: the settings
+(``settings.py``), the groups (``grouping.py``), what each job is told (``job_specs.py``, the contract in
+``sweeper/group_spec.py``), launching (``group_launcher.py``, ``launch_rules.py``), the plan (``sweep_state.py``)
+and the results (``reports.py``, ``plots.py``). The jobs run the user's task function through
+``sweeper/job/group_task.py``.
 """
 
 from __future__ import annotations
