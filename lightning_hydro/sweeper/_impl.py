@@ -216,8 +216,7 @@ class LightningHydroSweeperImpl(Sweeper):
     def _n_target(self) -> int:
         if isinstance(self.sampler, GridSampler):
             return self.sampler.max_trials
-        if self.settings.n_trials is None:  # pragma: no cover - rejected by SweepSettings
-            raise ValueError("n_trials is required")
+        assert self.settings.n_trials is not None  # SweepSettings.from_config refuses none but for grid
         return self.settings.n_trials
 
     def _round_size(self, n_target: int) -> int:

@@ -59,8 +59,7 @@ def relaunched_job(env: Mapping[str, str] | None = None) -> RelaunchedJob | None
             "uses DDP starts its own ranks."
         )
     spec = read_group_spec(Path(sweep), group)
-    if spec is None:  # pragma: no cover - read_group_spec raises for a named group without a spec
-        raise FileNotFoundError(f"lightning_hydro sweeper: no spec of group {group} in {sweep}.")
+    assert spec is not None  # read_group_spec raises FileNotFoundError for a named group without a spec
     return RelaunchedJob(group, Path(sweep), [*spec.launch, f"hydra.sweep.dir={_quoted(sweep)}"])
 
 
