@@ -1,8 +1,9 @@
 """Config of the ``lightning_hydro`` sweeper, registered as ``hydra/sweeper=lightning_hydro``.
 
 Hydra imports this module at every application start (plugin discovery), so it imports nothing but
-Hydra and the standard library. The fields are validated by ``lightning_hydro.sweeper`` when the sweep
-starts, before any job is launched.
+Hydra and the standard library. This is where every default of ``hydra.sweeper`` is written, once: the Sweeper
+passes the fields on as they come, and ``lightning_hydro.sweeper.planning.settings`` reads its defaults from here
+when it validates them, as the sweep starts and before any job is launched.
 """
 
 from dataclasses import dataclass, field
