@@ -28,8 +28,8 @@ class SchedulerConf:
             (each partition then runs as one job); ``false`` splits partitions into groups of at most
             the fusion limit, one job each.
         options: further keyword arguments of the callback (e.g. ``deadline`` in seconds for ``deadline``).
-        min_budget: deprecated name of ``grace_period`` (a DeprecationWarning; removed in the next release).
-        max_budget: deprecated name of ``max_t`` (a DeprecationWarning; removed in the next release).
+        min_budget: deprecated name of ``grace_period`` (a DeprecationWarning; removed in 0.3.0).
+        max_budget: deprecated name of ``max_t`` (a DeprecationWarning; removed in 0.3.0).
     """
 
     name: str = "none"

@@ -21,6 +21,7 @@ from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from lightning_hydro._deprecation import removal_version
 from lightning_hydro.sweeper.json_files import CorruptStateFile, read_json, read_json_or_redo, write_json_atomic
 
 __all__ = [
@@ -109,7 +110,7 @@ class EarlyStoppingSpec:
         for old, (new, value) in renamed.items():
             warnings.warn(
                 f"EarlyStoppingSpec({old}) is renamed {new} (the callbacks' name); pass {new}={value!r}. The old "
-                "name will be removed in the next release.",
+                f"name will be removed in {removal_version()}.",
                 DeprecationWarning,
                 stacklevel=3,
             )

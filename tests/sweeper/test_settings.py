@@ -1,5 +1,6 @@
 import dataclasses
 import inspect
+import re
 
 import pytest
 from hydra.core.config_store import ConfigStore
@@ -8,6 +9,7 @@ from omegaconf import OmegaConf
 import lightning_hydro.sweeper._impl as sweeper_impl
 from hydra_plugins.lightning_hydro_sweeper.config import LightningHydroSweeperConf
 from hydra_plugins.lightning_hydro_sweeper.lightning_hydro_sweeper import LightningHydroSweeper
+from lightning_hydro._deprecation import removal_version
 from lightning_hydro.sweeper.planning.settings import ProbeSettings, RetrainSettings, SchedulerSettings, SweepSettings
 
 
@@ -196,7 +198,8 @@ def test_width_padding_settings():
     [("min_budget", "grace_period", 2), ("max_budget", "max_t", 9), ("name", "name", "hypersched")],
 )
 def test_old_scheduler_names_still_work_with_a_deprecation_warning(old, new, value):
-    with pytest.warns(DeprecationWarning, match=rf"hydra.sweeper.scheduler.{old}.* is renamed .*removed in the next"):
+    expected_warning = rf"hydra.sweeper.scheduler.{old}.* is renamed .*removed in {re.escape(removal_version())}\.$"
+    with pytest.warns(DeprecationWarning, match=expected_warning):
         settings = SweepSettings.from_config(n_trials=4, scheduler={old: value})
     expected = "deadline" if value == "hypersched" else value
     assert getattr(settings.scheduler, new) == expected

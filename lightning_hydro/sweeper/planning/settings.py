@@ -31,6 +31,7 @@ from hydra_plugins.lightning_hydro_sweeper.config import (
     RetrainConf,
     SchedulerConf,
 )
+from lightning_hydro._deprecation import removal_version
 from lightning_hydro.sweeper.planning.samplers import SAMPLERS
 from lightning_hydro.sweeper.planning.study_channel import is_learning_sampler
 
@@ -298,7 +299,8 @@ def _scheduler(given: dict[str, Any]) -> SchedulerSettings:
             continue
         warnings.warn(
             f"{_P}: hydra.sweeper.scheduler.{old} is renamed {new} (the callbacks' name); use "
-            f"hydra.sweeper.scheduler.{new}={value}. The old name will be removed in the next release.",
+            f"hydra.sweeper.scheduler.{new}={value}. The old name will be removed in "
+            f"{removal_version()}.",
             DeprecationWarning,
             stacklevel=2,
         )
@@ -314,7 +316,8 @@ def _scheduler(given: dict[str, Any]) -> SchedulerSettings:
         raw["name"] = _RENAMED_SCHEDULERS[name]
         warnings.warn(
             f"{_P}: hydra.sweeper.scheduler.name={name} is renamed {raw['name']} (the Deadline callback); use "
-            f"hydra.sweeper.scheduler.name={raw['name']}. The old name will be removed in the next release.",
+            f"hydra.sweeper.scheduler.name={raw['name']}. The old name will be removed in "
+            f"{removal_version()}.",
             DeprecationWarning,
             stacklevel=2,
         )
