@@ -1,6 +1,6 @@
 """After a fused fit, the user's ``ModelCheckpoint`` answers as for one model: ``best_model_path`` is the best trial's
 own checkpoint, which ``MyModule.load_from_checkpoint`` loads; the group checkpoint has its own name and loader
-(lightning_hydro/fused/trial_model_checkpoint.py, lightning_hydro/fused/group_checkpoint.py)."""
+(lightning_hydro/fused/lightning/model_checkpoint.py, lightning_hydro/fused/lightning/group_checkpoint.py)."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ def test_old_rule_names_still_work_with_a_deprecation_warning(old: str, new: str
 
 def test_the_trial_vocabulary_is_one_set_of_names() -> None:
     trial_ending = importlib.import_module("lightning_hydro.callbacks.trial_ending")
-    fused_module = importlib.import_module("lightning_hydro.fused.fused_module")
+    fused_module = importlib.import_module("lightning_hydro.fused.module")
     fit_trials = importlib.import_module("lightning_hydro.sweeper.fit_trials")
 
     assert fused_module.TrialStatus is schedulers.TrialStatus

@@ -17,7 +17,7 @@ Lightning's automatic optimization drives the step; the fused module's hooks han
 4. :mod:`.row_health` (``optimizer_step``) absorbs the step's report on the device; the fused module reads it
    back on a schedule (optimizer steps 1, 2, 4, ..., then every 32 on an accelerator, every step on the CPU),
    at epoch ends and before slot changes, and frees diverged trials' slots then
-   (:mod:`lightning_hydro.fused.trial_roster`).
+   (:mod:`lightning_hydro.fused.roster`).
 5. :mod:`.compiled_update`: with ``compile=True`` stage 3's device work runs under ``torch.compile`` (the
    forward and backward of stage 1 already do: :mod:`lightning_hydro.backends.compiled_step`).
 

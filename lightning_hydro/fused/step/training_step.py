@@ -3,10 +3,10 @@
 Lightning calls the fused module's ``training_step`` inside its closure. For a group of B trials it
 
 1. takes the backend the policy says (on the first batch ``backend="auto"`` times the candidates, and each
-   trial's first batch is verified against its own module: :mod:`lightning_hydro.fused.backend_policy`);
+   trial's first batch is verified against its own module: :mod:`lightning_hydro.fused.step.backend_policy`);
 2. runs every trial's own ``training_step`` with its row of the stacked state in one backend call (each trial's
-   Python state swapped in around it: :meth:`~lightning_hydro.fused.backend_policy.BackendPolicy.run_training`);
-3. books what the trials logged, per trial, on the device (:mod:`lightning_hydro.fused.trial_publisher`);
+   Python state swapped in around it: :meth:`~lightning_hydro.fused.step.backend_policy.BackendPolicy.run_training`);
+3. books what the trials logged, per trial, on the device (:mod:`lightning_hydro.fused.logging.publisher`);
 4. records which ``[B]`` losses are finite (:mod:`.row_health`; under DDP a row bad on any rank is bad on all,
    :mod:`lightning_hydro.fused.rank_sync`) and returns the sum of the finite ones: each trial's gradient is then
    its own (a sum, not a mean), and a non-finite trial adds nothing.
@@ -23,10 +23,10 @@ from torch import Tensor
 
 from lightning_hydro.backends import Backend
 from lightning_hydro.backends.errors import explain_backward_error
-from lightning_hydro.fused.backend_policy import BackendPolicy, Chooser
+from lightning_hydro.fused.logging.publisher import TrialPublisher
 from lightning_hydro.fused.rank_sync import RankSync
+from lightning_hydro.fused.step.backend_policy import BackendPolicy, Chooser
 from lightning_hydro.fused.step.row_health import RowHealth
-from lightning_hydro.fused.trial_publisher import TrialPublisher
 
 __all__ = ["TrainingStep"]
 

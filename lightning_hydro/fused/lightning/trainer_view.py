@@ -8,7 +8,7 @@ builds its optimizer from ``self.trainer.model.parameters()`` (the FSDP-friendly
 (``trainer.strategy._lightning_optimizers``), ``self.lr_schedulers()`` (``trainer.lr_scheduler_configs``),
 ``self.manual_backward`` and ``toggle_optimizer`` (``trainer.strategy``, ``trainer.optimizers``). Each trial module
 is therefore attached to a view of the real Trainer that answers those questions for that trial (the optimizers
-and schedulers the trial's own ``configure_optimizers`` built: see :mod:`.trial_strategy`) and forwards everything
+and schedulers the trial's own ``configure_optimizers`` built: see :mod:`.strategy_view`) and forwards everything
 else (attribute reads and writes) to the real Trainer.
 
 Example::
@@ -33,7 +33,7 @@ import lightning as L
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 from torch.optim import Optimizer
 
-from lightning_hydro.fused.trial_strategy import (
+from lightning_hydro.fused.lightning.strategy_view import (
     TrialOptimizerSource,
     TrialStrategyView,
     refuse_inside_vmap,
@@ -116,7 +116,7 @@ class TrialTrainerView:
 
     @property
     def strategy(self) -> Any:
-        """The strategy as the trial sees it (its own optimizers, backward and steps: :mod:`.trial_strategy`)."""
+        """The strategy as the trial sees it (its own optimizers, backward and steps: :mod:`.strategy_view`)."""
         if self._source is None:
             return self._trainer.strategy
         view = self._strategy_view

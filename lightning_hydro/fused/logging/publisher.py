@@ -1,6 +1,6 @@
 """``TrialPublisher``: what a fused group tells Lightning's loggers and progress bar, per trial.
 
-What each trial's code logs is kept per trial in :class:`~lightning_hydro.fused.trial_metrics.TrialMetrics`. The
+What each trial's code logs is kept per trial in :class:`~lightning_hydro.fused.logging.metrics.TrialMetrics`. The
 publisher hands it on under ``"{name}/trial_{id}"``: step values straight to the loggers (every
 ``log_every_n_steps``), epoch values through the fused module's ``self.log`` (so that callbacks and LR schedulers
 monitoring ``"val_loss/trial_3"`` see them) and into each trial's record, and the count of running, stopped and
@@ -25,10 +25,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_hydro.backends import StackedLog
-from lightning_hydro.fused.trial_book import TrialBook
-from lightning_hydro.fused.trial_hooks import record_step_logs
-from lightning_hydro.fused.trial_metrics import TrialMetrics
-from lightning_hydro.fused.trial_slots import TrialSlots
+from lightning_hydro.fused.group.book import TrialBook
+from lightning_hydro.fused.group.slots import TrialSlots
+from lightning_hydro.fused.lightning.hooks import record_step_logs
+from lightning_hydro.fused.logging.metrics import TrialMetrics
 from lightning_hydro.schedulers.trial_record import TrialRecord, best_trial
 
 __all__ = ["LogFunction", "TrialPublisher", "chosen_trial"]

@@ -23,8 +23,8 @@ Example::
     >>> import torch
     >>> from torch import nn
     >>> from lightning_hydro.demos import DigitsMLP
-    >>> from lightning_hydro.fused.backend_policy import BackendPolicy
-    >>> from lightning_hydro.fused.trial_slots import TrialSlots
+    >>> from lightning_hydro.fused.step.backend_policy import BackendPolicy
+    >>> from lightning_hydro.fused.group.slots import TrialSlots
     >>> slots = TrialSlots(nn.Module(), [DigitsMLP(hidden_dim=8) for _ in range(3)], [0, 1, 2], max_slots=3)
     >>> policy = BackendPolicy("vmap", slots, verify=False, deterministic=False)
     >>> _ = slots.stop(1, "stopped", "a decision")
@@ -42,8 +42,8 @@ import torch
 from torch import nn
 
 from lightning_hydro.backends import Backend, make_backend
-from lightning_hydro.fused.backend_policy import BackendPolicy
-from lightning_hydro.fused.trial_slots import TrialSlots
+from lightning_hydro.fused.group.slots import TrialSlots
+from lightning_hydro.fused.step.backend_policy import BackendPolicy
 from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = ["EvaluationLayout"]

@@ -40,7 +40,7 @@ from lightning_hydro.backends.trial_attributes import differing_attributes as sc
 from lightning_hydro.backends.trial_attributes import uncompared_reads
 from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.backends.vmap_backend import MethodCaller
-from lightning_hydro.fused.argument_check import check_python_arguments
+from lightning_hydro.fused.verify.python_arguments import check_python_arguments
 
 _log = logging.getLogger(__name__)
 
@@ -299,7 +299,7 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
     against a float64 run of the trial's own step (or ``eps * sqrt(n) * |own|``, if larger), and the fused
     step run in float64 still differs from the trial's own float64 step (a float32-only difference is rounding
     that flipped a discontinuity, such as a ReLU's kink). Then, in training mode, the Python values the step
-    hands to torch are compared (:mod:`.argument_check`: a dropout rate is invisible in eval mode).
+    hands to torch are compared (:mod:`.python_arguments`: a dropout rate is invisible in eval mode).
 
     Returns:
         False if the step returned no loss for this batch (check again on the next one).

@@ -4,9 +4,9 @@ A user who trains one model writes ``ModelCheckpoint(monitor="val/acc")``, ``Ear
 and ``LearningRateMonitor()``. A fused group logs ``"val/acc/trial_{id}"``, so these callbacks, unchanged,
 find no ``"val/acc"``. At fit start (``FusedLightningModule.configure_callbacks``) :func:`per_trial_callbacks`
 replaces each of them by a group version that runs one copy of the user's callback per trial, its hooks
-called with the Trainer as that trial sees it (:class:`~lightning_hydro.fused.callback_view.CallbackTrainerView`):
+called with the Trainer as that trial sees it (:class:`~.callback_view.CallbackTrainerView`):
 
-- :class:`~.trial_model_checkpoint.TrialModelCheckpoint`: each trial's copy keeps that trial's best/last
+- :class:`~.model_checkpoint.TrialModelCheckpoint`: each trial's copy keeps that trial's best/last
   checkpoints in ``{dirpath}/trial_{id}/``, written as checkpoints of the trial's own module
   (``MyModule.load_from_checkpoint`` loads them); the group's own checkpoint goes to ``{dirpath}/`` (the latest
   epoch, and ``last.ckpt`` with ``save_last``), to resume the group; ``best_model_path`` (of
@@ -42,8 +42,8 @@ from lightning.pytorch.callbacks import (
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from typing_extensions import override
 
-from lightning_hydro.fused.callback_view import CallbackTrainerView, LogBuffer, TrialCopies
-from lightning_hydro.fused.trial_model_checkpoint import TrialModelCheckpoint
+from lightning_hydro.fused.lightning.callback_view import CallbackTrainerView, LogBuffer, TrialCopies
+from lightning_hydro.fused.lightning.model_checkpoint import TrialModelCheckpoint
 
 __all__ = [
     "CallbackNotPerTrialError",

@@ -1,10 +1,10 @@
 """``TrialRoster``: trials leave and join a running fused group here, and every part of the group hears of it.
 
 A trial leaves by a decision (``stop_trial``) or by diverging; one joins into a free slot (``add_trial``). The
-slots (:class:`~lightning_hydro.fused.trial_slots.TrialSlots`) change the rows, the records and the optimizer
+slots (:class:`~lightning_hydro.fused.group.slots.TrialSlots`) change the rows, the records and the optimizer
 state as one operation; around it the roster keeps the rest of the group in step: the rows' health is read back
 first (a trial found diverged leaves as such), the per-trial metrics and health re-slot, Lightning's LR scheduler
-configs follow (:class:`~lightning_hydro.fused.trial_optimizers.TrialOptimizers`), and the backend policy hears
+configs follow (:class:`~lightning_hydro.fused.optimization.TrialOptimizers`), and the backend policy hears
 of the new group size. The health schedule lives here too: after each optimizer step the rows' report is
 absorbed on the device, and at a batch's end (when due) it is read back, booking steps and stopping diverged
 trials.
@@ -21,12 +21,12 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from lightning_hydro.fused.backend_policy import BackendPolicy
+from lightning_hydro.fused.evaluation.modes import TrialModes
+from lightning_hydro.fused.lightning.trainer_view import attach_trainer
+from lightning_hydro.fused.logging.metrics import TrialMetrics
+from lightning_hydro.fused.optimization import TrialOptimizers
+from lightning_hydro.fused.step.backend_policy import BackendPolicy
 from lightning_hydro.fused.step.row_health import HealthReadback, RowHealth
-from lightning_hydro.fused.trainer_view import attach_trainer
-from lightning_hydro.fused.trial_metrics import TrialMetrics
-from lightning_hydro.fused.trial_modes import TrialModes
-from lightning_hydro.fused.trial_optimizers import TrialOptimizers
 from lightning_hydro.optim.group_optimizer import StepReport
 from lightning_hydro.schedulers.trial_record import TrialStatus
 

@@ -2,7 +2,7 @@
 
 A user who trains one model writes ``ModelCheckpoint(monitor="val/acc", mode="max", save_last=True)`` and, after
 ``fit``, loads ``MyModule.load_from_checkpoint(trainer.checkpoint_callback.best_model_path)`` (or reads the same from
-their own callback object). In a fused group this callback (which :func:`~.trial_callbacks.per_trial_callbacks`
+their own callback object). In a fused group this callback (which :func:`~.callbacks.per_trial_callbacks`
 puts in place of the user's at fit start) writes three kinds of file, all under the user's ``dirpath``:
 
 - **each trial's own checkpoints**, in ``{dirpath}/trial_{id}/``: a copy of the user's callback per trial, with
@@ -20,7 +20,7 @@ callback **and of the user's own ``ModelCheckpoint`` object** answer as one call
 ``save_top_k`` best over all trials' checkpoints. ``trainer.test(fused, ckpt_path=best_model_path)`` (or
 ``ckpt_path="best"``), lightning-hydra-template's ``train.py`` after fit, is recognised by the fused module: a
 trial's own checkpoint given to a fused group restores the group from this callback's group checkpoint and tests
-every trial, as before (:func:`~.group_checkpoint.group_checkpoint_for_trial`).
+every trial, as before (:func:`~lightning_hydro.fused.lightning.group_checkpoint.group_checkpoint_for_trial`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from typing_extensions import override
 
-from lightning_hydro.fused.callback_view import CallbackTrainerView, TrialCopies
+from lightning_hydro.fused.lightning.callback_view import CallbackTrainerView, TrialCopies
 
 __all__ = ["TrialModelCheckpoint"]
 

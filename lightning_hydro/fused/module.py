@@ -34,30 +34,30 @@ from lightning_hydro.backends import BackendName
 from lightning_hydro.backends.auto import choose_backend
 from lightning_hydro.backends.compiled_step import CompileSetting, check_compile_setting
 from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments, check_precision
-from lightning_hydro.fused.backend_policy import BackendPolicy
-from lightning_hydro.fused.evaluation_steps import EvaluationSteps, predictions_by_trial
-from lightning_hydro.fused.group_checkpoint import (
+from lightning_hydro.fused.evaluation.modes import TrialModes
+from lightning_hydro.fused.evaluation.steps import EvaluationSteps, predictions_by_trial
+from lightning_hydro.fused.group.slots import TrialSlots
+from lightning_hydro.fused.group.specs import trials_from_configs
+from lightning_hydro.fused.group.width_padding import width_optimizer_path
+from lightning_hydro.fused.lightning.callbacks import per_trial_callbacks, refuse_module_callbacks
+from lightning_hydro.fused.lightning.group_checkpoint import (
     CHECKPOINT_KEY,
     group_checkpoint_for_trial,
     group_state,
     load_group_checkpoint,
     restore_group,
 )
-from lightning_hydro.fused.manual_steps import ManualSteps, choose_loop_for_manual
+from lightning_hydro.fused.lightning.hooks import forward_hook, hide_absent_hooks
+from lightning_hydro.fused.lightning.trainer_view import attach_trainer
+from lightning_hydro.fused.logging.metrics import TrialMetrics
+from lightning_hydro.fused.logging.publisher import TrialPublisher
+from lightning_hydro.fused.optimization import TrialOptimizers
 from lightning_hydro.fused.rank_sync import RankSync
+from lightning_hydro.fused.roster import TrialRoster
+from lightning_hydro.fused.step.backend_policy import BackendPolicy
+from lightning_hydro.fused.step.manual_steps import ManualSteps, choose_loop_for_manual
 from lightning_hydro.fused.step.row_health import RowHealth
 from lightning_hydro.fused.step.training_step import TrainingStep
-from lightning_hydro.fused.trainer_view import attach_trainer
-from lightning_hydro.fused.trial_callbacks import per_trial_callbacks, refuse_module_callbacks
-from lightning_hydro.fused.trial_hooks import forward_hook, hide_absent_hooks
-from lightning_hydro.fused.trial_metrics import TrialMetrics
-from lightning_hydro.fused.trial_modes import TrialModes
-from lightning_hydro.fused.trial_optimizers import TrialOptimizers
-from lightning_hydro.fused.trial_publisher import TrialPublisher
-from lightning_hydro.fused.trial_roster import TrialRoster
-from lightning_hydro.fused.trial_slots import TrialSlots
-from lightning_hydro.fused.trial_specs import trials_from_configs
-from lightning_hydro.fused.width_padding import width_optimizer_path
 from lightning_hydro.optim.group_optimizer import OptimizerPath, TrialGroupOptimizer
 from lightning_hydro.schedulers.trial_record import (
     TimeAttr,
@@ -89,7 +89,7 @@ class FusedLightningModule(L.LightningModule):
         pad_widths: allow trials that differ in hidden sizes (Linear features, conv channels, a Transformer
             layer's feed-forward width): they are zero-padded to the group's largest shapes, each trial keeping
             its own width (its module, optimizer and ``unfuse`` copy). Checked by a width plan that names any
-            module it refuses; each trial's own optimizer steps it (see :mod:`.width_padding`).
+            module it refuses; each trial's own optimizer steps it (see :mod:`.group.width_padding`).
         deterministic: with ``backend="auto"``, choose without timing (timings, and so the choice and the
             arithmetic, change with machine load): the first of hfta, vmap, loop that runs the model.
         trial_ids: one integer id per trial (default ``0..B-1``).
@@ -120,7 +120,7 @@ class FusedLightningModule(L.LightningModule):
 
     Trials that use manual optimization (``automatic_optimization = False``: several optimizers, a GAN) run their
     own ``training_step`` one after another on the loop backend, each stepping its own optimizers (see
-    :mod:`.manual_steps`); ``backend="auto"`` chooses the loop for them.
+    :mod:`lightning_hydro.fused.step.manual_steps`); ``backend="auto"`` chooses the loop for them.
 
     Raises:
         ValueError / TypeError: an empty list, non-LightningModules, trials of which some use manual optimization
@@ -414,7 +414,7 @@ class FusedLightningModule(L.LightningModule):
 
     @override
     def configure_callbacks(self) -> list[Callback]:
-        """Lightning's callbacks configured for an unfused run act per trial: see :mod:`.trial_callbacks`."""
+        """Lightning's callbacks configured for an unfused run act per trial: see :mod:`.lightning.callbacks`."""
         refuse_module_callbacks(self._first())
         callbacks: list[Callback] = self.trainer.callbacks  # type: ignore[attr-defined]
         callbacks[:] = per_trial_callbacks(callbacks)
@@ -455,7 +455,7 @@ class FusedLightningModule(L.LightningModule):
     def _forward_hook(self, hook: str) -> None:
         forward_hook(hook, self._running(), self._metrics)
 
-    # -- optimization: see fused/trial_optimizers.py ------------------------------------------------------------
+    # -- optimization: see fused/optimization.py ------------------------------------------------------------
 
     @override
     def configure_optimizers(self) -> Any:

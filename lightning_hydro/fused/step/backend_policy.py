@@ -36,8 +36,8 @@ from lightning_hydro.backends import (
 )
 from lightning_hydro.backends.auto import AutoChoice
 from lightning_hydro.backends.deferred_metrics import deferred_note, preserved_metric_states
-from lightning_hydro.fused.trial_slots import TrialSlots
-from lightning_hydro.fused.verify import verify_fusion
+from lightning_hydro.fused.group.slots import TrialSlots
+from lightning_hydro.fused.verify.fusion import verify_fusion
 
 __all__ = ["BackendPolicy", "Chooser"]
 

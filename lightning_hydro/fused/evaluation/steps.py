@@ -1,12 +1,12 @@
 """``EvaluationSteps``: a fused group's ``forward`` and validation, test and predict steps, run for every trial.
 
-Outside a fit, each evaluation stage runs on an :class:`~lightning_hydro.fused.evaluation_layout.EvaluationLayout`
+Outside a fit, each evaluation stage runs on an :class:`~lightning_hydro.fused.evaluation.layout.EvaluationLayout`
 holding every trial, the ended ones too, entered and left here; the group's slots do not change meanwhile.
 
 Each evaluation method of the user's module runs for every running trial under the group's backend, chosen by
-the :class:`~lightning_hydro.fused.backend_policy.BackendPolicy`. A method that cannot run fused runs per trial
+the :class:`~lightning_hydro.fused.step.backend_policy.BackendPolicy`. A method that cannot run fused runs per trial
 on the loop from then on (said once, training unaffected). During a fit a group whose every trial has ended
-runs nothing; test/validate/predict run every trial, the ended ones too (:mod:`.evaluation_layout`). The fused
+runs nothing; test/validate/predict run every trial, the ended ones too (:mod:`.layout`). The fused
 module's hooks call it and book what the steps log.
 
 Example::
@@ -14,7 +14,7 @@ Example::
     >>> import torch
     >>> from torch import nn
     >>> from lightning_hydro.demos import DigitsMLP
-    >>> from lightning_hydro.fused.trial_slots import TrialSlots
+    >>> from lightning_hydro.fused.group.slots import TrialSlots
     >>> slots = TrialSlots(nn.Module(), [DigitsMLP(hidden_dim=8) for _ in range(3)], [0, 1, 2], max_slots=3)
     >>> evaluation = EvaluationSteps(BackendPolicy("vmap", slots, verify=False, deterministic=True))
     >>> evaluation.run("forward", torch.zeros(5, 64)).output.shape  # 3 trials, 5 samples, 10 classes
@@ -32,10 +32,10 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor, nn
 
 from lightning_hydro.backends import Backend, FusionError, LoopBackend, StepOutputs
-from lightning_hydro.fused.backend_policy import BackendPolicy
-from lightning_hydro.fused.evaluation_layout import EvaluationLayout
-from lightning_hydro.fused.trainer_view import attach_trainer
-from lightning_hydro.fused.trial_strategy import TrialOptimizerSource
+from lightning_hydro.fused.evaluation.layout import EvaluationLayout
+from lightning_hydro.fused.lightning.strategy_view import TrialOptimizerSource
+from lightning_hydro.fused.lightning.trainer_view import attach_trainer
+from lightning_hydro.fused.step.backend_policy import BackendPolicy
 
 __all__ = ["EvaluationSteps", "predictions_by_trial"]
 
@@ -54,7 +54,7 @@ class EvaluationSteps:
         self.layout: EvaluationLayout | None = None  # every trial, ended ones too, while test/validate/predict
 
     def enter(self, trainer: L.Trainer) -> None:
-        """Outside a fit, evaluate every trial of the group, the ended ones too: see :mod:`.evaluation_layout`."""
+        """Outside a fit, evaluate every trial of the group, the ended ones too: see :mod:`.layout`."""
         self.leave()
         if trainer.state.fn != TrainerFn.FITTING:
             self.layout = EvaluationLayout.enter(self.policy.slots, self.policy)

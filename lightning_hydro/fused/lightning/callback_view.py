@@ -1,8 +1,8 @@
 """The Trainer as one trial of a fused group looks to a Lightning callback that acts on that trial alone.
 
-:mod:`.trial_callbacks` runs one copy of the user's ``ModelCheckpoint`` / ``EarlyStopping`` /
+:mod:`lightning_hydro.fused.lightning.callbacks` runs one copy of the user's ``ModelCheckpoint`` / ``EarlyStopping`` /
 ``LearningRateMonitor`` per trial and calls its hooks with a :class:`CallbackTrainerView`. Besides what any
-trial's view answers (:class:`~lightning_hydro.fused.trainer_view.TrialTrainerView`: the trial module, its own
+trial's view answers (:class:`~lightning_hydro.fused.lightning.trainer_view.TrialTrainerView`: the trial module, its own
 metrics under their unfused names), this view
 
 - records ``trainer.should_stop = True`` as a request to stop this trial (the group stops the trial through
@@ -24,10 +24,10 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lightning_hydro.fused.trainer_view import TrialTrainerView
+from lightning_hydro.fused.lightning.trainer_view import TrialTrainerView
 
 if TYPE_CHECKING:
-    from lightning_hydro.fused.fused_module import FusedLightningModule
+    from lightning_hydro.fused.module import FusedLightningModule
 
 __all__ = ["TRIAL_CHECKPOINT_KEY", "CallbackTrainerView", "LogBuffer", "TrialCopies", "TrialLogger", "trial_checkpoint"]
 

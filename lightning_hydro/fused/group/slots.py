@@ -6,8 +6,8 @@ stacked tensor (compaction), retire the trial's module with its last weights, cl
 optimizer the new rows; adding one appends a row with a fresh module and a fresh optimizer. Doing these in
 one place keeps the invariants (rows, records and optimizer state always describe the same trials) where
 they can be tested without a Trainer. What the rest of the group and Lightning must hear of a slot change
-(metrics, health, LR scheduler configs) is :mod:`.trial_roster`'s business; the fused module ends the fit from
-its own hooks once no trial runs.
+(metrics, health, LR scheduler configs) is :mod:`lightning_hydro.fused.roster`'s business; the fused module
+ends the fit from its own hooks once no trial runs.
 
 Example::
 
@@ -27,9 +27,9 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from lightning_hydro.fused.trial_book import TrialBook
+from lightning_hydro.fused.group.book import TrialBook
 from lightning_hydro.optim.group_optimizer import TrialGroupOptimizer
-from lightning_hydro.optim.trial_optimization import TrialOptimization
+from lightning_hydro.optim.optimizer_config import TrialOptimization
 from lightning_hydro.schedulers.trial_record import ENDED_STATUSES, TrialStatus
 from lightning_hydro.stacking.stacked_state import StackedState
 

@@ -1,7 +1,7 @@
 """The trials' own hooks in a fused group: what their code logs per trial, and which hooks the group has.
 
 A fused step returns each metric the user's step logged as a ``[B]`` tensor (or per-trial metric objects);
-:func:`record_step_logs` books them in :class:`~lightning_hydro.fused.trial_metrics.TrialMetrics` under Lightning's
+:func:`record_step_logs` books them in :class:`~lightning_hydro.fused.logging.metrics.TrialMetrics` under Lightning's
 options. Epoch- and fit-level hooks that the trial modules implement run per trial
 (:func:`forward_hook`), their ``self.log`` calls recorded as that trial's epoch values. Steps and data hooks
 the trials do not implement are hidden on the fused module (:func:`hide_absent_hooks`).
@@ -21,7 +21,7 @@ from lightning_hydro.backends import StackedLog
 from lightning_hydro.backends.errors import ESCAPED_TENSOR_MESSAGES, escaped_tensor_error
 from lightning_hydro.backends.python_state import trial_code_ran
 from lightning_hydro.backends.trial_logging import capture_logs
-from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
+from lightning_hydro.fused.logging.metrics import TrialMetrics, resolve_options
 
 __all__ = ["FORWARDED_HOOKS", "OPTIONAL_HOOKS", "forward_hook", "hide_absent_hooks", "record_step_logs"]
 

@@ -1,6 +1,6 @@
 """The first-batch check in training mode: the Python values the user's code hands to torch, fused and alone.
 
-The numeric first-batch check (:mod:`.verify`) runs in eval mode, where dropout is off, so a dropout rate that
+The numeric first-batch check (:mod:`.fusion`) runs in eval mode, where dropout is off, so a dropout rate that
 differs between trials and that the user's code hands to a functional op itself (Hugging Face GPT-2 and BERT,
 timm's ViT: ``F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_dropout.p if self.training else 0.0)``)
 is invisible to it. This check runs the step in training mode, once fused and once per trial on its own module,
@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ArgumentCall", "check_python_arguments", "recorded_arguments"]
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# lightning_hydro/ (this file is lightning_hydro/fused/verify/python_arguments.py)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 # torchmetrics' code runs after the fused step (its calls are replayed per trial), so it is not compared
 _LIBRARIES = (*(d for d in map(package_dir, ("torch", "lightning", "torchmetrics")) if d), _PACKAGE)
 _USER_INSIDE = (os.path.join(_PACKAGE, "demos") + os.sep,)  # our demo modules are user code too

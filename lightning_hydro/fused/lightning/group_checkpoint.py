@@ -26,16 +26,16 @@ from lightning.fabric.utilities.cloud_io import _load as pl_load
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
-from lightning_hydro.fused.backend_policy import BackendPolicy
-from lightning_hydro.fused.callback_view import TRIAL_CHECKPOINT_KEY
+from lightning_hydro.fused.group.slots import TrialSlots
+from lightning_hydro.fused.group.specs import module_spec, rebuild_trials
+from lightning_hydro.fused.lightning.callback_view import TRIAL_CHECKPOINT_KEY
+from lightning_hydro.fused.lightning.model_checkpoint import TrialModelCheckpoint
+from lightning_hydro.fused.step.backend_policy import BackendPolicy
 from lightning_hydro.fused.step.row_health import HealthReadback
-from lightning_hydro.fused.trial_model_checkpoint import TrialModelCheckpoint
-from lightning_hydro.fused.trial_slots import TrialSlots
-from lightning_hydro.fused.trial_specs import module_spec, rebuild_trials
 from lightning_hydro.stacking.stacked_state import StackedState, storage_key
 
 if TYPE_CHECKING:
-    from lightning_hydro.fused.fused_module import FusedLightningModule
+    from lightning_hydro.fused.module import FusedLightningModule
 
 __all__ = ["CHECKPOINT_KEY", "group_checkpoint_for_trial", "group_state", "load_group_checkpoint", "restore_group"]
 

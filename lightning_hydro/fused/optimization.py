@@ -7,13 +7,13 @@ monitored keys get ``/trial_{id}``: see :mod:`.trial_schedulers`). When trials j
 configs join or leave Lightning's list here; gradients are clipped per trial (see :mod:`.trial_clipping`).
 Trials that use manual optimization get a :class:`~lightning_hydro.optim.manual_group_optimizer.ManualGroupOptimizer`
 (their steps step their own optimizers, and their schedulers are theirs to step: Lightning hands none of them
-a config). Each trial's Trainer view asks here for the trial's own optimizers (:mod:`.trial_strategy`).
+a config). Each trial's Trainer view asks here for the trial's own optimizers (:mod:`.lightning.strategy_view`).
 
 Example::
 
     >>> from torch import nn
     >>> from lightning_hydro.demos import DigitsMLP
-    >>> from lightning_hydro.fused.trial_slots import TrialSlots
+    >>> from lightning_hydro.fused.group.slots import TrialSlots
     >>> slots = TrialSlots(nn.Module(), [DigitsMLP(hidden_dim=8) for _ in range(2)], [0, 1], max_slots=2)
     >>> optimizers, schedulers = TrialOptimizers(slots, path="universal").configure()
     >>> type(optimizers[0]).__name__, optimizers[0] is slots.optimizer, schedulers
@@ -29,14 +29,14 @@ import lightning as L
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 
 from lightning_hydro.backends.compiled_step import CompileSetting
-from lightning_hydro.fused.manual_steps import ManualSteps
+from lightning_hydro.fused.group.slots import TrialSlots
 from lightning_hydro.fused.step.fused_path import select_fused_path
+from lightning_hydro.fused.step.manual_steps import ManualSteps
 from lightning_hydro.fused.trial_clipping import clip_trial_gradients, custom_clipping
 from lightning_hydro.fused.trial_schedulers import drop_scheduler_configs, scheduler_configs
-from lightning_hydro.fused.trial_slots import TrialSlots
 from lightning_hydro.optim.group_optimizer import OptimizerPath, TrialGroupOptimizer
 from lightning_hydro.optim.manual_group_optimizer import ManualGroupOptimizer
-from lightning_hydro.optim.trial_optimization import TrialOptimization, parse_optimizer_config
+from lightning_hydro.optim.optimizer_config import TrialOptimization, parse_optimizer_config
 
 __all__ = ["TrialOptimizers"]
 

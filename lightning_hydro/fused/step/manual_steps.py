@@ -7,8 +7,9 @@ user's ``training_step`` does the optimization itself: ``opt_g, opt_d = self.opt
 for each trial in turn on the trial's own module (the loop backend), whose parameters and buffers are bound to
 its rows of the stacked state: its forward, ``manual_backward`` and optimizer steps are those of the trial trained
 alone, on the same numbers, and an optimizer step writes the trial's rows in place. Lightning's accessors answer
-per trial (:mod:`.trainer_view`, :mod:`.trial_strategy`): the trial's own optimizers, wrapped as Lightning wraps
-them, its own schedulers, and Lightning's precision plugin for its backward and steps, its hooks included.
+per trial (:mod:`lightning_hydro.fused.lightning.trainer_view`, :mod:`lightning_hydro.fused.lightning.strategy_view`):
+the trial's own optimizers, wrapped as Lightning wraps them, its own schedulers, and Lightning's precision plugin for
+its backward and steps, its hooks included.
 
 Isolation: a trial whose ``manual_backward`` gets a non-finite loss, or whose optimizer is asked to step with
 non-finite gradients, is marked diverged; none of its optimizer steps runs from then on (its last finite weights
@@ -35,8 +36,8 @@ from lightning_hydro.backends import Backend, StepOutputs
 from lightning_hydro.backends.auto import AutoChoice
 from lightning_hydro.backends.base import stack_logs
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
+from lightning_hydro.fused.group.slots import TrialSlots
 from lightning_hydro.fused.step.row_health import RowHealth
-from lightning_hydro.fused.trial_slots import TrialSlots
 from lightning_hydro.optim.group_optimizer import StepReport
 
 if TYPE_CHECKING:

@@ -8,7 +8,8 @@ answers ``strategy`` with this view: the trial's own optimizers, wrapped as Ligh
 with the trial's ``lr``, ``momentum``..., writable: the group's update reads them at every step), its backward and
 optimizer steps run through Lightning's precision plugin with the trial module (so the trial's
 ``on_before_backward`` / ``on_after_backward`` / ``on_before_optimizer_step`` hooks run as they do alone), guarded
-for divergence under manual optimization (:mod:`.manual_steps`). Everything else is the real strategy's.
+for divergence under manual optimization (:mod:`lightning_hydro.fused.step.manual_steps`). Everything else is the
+real strategy's.
 
 Under vmap and hfta one call of the user's step runs every trial at once, with one module's Python code: there a
 trial's optimizers cannot be told apart, and reading them raises a :class:`~lightning_hydro.backends.FusionError`
@@ -33,8 +34,8 @@ from torch.optim import Optimizer
 from lightning_hydro.backends.errors import FusionError, package_dir
 
 if TYPE_CHECKING:
-    from lightning_hydro.fused.manual_steps import ManualSteps
-    from lightning_hydro.optim.trial_optimization import TrialOptimization
+    from lightning_hydro.fused.step.manual_steps import ManualSteps
+    from lightning_hydro.optim.optimizer_config import TrialOptimization
 
 __all__ = ["TrialOptimizerSource", "TrialStrategyView", "refuse_inside_vmap", "scheduler_configs_of"]
 
@@ -42,7 +43,7 @@ _OWN = ("_strategy", "_trial", "_trial_id", "_source", "_wrapped")
 
 
 class TrialOptimizerSource(Protocol):
-    """Where a trial's view finds its optimizers (the fused module's :class:`~.trial_optimizers.TrialOptimizers`)."""
+    """Where a trial's view finds its optimizers (the fused module's ``TrialOptimizers``)."""
 
     @property
     def manual_steps(self) -> ManualSteps | None:
@@ -59,7 +60,8 @@ class TrialOptimizerSource(Protocol):
 _LIBRARY_DIRS = tuple(
     d
     for d in (
-        os.path.dirname(os.path.dirname(__file__)) + os.sep,
+        # lightning_hydro/ (this file is lightning_hydro/fused/lightning/strategy_view.py)
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep,
         package_dir("torch"),
         package_dir("lightning"),
     )
