@@ -1,10 +1,10 @@
-"""``TrialOptimizers``: a fused group's per-trial optimizers and LR schedulers, as Lightning sees them.
+"""``TrialOptimizers``: a fused group's per-trial optimizers, LR schedulers and clipping, as Lightning sees them.
 
 Lightning asks a LightningModule once for its optimizers and LR scheduler configs, and keeps the configs in its
 strategy. For a fused group the answer is one :class:`~lightning_hydro.optim.group_optimizer.TrialGroupOptimizer`
 built from each trial's own ``configure_optimizers`` and one scheduler config per trial scheduler (names and
-monitored keys get ``/trial_{id}``: see :mod:`.trial_schedulers`). When trials join or leave, their scheduler
-configs join or leave Lightning's list here; gradients are clipped per trial (see :mod:`.trial_clipping`).
+monitored keys get ``/trial_{id}``: :func:`scheduler_configs`). When trials join or leave, their scheduler
+configs join or leave Lightning's list here; gradients are clipped per trial (:func:`clip_trial_gradients`).
 Trials that use manual optimization get a :class:`~lightning_hydro.optim.manual_group_optimizer.ManualGroupOptimizer`
 (their steps step their own optimizers, and their schedulers are theirs to step: Lightning hands none of them
 a config). Each trial's Trainer view asks here for the trial's own optimizers (:mod:`.lightning.strategy_view`).
@@ -22,23 +22,25 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 
 from lightning_hydro.backends.compiled_step import CompileSetting
 from lightning_hydro.fused.group.slots import TrialSlots
-from lightning_hydro.fused.step.fused_path import select_fused_path
+from lightning_hydro.fused.step.fused_path import FusedPath, select_fused_path
 from lightning_hydro.fused.step.manual_steps import ManualSteps
-from lightning_hydro.fused.trial_clipping import clip_trial_gradients, custom_clipping
-from lightning_hydro.fused.trial_schedulers import drop_scheduler_configs, scheduler_configs
-from lightning_hydro.optim.group_optimizer import OptimizerPath, TrialGroupOptimizer
+from lightning_hydro.optim.clipping import clip_grad_norm_per_trial, clip_grad_value_per_trial
+from lightning_hydro.optim.group_optimizer import OptimizerPath, TrialGroupOptimizer, TrialScheduler
 from lightning_hydro.optim.manual_group_optimizer import ManualGroupOptimizer
 from lightning_hydro.optim.optimizer_config import TrialOptimization, parse_optimizer_config
+from lightning_hydro.stacking.stacked_state import StackedState
 
-__all__ = ["TrialOptimizers"]
+__all__ = ["TrialOptimizers", "clip_trial_gradients", "custom_clipping", "drop_scheduler_configs", "scheduler_configs"]
 
 
 class TrialOptimizers:
@@ -120,7 +122,7 @@ class TrialOptimizers:
             drop_scheduler_configs(trainer.strategy.lr_scheduler_configs, trial_id)
 
     def clip(self, value: float | None, algorithm: str | None) -> None:
-        """Clip each trial's gradients as Lightning clips one module's (see :mod:`.trial_clipping`)."""
+        """Clip each trial's gradients as Lightning clips one module's (:func:`clip_trial_gradients`)."""
         if self.optimizer is None:
             return
         group = self.slots.group
@@ -128,3 +130,98 @@ class TrialOptimizers:
         if self._custom is None or self._custom[0] != ids:  # asked every step; answered once per set of trials
             self._custom = (ids, custom_clipping(group.modules))
         clip_trial_gradients(group, self.optimizer, value, algorithm, custom=self._custom[1])
+
+
+# -- each trial's LR schedulers as Lightning scheduler configs (stepped by Lightning's own rules, per trial) --
+
+
+def scheduler_configs(optimizer: TrialGroupOptimizer, trial_id: int) -> list[LRSchedulerConfig]:
+    """Lightning configs for the trial's schedulers; names and monitored keys get ``/trial_{id}``."""
+    configs = []
+    for spec in optimizer.trials[trial_id].schedulers:
+        configs.append(
+            LRSchedulerConfig(
+                scheduler=TrialScheduler(optimizer, trial_id, spec.scheduler),  # type: ignore[arg-type]
+                name=None if spec.name is None else f"{spec.name}/trial_{trial_id}",
+                interval=spec.interval,
+                frequency=spec.frequency,
+                reduce_on_plateau=spec.reduce_on_plateau,
+                monitor=None if spec.monitor is None else f"{spec.monitor}/trial_{trial_id}",
+                strict=spec.strict,
+            )
+        )
+    return configs
+
+
+def drop_scheduler_configs(configs: list[LRSchedulerConfig], trial_id: int) -> None:
+    """Remove, in place, the configs of a trial that left the group."""
+    configs[:] = [c for c in configs if getattr(c.scheduler, "trial_id", None) != trial_id]
+
+
+# -- gradient clipping: each trial clipped as Lightning clips it when it trains alone -------------------------
+#
+# Lightning clips in the LightningModule's ``configure_gradient_clipping(optimizer, val, algorithm)`` hook,
+# whose default calls ``clip_gradients``, which hands the optimizer's parameters (param-group order) to the
+# precision plugin and so to ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_``. A fused group calls
+# that same hook of every trial module with the trial's own optimizer, its parameters' ``.grad`` being views of
+# their rows of the stacked gradients: the arithmetic is Lightning's and torch's own, on the same numbers, so
+# on the loop backend with the universal optimizer path a clipped step is bitwise that of a separate run, and a
+# trial that overrides the hook (its own clipping rule) keeps it.
+#
+# On the fused optimizer path, when no trial overrides the hook, the rows are clipped in one pass over the
+# stacked gradients instead (:mod:`lightning_hydro.optim.clipping`): the same formula, summed in another
+# order (float rounding).
+
+
+def custom_clipping(modules: Sequence[Any]) -> bool:
+    """Whether a trial module overrides ``configure_gradient_clipping`` (its own rule runs then, per trial)."""
+    return any(is_overridden("configure_gradient_clipping", m, L.LightningModule) for m in modules)
+
+
+def clip_trial_gradients(
+    group: StackedState,
+    optimizer: TrialGroupOptimizer,
+    gradient_clip_val: float | None,
+    gradient_clip_algorithm: Any,
+    *,
+    custom: bool | None = None,
+) -> None:
+    """Clip each live trial's gradients as its own ``configure_gradient_clipping`` hook does.
+
+    Args:
+        group: the stacked state (its parameters hold the fused backward's gradients).
+        optimizer: the group optimizer, holding each trial's own optimizer.
+        gradient_clip_val: ``Trainer(gradient_clip_val=...)`` (None or 0: no clipping unless a trial's hook
+            clips by itself).
+        gradient_clip_algorithm: ``Trainer(gradient_clip_algorithm=...)``, passed on as Lightning passes it.
+        custom: whether a trial overrides ``configure_gradient_clipping`` (:func:`custom_clipping`; None: look).
+    """
+    if custom is None:
+        custom = custom_clipping(group.modules)
+    if not custom and not gradient_clip_val:
+        return
+    if optimizer.active_path == "fused" and not custom:
+        by_value = str(getattr(gradient_clip_algorithm, "value", gradient_clip_algorithm)) == "value"
+        fused = optimizer.fused
+        if isinstance(fused, FusedPath):  # it keeps the norms: they tell it which rows are not finite
+            if by_value:
+                fused.clip_value(float(gradient_clip_val))  # type: ignore[arg-type]
+            else:
+                fused.clip_norm(float(gradient_clip_val))  # type: ignore[arg-type]
+            return
+        params = list(group.params.values())
+        if by_value:
+            clip_grad_value_per_trial(params, float(gradient_clip_val))  # type: ignore[arg-type]
+        else:
+            clip_grad_norm_per_trial(params, float(gradient_clip_val))  # type: ignore[arg-type]
+        return
+    trials = list(zip(group.trial_ids, group.modules))
+    group.distribute_grads()
+    for tid, module in trials:
+        module.configure_gradient_clipping(  # type: ignore[operator]
+            optimizer.trials[tid].optimizer,
+            gradient_clip_val=gradient_clip_val,
+            gradient_clip_algorithm=gradient_clip_algorithm,
+        )
+    if optimizer.active_path == "fused":
+        group.clear_trial_grads()  # the fused update reads the stacked gradients; drop the views

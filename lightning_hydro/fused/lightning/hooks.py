@@ -1,9 +1,8 @@
-"""The trials' own hooks in a fused group: what their code logs per trial, and which hooks the group has.
+"""The trials' own hooks in a fused group: which run per trial, and which hooks the group has.
 
-A fused step returns each metric the user's step logged as a ``[B]`` tensor (or per-trial metric objects);
-:func:`record_step_logs` books them in :class:`~lightning_hydro.fused.logging.metrics.TrialMetrics` under Lightning's
-options. Epoch- and fit-level hooks that the trial modules implement run per trial
-(:func:`forward_hook`), their ``self.log`` calls recorded as that trial's epoch values. Steps and data hooks
+Epoch- and fit-level hooks that the trial modules implement run per trial (:func:`forward_hook`), their
+``self.log`` calls recorded as that trial's epoch values (what a fused step logs is booked by
+:func:`lightning_hydro.fused.logging.publisher.record_step_logs`). Steps and data hooks
 the trials do not implement are hidden on the fused module (:func:`hide_absent_hooks`).
 """
 
@@ -13,17 +12,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 
-from lightning_hydro.backends import StackedLog
 from lightning_hydro.backends.errors import ESCAPED_TENSOR_MESSAGES, escaped_tensor_error
 from lightning_hydro.backends.python_state import trial_code_ran
 from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.fused.logging.metrics import TrialMetrics, resolve_options
 
-__all__ = ["FORWARDED_HOOKS", "OPTIONAL_HOOKS", "forward_hook", "hide_absent_hooks", "record_step_logs"]
+__all__ = ["FORWARDED_HOOKS", "OPTIONAL_HOOKS", "forward_hook", "hide_absent_hooks"]
 
 # Epoch- and fit-level hooks forwarded to every running trial that overrides them (with its logging captured).
 FORWARDED_HOOKS = {
@@ -83,21 +80,3 @@ def forward_hook(hook: str, running: Sequence[tuple[int, Any]], metrics: TrialMe
             for call in calls:
                 options = resolve_options(hook, call.options) if call.options.get("sync_dist") else None
                 metrics.record_epoch_value(phase, call.name, {tid: _as_float(call.value)}, options)
-
-
-def record_step_logs(
-    metrics: TrialMetrics, phase: str, hook: str, logs: list[StackedLog], trial_ids: Sequence[int], batch: Any
-) -> None:
-    """Book a fused step's logged values (row i belongs to ``trial_ids[i]``); no value is read to the host."""
-    batch_size: int | None = None
-    for log in logs:
-        options = resolve_options(hook, log.options)
-        if isinstance(log.values, list):  # per-trial objects (torchmetrics Metric): computed at epoch end
-            metrics.record_objects(phase, log.name, dict(zip(trial_ids, log.values)), options)
-            continue
-        size = log.options.get("batch_size")
-        if size is None and options.on_epoch:  # only epoch means are weighted by the batch size
-            if batch_size is None:
-                batch_size = extract_batch_size(batch)
-            size = batch_size
-        metrics.record(phase, log.name, log.values, options, trial_ids=trial_ids, batch_size=size or 1)

@@ -1,6 +1,8 @@
 """``TrialPublisher``: what a fused group tells Lightning's loggers and progress bar, per trial.
 
-What each trial's code logs is kept per trial in :class:`~lightning_hydro.fused.logging.metrics.TrialMetrics`. The
+A fused step returns each metric the user's step logged as a ``[B]`` tensor (or per-trial metric objects);
+:func:`record_step_logs` books them under Lightning's options, on the device. What each trial's code logs is kept
+per trial in :class:`~lightning_hydro.fused.logging.metrics.TrialMetrics`. The
 publisher hands it on under ``"{name}/trial_{id}"``: step values straight to the loggers (every
 ``log_every_n_steps``), epoch values through the fused module's ``self.log`` (so that callbacks and LR schedulers
 monitoring ``"val_loss/trial_3"`` see them) and into each trial's record, and the count of running, stopped and
@@ -17,21 +19,21 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.data import extract_batch_size
 
 from lightning_hydro.backends import StackedLog
 from lightning_hydro.fused.group.book import TrialBook
 from lightning_hydro.fused.group.slots import TrialSlots
-from lightning_hydro.fused.lightning.hooks import record_step_logs
-from lightning_hydro.fused.logging.metrics import TrialMetrics
+from lightning_hydro.fused.logging.metrics import TrialMetrics, resolve_options
 from lightning_hydro.schedulers.trial_record import TrialRecord, best_trial
 
-__all__ = ["LogFunction", "TrialPublisher", "chosen_trial"]
+__all__ = ["LogFunction", "TrialPublisher", "chosen_trial", "record_step_logs"]
 
 LogFunction = Callable[..., None]  # LightningModule.log of the fused module
 
@@ -187,3 +189,21 @@ _WARNED_UNSYNCED: set[str] = set()
 def _should_log_step(trainer: L.Trainer) -> bool:
     every = getattr(trainer, "log_every_n_steps", 50)  # set by Lightning's logger connector
     return bool(every) and trainer.global_step % every == 0
+
+
+def record_step_logs(
+    metrics: TrialMetrics, phase: str, hook: str, logs: list[StackedLog], trial_ids: Sequence[int], batch: Any
+) -> None:
+    """Book a fused step's logged values (row i belongs to ``trial_ids[i]``); no value is read to the host."""
+    batch_size: int | None = None
+    for log in logs:
+        options = resolve_options(hook, log.options)
+        if isinstance(log.values, list):  # per-trial objects (torchmetrics Metric): computed at epoch end
+            metrics.record_objects(phase, log.name, dict(zip(trial_ids, log.values)), options)
+            continue
+        size = log.options.get("batch_size")
+        if size is None and options.on_epoch:  # only epoch means are weighted by the batch size
+            if batch_size is None:
+                batch_size = extract_batch_size(batch)
+            size = batch_size
+        metrics.record(phase, log.name, log.values, options, trial_ids=trial_ids, batch_size=size or 1)
