@@ -507,7 +507,7 @@ class FusedLightningModule(L.LightningModule):
             group_optimizer._on_after_step()  # type: ignore[union-attr]
             self._roster.absorb(result.report, self.trainer.global_step)
         # Lightning logs a manual run's step values after every batch, whether or not it stepped an optimizer
-        self._roster.stepped = True
+        self._roster.mark_stepped()
 
     @override
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:

@@ -22,7 +22,8 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -88,13 +89,34 @@ class TrialOptimizers:
     def configure(self) -> tuple[list[TrialGroupOptimizer], list[dict[str, Any]]]:
         """What ``configure_optimizers`` returns: the group optimizer, and every running trial's scheduler configs."""
         trials = {tid: self.trial_optimization(tid, module) for tid, module in self.slots.running()}
+        optimizer: TrialGroupOptimizer
         if self._manual_steps is not None:
-            self.slots.optimizer = ManualGroupOptimizer(self.slots.group, trials)
+            optimizer = ManualGroupOptimizer(self.slots.group, trials)
         else:
             fast_path = partial(select_fused_path, compile=self.compile)
-            self.slots.optimizer = TrialGroupOptimizer(self.slots.group, trials, path=self.path, fast_path=fast_path)
+            optimizer = TrialGroupOptimizer(self.slots.group, trials, path=self.path, fast_path=fast_path)
+        self.slots.use_optimizer(optimizer)  # the slots keep it in step with stop and add
         configs = [config for tid in self.slots.trial_ids for config in self.scheduler_configs(tid)]
-        return [self.slots.optimizer], [vars(c).copy() for c in configs]
+        return [optimizer], [vars(c).copy() for c in configs]
+
+    def checkpoint_states(
+        self, trial_id: int, clone: Callable[[Any], Any]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+        """Copies of the trial's optimizer and LR scheduler states, for its own checkpoint (None: it has none).
+
+        None before Lightning asked for optimizers and once the trial left its slot. The fused fast path keeps the
+        optimizer state stacked: it is written into the trial's own optimizer, copied (``clone``: the optimizer
+        states; the schedulers' are deep copies), and stacked again.
+        """
+        optimizer = self.optimizer
+        optimization = None if optimizer is None else optimizer.trials.get(trial_id)
+        if optimizer is None or optimization is None:
+            return None
+        optimizer.materialize()
+        optimizers = [clone(o.state_dict()) for o in optimization.optimizers]
+        schedulers = [copy.deepcopy(spec.scheduler.state_dict()) for spec in optimization.schedulers]
+        optimizer.rebuild()
+        return optimizers, schedulers
 
     def trial_optimization(self, trial_id: int, module: Any) -> TrialOptimization:
         """The trial's own ``configure_optimizers()`` output, parsed."""

@@ -73,6 +73,10 @@ class TrialRoster:
             self.stepped = True
             self.read_due = self.health.absorb(report, step) or self.read_due
 
+    def mark_stepped(self) -> None:
+        """An optimizer step ran in this batch (under manual optimization Lightning logs step values after each one)."""
+        self.stepped = True
+
     def batch_ended(self, trainer: L.Trainer, batch_idx: int) -> bool:
         """Read back what is due at a training batch's end; returns whether an optimizer step ran in the batch."""
         stepped, self.stepped = self.stepped, False
@@ -105,7 +109,7 @@ class TrialRoster:
 
     def stop(self, trainer: L.Trainer | None, trial_id: int, reason: str, *, status: TrialStatus) -> None:
         """Compact a running trial out of the group (see ``FusedLightningModule.stop_trial``)."""
-        self.slots.check_stop(trial_id, status)
+        self.slots.check_stop(trial_id, status)  # before anything changes (the slots check again as they stop)
         # rows are about to change; a trial found diverged leaves as such
         self.settle_health(trainer, credit_epoch=False)
         if trial_id not in self.slots.trial_ids:
@@ -122,8 +126,7 @@ class TrialRoster:
         """Put a new trial into a free slot (see ``FusedLightningModule.add_trial``); returns its id."""
         if not isinstance(module, L.LightningModule):
             raise TypeError(f"add_trial: expected a lightning.LightningModule, got {type(module).__name__}.")
-        if any(module is m for m in self.slots.group.modules):
-            raise ValueError("add_trial: this module is already in the group.")
+        self.slots.check_newcomer(module)  # before anything changes (the slots check again as they add)
         self.settle_health(trainer, credit_epoch=False)
         tid = self.slots.new_id(trial_id)
         if module.automatic_optimization != (self.optimizers.manual_steps is None):

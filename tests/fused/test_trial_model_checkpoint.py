@@ -76,6 +76,16 @@ def test_best_model_path_is_the_best_trials_own_checkpoint_for_the_trainer_and_t
     assert group["lightning_hydro"]["trial_ids"] == [0, 1, 2]
 
 
+def test_trial_best_model_paths_names_each_trials_own_best_checkpoint(tmp_path):
+    _, trainer, mine = fit_with_user_checkpoint(tmp_path)
+    paths = trainer.checkpoint_callback.trial_best_model_paths
+    assert sorted(paths) == [0, 1, 2]
+    for tid, path in paths.items():
+        assert Path(path).parent == tmp_path / f"trial_{tid}"
+        assert torch.load(path, **TRUSTED)["lightning_hydro_trial"] == {"trial_id": tid}  # the trial's own module
+    assert mine.best_model_path in paths.values()  # the best of the trials' bests
+
+
 @pytest.mark.parametrize("ckpt", ["best_model_path", "best"])
 def test_testing_the_fused_module_from_the_best_trials_checkpoint_tests_every_trial_from_the_group(tmp_path, ckpt):
     """The template's train.py: trainer.test(model, ckpt_path=trainer.checkpoint_callback.best_model_path)."""

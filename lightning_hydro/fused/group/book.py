@@ -98,11 +98,6 @@ class TrialBook:
         """Latest values only (e.g. the last step value of a step-level metric)."""
         self.records[trial_id].metrics.update(metrics)
 
-    def stepped(self, trial_ids: Iterable[int]) -> None:
-        """These trials took an optimizer step."""
-        for tid in trial_ids:
-            self.records[tid].steps += 1
-
     def add_steps(self, trial_id: int, steps: int) -> None:
         """The trial took ``steps`` more optimizer steps (counted on the device, read back now)."""
         self.records[trial_id].steps += steps

@@ -85,8 +85,12 @@ class TrialSlots:
         """``(id, module)`` of every running trial, in row order."""
         return list(zip(self.group.trial_ids, self.group.modules))
 
+    def use_optimizer(self, optimizer: TrialGroupOptimizer) -> None:
+        """Keep the group optimizer Lightning was given in step with :meth:`stop` and :meth:`add` from now on."""
+        self.optimizer = optimizer
+
     def check_stop(self, trial_id: int, status: TrialStatus) -> None:
-        """Raise the error :meth:`stop` would raise for these arguments, if any."""
+        """Raise the error :meth:`stop` would raise for these arguments, if any (callers check before they act)."""
         if status not in ENDED_STATUSES:
             raise ValueError(f"stop_trial: status must be 'stopped', 'completed' or 'diverged', got {status!r}.")
         if trial_id not in self.group.trial_ids:
@@ -112,6 +116,11 @@ class TrialSlots:
             self.optimizer.remove_trial(trial_id)
         return module
 
+    def check_newcomer(self, module: nn.Module) -> None:
+        """Raise the error :meth:`add` raises for a module already in the group (callers check before they act)."""
+        if any(module is m for m in self.group.modules):
+            raise ValueError("add_trial: this module is already in the group.")
+
     def new_id(self, trial_id: int | None) -> int:
         """The id a newcomer gets (checked: unused).
 
@@ -135,8 +144,7 @@ class TrialSlots:
         Returns:
             The trial's id.
         """
-        if any(module is m for m in self.group.modules):
-            raise ValueError("add_trial: this module is already in the group.")
+        self.check_newcomer(module)
         tid = self.new_id(trial_id)
         if self.optimizer is not None:
             self.optimizer.materialize()

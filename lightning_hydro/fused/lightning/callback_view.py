@@ -24,6 +24,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from lightning_hydro.fused.lightning.strategy_view import TrialOptimizerSource
 from lightning_hydro.fused.lightning.trainer_view import TrialTrainerView
 
 if TYPE_CHECKING:
@@ -75,7 +76,12 @@ def _clone(value: Any) -> Any:
 
 
 def trial_checkpoint(
-    fused: FusedLightningModule, trial_id: int, trainer: L.Trainer, *, weights_only: bool = False
+    module: L.LightningModule,
+    trial_id: int,
+    trainer: L.Trainer,
+    source: TrialOptimizerSource,
+    *,
+    weights_only: bool = False,
 ) -> dict[str, Any]:
     """A Lightning checkpoint of the trial's own module, as its unfused run's ``trainer.save_checkpoint`` writes it.
 
@@ -83,8 +89,14 @@ def trial_checkpoint(
     what the module's ``on_save_checkpoint`` adds; unless ``weights_only``, also the trial's optimizer and LR
     scheduler states while the trial runs (a trial that has left its slot has none any more). An entry
     :data:`TRIAL_CHECKPOINT_KEY` names the trial (``load_from_checkpoint`` ignores it).
+
+    Args:
+        module: the trial's module.
+        trial_id: its id.
+        trainer: the Trainer that fits the fused group.
+        source: where the trial's optimizers are kept (the fused module's ``TrialOptimizers``).
+        weights_only: as for ``trainer.save_checkpoint``.
     """
-    module = fused.trial_module(trial_id)
     checkpoint: dict[str, Any] = {
         "epoch": trainer.current_epoch,
         "global_step": trainer.global_step,
@@ -92,12 +104,9 @@ def trial_checkpoint(
         "state_dict": _clone(module.state_dict()),
         TRIAL_CHECKPOINT_KEY: {"trial_id": trial_id},
     }
-    optimization = None if fused._optimizer is None else fused._optimizer.trials.get(trial_id)
-    if not weights_only and optimization is not None:
-        fused._optimizer.materialize()  # type: ignore[union-attr]  # the fused fast path keeps state stacked
-        checkpoint["optimizer_states"] = [_clone(o.state_dict()) for o in optimization.optimizers]
-        checkpoint["lr_schedulers"] = [copy.deepcopy(spec.scheduler.state_dict()) for spec in optimization.schedulers]
-        fused._optimizer.rebuild()  # type: ignore[union-attr]
+    states = None if weights_only else source.checkpoint_states(trial_id, _clone)
+    if states is not None:
+        checkpoint["optimizer_states"], checkpoint["lr_schedulers"] = states
     if module.hparams:
         if hasattr(module, "_hparams_name"):
             checkpoint[module.CHECKPOINT_HYPER_PARAMS_NAME] = module._hparams_name
@@ -116,7 +125,6 @@ class CallbackTrainerView(TrialTrainerView):
         log_buffer: if given, what is logged through ``loggers`` is collected there (see :class:`TrialLogger`).
     """
 
-    _fused: FusedLightningModule
     _stop: bool
     _log_buffer: LogBuffer | None
 
@@ -124,7 +132,6 @@ class CallbackTrainerView(TrialTrainerView):
         self, trainer: L.Trainer, fused: FusedLightningModule, trial_id: int, log_buffer: LogBuffer | None = None
     ) -> None:
         super().__init__(trainer, fused.trial_module(trial_id), trial_id, fused._optimizers)
-        object.__setattr__(self, "_fused", fused)
         object.__setattr__(self, "_stop", False)
         object.__setattr__(self, "_log_buffer", log_buffer)
 
@@ -152,7 +159,11 @@ class CallbackTrainerView(TrialTrainerView):
         self, filepath: Any, weights_only: bool | None = False, storage_options: Any | None = None
     ) -> None:
         """Write a checkpoint of the trial's own module (:func:`trial_checkpoint`) to ``filepath``."""
-        checkpoint = trial_checkpoint(self._fused, self._trial_id, self._trainer, weights_only=bool(weights_only))
+        source = self._source
+        assert source is not None  # a callback's view always has the group's optimizers
+        checkpoint = trial_checkpoint(
+            self._trial, self._trial_id, self._trainer, source, weights_only=bool(weights_only)
+        )
         self._trainer.strategy.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
         self._trainer.strategy.barrier("Trainer.save_checkpoint")
 

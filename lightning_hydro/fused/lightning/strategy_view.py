@@ -55,6 +55,11 @@ class TrialOptimizerSource(Protocol):
     def group_size(self) -> int:
         """How many trials the group runs now."""
 
+    def checkpoint_states(
+        self, trial_id: int, clone: Callable[[Any], Any]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+        """Copies of the trial's optimizer and LR scheduler states, for its own checkpoint (None: it has none)."""
+
 
 # Frames under these directories are library code, not the user's.
 _LIBRARY_DIRS = tuple(
