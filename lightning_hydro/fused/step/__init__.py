@@ -21,6 +21,10 @@ Lightning's automatic optimization drives the step; the fused module's hooks han
 5. :mod:`.compiled_update`: with ``compile=True`` stage 3's device work runs under ``torch.compile`` (the
    forward and backward of stage 1 already do: :mod:`lightning_hydro.backends.compiled_step`).
 
+Which backend stage 1 runs, and how ``backend="auto"`` chooses it and the first batch is verified, is
+:mod:`.backend_policy`'s business. Trials that use manual optimization run :mod:`.manual_steps` instead: each
+trial's own ``training_step`` on the loop, stepping its own optimizers.
+
 No stage reads a value back to the host or copies one from it, unless a hyperparameter changed (then one
 non-blocking copy from pinned memory): ``tests/fused/test_host_syncs.py`` counts both on the CPU, and checks
 the same cases under CUDA's sync debug mode on a GPU.
