@@ -13,7 +13,8 @@ The sweep writes ``results.json``, ``results.csv`` and ``plots/`` into its sweep
 import hydra
 from omegaconf import DictConfig
 
-from lightning_hydro.sweeper import TrialResult, fit_from_config
+from lightning_hydro.stopping import TrialResult
+from lightning_hydro.sweeper import fit_from_config
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")

@@ -1,7 +1,8 @@
 """Old public names that keep working for one release: a module ``__getattr__`` that warns and resolves them.
 
 Pure Python (imports nothing of ours, no torch), so every layer of the package may use it, the pure core
-included.
+included. The warning names the release that removes the old name: the minor release after the package's
+``__version__`` (:func:`removal_version`, read when a warning is raised, not when this module is imported).
 
 Example::
 
@@ -15,20 +16,51 @@ Example::
     ...     join = __getattr__("OldPath")
     >>> join("a", "b")
     'a/b'
-    >>> print(caught[0].category.__name__, caught[0].message)  # doctest: +NORMALIZE_WHITESPACE
+    >>> message = str(caught[0].message).replace(removal_version(), "<removal version>")
+    >>> print(caught[0].category.__name__, message)  # doctest: +NORMALIZE_WHITESPACE
     DeprecationWarning lightning_hydro.demo.OldPath is now os.path.join; import it from there. The old name will be
-    removed in the next release.
+    removed in <removal version>.
+    >>> next_minor("0.5.2")  # the removal version of a name deprecated in 0.5.2
+    '0.6.0'
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Renamed", "RenamedAttribute", "renamed_names"]
+__all__ = ["Renamed", "RenamedAttribute", "next_minor", "removal_version", "renamed_names"]
+
+
+def next_minor(version: str) -> str:
+    """The minor release after ``version``: ``"0.5.2"`` -> ``"0.6.0"``, ``"1.0.0rc1"`` -> ``"1.1.0"``.
+
+    Raises:
+        ValueError: ``version`` does not start with ``major.minor``.
+    """
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None:
+        raise ValueError(
+            f"next_minor: expected a version that starts with 'major.minor' (e.g. '0.5.2'), got {version!r}"
+        )
+    return f"{match[1]}.{int(match[2]) + 1}.0"
+
+
+def removal_version() -> str:
+    """The release that removes a name deprecated in this one: the minor release after ``lightning_hydro.__version__``.
+
+    The package is read when this is called (it is always imported before this module), so importing this
+    module imports nothing of ours.
+    """
+    return next_minor(importlib.import_module("lightning_hydro").__version__)
+
+
+def _removal_notice() -> str:
+    return f"The old name will be removed in {removal_version()}."
 
 
 @dataclass(frozen=True)
@@ -63,7 +95,7 @@ def renamed_names(module: str, renamed: Mapping[str, Renamed]) -> Callable[[str]
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
         entry = renamed[name]
         warnings.warn(
-            f"{module}.{name} {entry.change}. The old name will be removed in the next release.",
+            f"{module}.{name} {entry.change}. {_removal_notice()}",
             DeprecationWarning,
             stacklevel=2,
         )
@@ -105,7 +137,7 @@ class RenamedAttribute:
         if instance is None:
             return self
         warnings.warn(
-            f"{type(instance).__name__}.{self.old} {self.change}. The old name will be removed in the next release.",
+            f"{type(instance).__name__}.{self.old} {self.change}. {_removal_notice()}",
             DeprecationWarning,
             stacklevel=2,
         )

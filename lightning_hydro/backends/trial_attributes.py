@@ -34,18 +34,20 @@ import inspect
 import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
+from lightning_hydro._deprecation import Renamed, renamed_names
 from lightning_hydro.backends.deferred_metrics import metric_paths
 from lightning_hydro.backends.errors import package_dir
+from lightning_hydro.backends.hfta import per_trial
 from lightning_hydro.backends.python_state import CONTAINER_TYPES, tracked_modules
 
 __all__ = [
     "DifferingAttribute",
-    "differing_attributes",
+    "scan_attributes",
     "settings_fingerprint",
     "state_writes",
     "uncompared_reads",
@@ -110,27 +112,6 @@ def _comparable(value: Any) -> bool:
     return False
 
 
-def _equal(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    if isinstance(a, Tensor) or isinstance(b, Tensor):
-        return (
-            isinstance(a, Tensor)
-            and isinstance(b, Tensor)
-            and a.shape == b.shape
-            and a.dtype == b.dtype
-            and bool(torch.equal(a.detach().cpu(), b.detach().cpu()))
-        )
-    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return type(a) is type(b) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    try:
-        return bool(a == b)
-    except Exception:  # an exotic __eq__: treat as different (the scan then errs towards refusing)
-        return False
-
-
 def _plain_state(module: nn.Module) -> dict[tuple[str, str], Any]:
     """``(path, name)`` -> value of every comparable public attribute of every submodule, and the hparams.
 
@@ -152,21 +133,44 @@ def _plain_state(module: nn.Module) -> dict[tuple[str, str], Any]:
     return found
 
 
-def differing_attributes(modules: Sequence[nn.Module], *, ids: Sequence[int]) -> list[DifferingAttribute]:
-    """Every plain attribute (and hparam) whose value is not the same in all ``modules``, read or not."""
+def scan_attributes(modules: Sequence[nn.Module], *, ids: Sequence[int]) -> list[DifferingAttribute]:
+    """Every plain attribute (and hparam) whose value is not the same in all ``modules``, read or not.
+
+    Each submodule's own attributes are compared by
+    :func:`~lightning_hydro.backends.hfta.per_trial.differing_attributes`, the one comparison of the fused
+    backends; of those that differ, the plain values are kept (numbers, strings, tensors that are not parameters
+    or buffers, containers of them; a value of another kind is ``<missing>``), and each is checked against what
+    the fused code reads.
+    """
     states = [_plain_state(module) for module in modules]
     keys: dict[tuple[str, str], None] = {}
     for state in states:
         keys.update(dict.fromkeys(state))
+    paths = dict.fromkeys(path for path, name in keys if not name.startswith("hparams."))
+    differing = [
+        (path, name)
+        for path in paths
+        for name in per_trial.differing_attributes([_submodule(module, path) for module in modules])
+        if name not in _IGNORED
+    ]
+    differing += [key for key in keys if key[1].startswith("hparams.")]
     reads = _ReadNames(modules[0])
     found = []
-    for path, name in keys:
+    for path, name in differing:
         values = tuple(state.get((path, name), _MISSING) for state in states)
-        if all(_equal(values[0], value) for value in values[1:]):
-            continue
+        if all(per_trial.values_equal(values[0], value) for value in values[1:]):
+            continue  # the same plain value in every trial (or a plain value in none)
         readers = reads.readers(path, name)
         found.append(DifferingAttribute(path, name, values, tuple(ids), bool(readers), readers))
     return found
+
+
+def _submodule(module: nn.Module, path: str) -> object:
+    """The submodule at ``path``, or an object without attributes where the trial has none."""
+    try:
+        return module.get_submodule(path)
+    except AttributeError:
+        return SimpleNamespace()
 
 
 def unfusible_attributes(
@@ -194,14 +198,14 @@ def unfusible_attributes(
     """
     tracked = {path for path, _ in tracked_modules(modules[0])}
 
-    def per_trial(attribute: DifferingAttribute) -> bool:
+    def is_per_trial(attribute: DifferingAttribute) -> bool:
         if attribute.path in tracked and all(isinstance(v, CONTAINER_TYPES) for v in attribute.values):
             return True
         if settings_only and attribute.path in tracked and not attribute.name.startswith("hparams."):
             return True  # the user's own attributes: a value that differs is refused where a step uses it
         return handled(attribute.path) and all(reader and handled(reader) for reader in attribute.readers)
 
-    return [a for a in differing_attributes(modules, ids=ids) if a.read and not per_trial(a)]
+    return [a for a in scan_attributes(modules, ids=ids) if a.read and not is_per_trial(a)]
 
 
 def settings_fingerprint(modules: Sequence[nn.Module]) -> list[dict[tuple[str, str], Any]]:
@@ -417,3 +421,16 @@ class _ReadNames:
             if name in self._of(prefix):
                 found.append(prefix)
         return tuple(found)
+
+
+# Old name, kept for one release: one function is called differing_attributes, a module's own attributes.
+__getattr__ = renamed_names(
+    __name__,
+    {
+        "differing_attributes": Renamed(
+            f"{__name__}:scan_attributes",
+            "is renamed scan_attributes (lightning_hydro.backends.hfta.per_trial.differing_attributes compares "
+            "one module's own attributes); import lightning_hydro.backends.trial_attributes.scan_attributes",
+        )
+    },
+)

@@ -3,7 +3,7 @@
 On a :class:`~lightning_hydro.FusedLightningModule` they stop losing trials through its slot API (the group
 really shrinks) and can refill freed slots; on an ordinary LightningModule (one trial per process) they share
 rung records with the other processes through a SQLite file or a database server. The rules themselves live in
-:mod:`lightning_hydro.schedulers` (``SuccessiveHalvingRule``, ``AsyncSuccessiveHalving``, ``HyperbandRule``,
+:mod:`lightning_hydro.stopping` (``SuccessiveHalvingRule``, ``AsyncSuccessiveHalving``, ``HyperbandRule``,
 ``DeadlinePolicy``); how a callback sees its trials, in :mod:`lightning_hydro.callbacks.trials_view`.
 """
 
@@ -34,10 +34,10 @@ __getattr__ = renamed_names(
     __name__,
     {
         "OutcomeStatus": Renamed(
-            "lightning_hydro.schedulers:TrialStatus", f"is now lightning_hydro.schedulers.TrialStatus {_WHY_MOVED}"
+            "lightning_hydro.stopping:TrialStatus", f"is now lightning_hydro.stopping.TrialStatus {_WHY_MOVED}"
         ),
         "TimeAttr": Renamed(
-            "lightning_hydro.schedulers:TimeAttr", f"is now lightning_hydro.schedulers.TimeAttr {_WHY_MOVED}"
+            "lightning_hydro.stopping:TimeAttr", f"is now lightning_hydro.stopping.TimeAttr {_WHY_MOVED}"
         ),
         "TrialOutcome": Renamed(
             "lightning_hydro.callbacks.trial_ending:TrialEnding",

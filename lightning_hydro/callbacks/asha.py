@@ -7,7 +7,7 @@ from typing import Any
 from typing_extensions import override
 
 from lightning_hydro.callbacks.halving_callback import HalvingCallback
-from lightning_hydro.schedulers import AsyncSuccessiveHalving, HalvingConfig, RungStore
+from lightning_hydro.stopping import AsyncSuccessiveHalving, HalvingConfig, RungStore
 
 __all__ = ["ASHA"]
 

@@ -6,7 +6,7 @@ import uuid
 
 import lightning as L
 
-from lightning_hydro.schedulers import RungStore, StoreOpenError, StoreSpec, open_store
+from lightning_hydro.stopping import RungStore, StoreOpenError, StoreSpec, open_store
 
 __all__ = [
     "MonitorNotLoggedError",
@@ -82,7 +82,7 @@ def _check_integer(name: str, argument: str, value: object) -> None:
 
 
 def open_storage(owner: str, spec: StoreSpec, namespace: str) -> RungStore:
-    """:func:`~lightning_hydro.schedulers.open_store`, its errors prefixed with the callback's name."""
+    """:func:`~lightning_hydro.stopping.open_store`, its errors prefixed with the callback's name."""
     try:
         return open_store(spec, namespace=namespace)
     except StoreOpenError as error:

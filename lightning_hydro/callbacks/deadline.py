@@ -15,7 +15,7 @@ from lightning_hydro.callbacks.asha import ASHA
 from lightning_hydro.callbacks.halving_callback import TimeAttr
 from lightning_hydro.callbacks.refill_source import RefillSpec
 from lightning_hydro.callbacks.trial_ending import TrialEnding
-from lightning_hydro.schedulers import (
+from lightning_hydro.stopping import (
     DeadlinePolicy,
     LinearCost,
     Mode,
@@ -23,7 +23,7 @@ from lightning_hydro.schedulers import (
     TrialId,
     TrialProgress,
 )
-from lightning_hydro.schedulers.deadline_policy import SecondsPerUnit
+from lightning_hydro.stopping.deadline_policy import SecondsPerUnit
 
 __all__ = ["Deadline"]
 
@@ -35,8 +35,8 @@ class Deadline(ASHA):
 
     Every decision of :class:`~lightning_hydro.callbacks.asha.ASHA` applies. In addition, at each decision point
     the callback measures how long the group takes per epoch (or step) at its current size, fits the cost of a
-    group of ``B`` trials (``fixed + per_trial * B``, see :class:`~lightning_hydro.schedulers.LinearCost`) and asks
-    :class:`~lightning_hydro.schedulers.DeadlinePolicy`:
+    group of ``B`` trials (``fixed + per_trial * B``, see :class:`~lightning_hydro.stopping.LinearCost`) and asks
+    :class:`~lightning_hydro.stopping.DeadlinePolicy`:
 
     - **Pruning.** Keep, from the best trial down, the trials that can still all reach the top rung (the last
       milestone) before the deadline in a group of their size; stop the others (reason "cannot reach the top rung

@@ -16,7 +16,7 @@ from lightning_hydro.callbacks.callback_arguments import monitor_error
 from lightning_hydro.callbacks.trial_ending import TrialEnding
 from lightning_hydro.callbacks.trials_view import TrialsView
 from lightning_hydro.fused import FusedLightningModule
-from lightning_hydro.schedulers import TimeAttr, TrialId, TrialStatus
+from lightning_hydro.stopping import TimeAttr, TrialId, TrialStatus
 
 __all__ = ["FusedTrials"]
 

@@ -3,7 +3,7 @@
 A callback judges trials when they have trained a budget (epochs or steps, counted from when each trial
 entered its slot) and a fresh value of ``monitor`` is logged: at the end of each validation, or at the end of
 each training epoch when the Trainer runs no validation. The rule (which trials stop) lives in
-:mod:`lightning_hydro.schedulers`; subclasses pick it. What the callback sees of its trials, a fused group or
+:mod:`lightning_hydro.stopping`; subclasses pick it. What the callback sees of its trials, a fused group or
 the one trial of this process, is a :class:`~lightning_hydro.callbacks.trials_view.TrialsView`. Decisions are
 made on global rank zero and broadcast to the other ranks; everything needed to resume is in :meth:`state_dict`.
 """
@@ -24,7 +24,7 @@ from lightning_hydro.callbacks.callback_arguments import check_arguments, check_
 from lightning_hydro.callbacks.refill_source import RefillSource, RefillSpec
 from lightning_hydro.callbacks.trial_ending import TrialEnding, format_summary
 from lightning_hydro.callbacks.trials_view import DEFAULT_STORE_FILE, TrialsView, open_trials_view
-from lightning_hydro.schedulers import (
+from lightning_hydro.stopping import (
     BudgetSummary,
     Decision,
     HalvingConfig,
@@ -129,7 +129,7 @@ class HalvingCallback(Callback):
     # -- what subclasses provide -------------------------------------------------------------------------------
 
     def _build_rule(self, config: HalvingConfig, store: RungStore | None) -> Any:
-        """The rule object (from :mod:`lightning_hydro.schedulers`); it must have ``state_dict``/``load_state_dict``."""
+        """The rule object (from :mod:`lightning_hydro.stopping`); it must have ``state_dict``/``load_state_dict``."""
         raise NotImplementedError
 
     def _judge(self, reports: list[TrialReport], *, together: bool) -> list[Decision]:

@@ -11,8 +11,8 @@ from lightning_hydro.callbacks.callback_arguments import hydra_job_number
 from lightning_hydro.callbacks.halving_callback import HalvingCallback
 from lightning_hydro.callbacks.refill_source import RefillSpec
 from lightning_hydro.callbacks.trials_view import TrialsView
-from lightning_hydro.schedulers import HalvingConfig, HyperbandRule, Mode, RungStore, StoreSpec, TimeAttr, TrialId
-from lightning_hydro.schedulers.hyperband import BracketOrder
+from lightning_hydro.stopping import HalvingConfig, HyperbandRule, Mode, RungStore, StoreSpec, TimeAttr, TrialId
+from lightning_hydro.stopping.hyperband import BracketOrder
 
 __all__ = ["Hyperband"]
 
@@ -31,7 +31,7 @@ class Hyperband(HalvingCallback):
 
     Args:
         order: ``"sequential"`` or ``"interleaved"`` (see
-            :func:`~lightning_hydro.schedulers.hyperband.bracket_for_position`).
+            :func:`~lightning_hydro.stopping.hyperband.bracket_for_position`).
         position: One trial per process: this trial's place in the sweep (e.g. its Hydra job number, the default
             under a multirun), which decides its bracket. An integer ``trial_id`` is used when this is not given.
 

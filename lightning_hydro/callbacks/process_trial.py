@@ -15,7 +15,7 @@ from typing_extensions import override
 from lightning_hydro.callbacks.callback_arguments import monitor_error
 from lightning_hydro.callbacks.trial_ending import TrialEnding
 from lightning_hydro.callbacks.trials_view import TrialsView
-from lightning_hydro.schedulers import TimeAttr, TrialId, TrialStatus
+from lightning_hydro.stopping import TimeAttr, TrialId, TrialStatus
 
 __all__ = ["ProcessTrial"]
 

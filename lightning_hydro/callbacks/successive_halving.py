@@ -9,7 +9,7 @@ from typing_extensions import override
 
 from lightning_hydro.callbacks.halving_callback import HalvingCallback
 from lightning_hydro.callbacks.trials_view import TrialsView
-from lightning_hydro.schedulers import (
+from lightning_hydro.stopping import (
     Decision,
     HalvingConfig,
     Mode,
@@ -18,7 +18,7 @@ from lightning_hydro.schedulers import (
     TimeAttr,
     TrialReport,
 )
-from lightning_hydro.schedulers.halving_config import Rounding
+from lightning_hydro.stopping.halving_config import Rounding
 
 __all__ = ["SuccessiveHalving"]
 

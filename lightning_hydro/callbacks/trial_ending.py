@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from lightning_hydro.schedulers import Decision, TrialId, TrialStatus, summarize_budget
+from lightning_hydro.stopping import Decision, TrialId, TrialStatus, summarize_budget
 
 __all__ = ["TrialEnding", "format_summary"]
 
@@ -60,7 +60,7 @@ class TrialEnding:
 
         Example::
 
-            >>> from lightning_hydro.schedulers import Decision
+            >>> from lightning_hydro.stopping import Decision
             >>> stop = Decision("g/3", "stop", "below_cutoff", budget=3, rung=1, value=0.42, cutoff=0.5)
             >>> TrialEnding.from_decision(3, stop, "ASHA", "val_acc", max_t=9).reason
             'ASHA rung 1 (budget 3): val_acc 0.42 worse than cutoff 0.5'

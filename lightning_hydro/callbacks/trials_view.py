@@ -20,7 +20,7 @@ import lightning as L
 
 from lightning_hydro.callbacks.callback_arguments import default_trial_id, open_storage
 from lightning_hydro.callbacks.trial_ending import TrialEnding
-from lightning_hydro.schedulers import RungStore, TimeAttr, TrialId, TrialStatus
+from lightning_hydro.stopping import RungStore, TimeAttr, TrialId, TrialStatus
 
 __all__ = ["DEFAULT_STORE_FILE", "TrialsView", "open_trials_view"]
 

@@ -59,14 +59,14 @@ from lightning_hydro.fused.step.manual_steps import ManualSteps, choose_loop_for
 from lightning_hydro.fused.step.row_health import RowHealth
 from lightning_hydro.fused.step.training_step import TrainingStep
 from lightning_hydro.optim.group_optimizer import OptimizerPath, TrialGroupOptimizer
-from lightning_hydro.schedulers.trial_record import (
+from lightning_hydro.stacking.stacked_state import StackedState
+from lightning_hydro.stopping.trial_record import (
     TimeAttr,
     TrialRecord,
     TrialResult,
     TrialStatus,
     format_results_table,
 )
-from lightning_hydro.stacking.stacked_state import StackedState
 
 __all__ = ["FusedLightningModule"]
 

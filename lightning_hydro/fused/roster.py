@@ -28,7 +28,7 @@ from lightning_hydro.fused.optimization import TrialOptimizers
 from lightning_hydro.fused.step.backend_policy import BackendPolicy
 from lightning_hydro.fused.step.row_health import HealthReadback, RowHealth
 from lightning_hydro.optim.group_optimizer import StepReport
-from lightning_hydro.schedulers.trial_record import TrialStatus
+from lightning_hydro.stopping.trial_record import TrialStatus
 
 __all__ = ["TrialRoster"]
 

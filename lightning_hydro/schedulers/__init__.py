@@ -1,75 +1,54 @@
-"""Pure decision logic for stopping trials early, and the vocabulary of a trial: no torch, no Lightning.
+"""Moved: the early-stopping rules are :mod:`lightning_hydro.stopping` ("scheduler" now names LR schedulers only).
 
-Rules: synchronous successive halving, ASHA (per trial or per batch), Hyperband brackets and a HyperSched-style
-deadline policy. Rung records live in a :class:`RungStore`: in memory (a fused group), a SQLite file (processes
-of one machine) or a database server (several machines). A trial's status, record and results
-(:data:`TrialStatus`, :class:`TrialRecord`, :class:`TrialResult`) are shared by the fused module, the callbacks
-in :mod:`lightning_hydro.callbacks` (which apply these decisions in a Trainer) and the sweeper.
-
-The names below are the public API; helpers (cutoffs, bracket arithmetic, store records, group sizing) stay
-importable from their modules.
+Every old import path resolves there for one release, with a ``DeprecationWarning`` that names the new path:
+the package's names (``from lightning_hydro.schedulers import AsyncSuccessiveHalving``: the rules, the rung
+stores and the trial vocabulary) and each old module (``lightning_hydro.schedulers.hyperband`` and the others
+are stubs).
 """
 
+import importlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
 from lightning_hydro._deprecation import Renamed, renamed_names
-from lightning_hydro.schedulers.async_successive_halving import AsyncSuccessiveHalving, TrialReport
-from lightning_hydro.schedulers.budget_accounting import BudgetSummary, successive_halving_budget, summarize_budget
-from lightning_hydro.schedulers.deadline_policy import DeadlinePolicy, TrialProgress
-from lightning_hydro.schedulers.decision import Decision
-from lightning_hydro.schedulers.group_sizing import LinearCost
-from lightning_hydro.schedulers.halving_config import HalvingConfig, Mode, TrialId
-from lightning_hydro.schedulers.hyperband import HyperbandRule, hyperband_brackets
-from lightning_hydro.schedulers.memory_rung_store import MemoryRungStore
-from lightning_hydro.schedulers.open_store import StoreSpec, open_store
-from lightning_hydro.schedulers.rung_store import (
-    RungStore,
-    RungStoreError,
-    StoreOpenError,
-    StoreSettingsMismatchError,
-)
-from lightning_hydro.schedulers.sqlalchemy_rung_store import SqlAlchemyRungStore
-from lightning_hydro.schedulers.sqlite_rung_store import SqliteRungStore
-from lightning_hydro.schedulers.successive_halving import SuccessiveHalvingRule
-from lightning_hydro.schedulers.trial_record import TimeAttr, TrialRecord, TrialResult, TrialStatus
+from lightning_hydro.stopping import __all__ as _stopping_names
 
-__all__ = [
-    "AsyncSuccessiveHalving",
-    "BudgetSummary",
-    "DeadlinePolicy",
-    "Decision",
-    "HalvingConfig",
-    "HyperbandRule",
-    "LinearCost",
-    "MemoryRungStore",
-    "Mode",
-    "RungStore",
-    "RungStoreError",
-    "SqlAlchemyRungStore",
-    "SqliteRungStore",
-    "StoreOpenError",
-    "StoreSettingsMismatchError",
-    "StoreSpec",
-    "SuccessiveHalvingRule",
-    "TimeAttr",
-    "TrialId",
-    "TrialProgress",
-    "TrialRecord",
-    "TrialReport",
-    "TrialResult",
-    "TrialStatus",
-    "hyperband_brackets",
-    "open_store",
-    "successive_halving_budget",
-    "summarize_budget",
-]
+_WHY = "(early-stopping rules live in lightning_hydro.stopping; 'scheduler' now means an LR scheduler only)"
 
-# Old names, kept for one release: the rules shared their names with the callbacks of lightning_hydro.callbacks.
+
+def _moved_names(module: str, names: Iterable[str]) -> Callable[[str], Any]:
+    """The ``__getattr__`` of an old module of this package: each name resolves in its new module."""
+    new = module.replace("lightning_hydro.schedulers", "lightning_hydro.stopping", 1)
+    return renamed_names(
+        module,
+        {name: Renamed(f"{new}:{name}", f"moved to {new}.{name} {_WHY}; import it from there") for name in names},
+    )
+
+
 __getattr__ = renamed_names(
     __name__,
     {
-        old: Renamed(
-            f"{__name__}:{new}",
-            f"is renamed {new} (lightning_hydro.callbacks.{old} is the callback); import {new} instead",
-        )
-        for old, new in {"SuccessiveHalving": "SuccessiveHalvingRule", "Hyperband": "HyperbandRule"}.items()
+        **{
+            name: Renamed(
+                f"lightning_hydro.stopping:{name}",
+                f"moved to lightning_hydro.stopping.{name} {_WHY}; import it from there",
+            )
+            for name in _stopping_names
+        },
+        # The rules' names up to 0.1.0, when they shared their names with the callbacks.
+        **{
+            old: Renamed(
+                f"lightning_hydro.stopping:{new}",
+                f"is renamed {new} and moved to lightning_hydro.stopping (lightning_hydro.callbacks.{old} is the "
+                f"callback); import lightning_hydro.stopping.{new} instead",
+            )
+            for old, new in {"SuccessiveHalving": "SuccessiveHalvingRule", "Hyperband": "HyperbandRule"}.items()
+        },
     },
 )
+
+# `open_store` names a function and a module. Importing the module's stub later would set this package's
+# attribute to the stub module and hide the function, which `lightning_hydro.schedulers.open_store` was: import
+# the stub now (later imports find it loaded and set nothing) and drop the attribute, so the name resolves above.
+importlib.import_module(f"{__name__}.open_store")
+del globals()["open_store"]

@@ -7,7 +7,7 @@ everything else here runs in the sweeper: search spaces, samplers, trial groups,
 results and plots.
 """
 
-from lightning_hydro.schedulers import TrialResult
+from lightning_hydro._deprecation import Renamed, renamed_names
 from lightning_hydro.sweeper.fit_from_config import apply_overrides, fit_from_config
 from lightning_hydro.sweeper.fit_trials import TrainerFactory, fit_trials
 from lightning_hydro.sweeper.fusion_limit import FusionProbe, fusion_limit_from_probe, measure_fusion_limit
@@ -21,10 +21,21 @@ __all__ = [
     "FusionProbe",
     "MetricHistory",
     "TrainerFactory",
-    "TrialResult",
     "apply_overrides",
     "fit_from_config",
     "fit_trials",
     "fusion_limit_from_probe",
     "measure_fusion_limit",
 ]
+
+# Exported from lightning_hydro.stopping now (each public name from one package), kept here for one release.
+__getattr__ = renamed_names(
+    __name__,
+    {
+        "TrialResult": Renamed(
+            "lightning_hydro.stopping:TrialResult",
+            "is exported from lightning_hydro.stopping (each public name from one package); "
+            "import lightning_hydro.stopping.TrialResult instead",
+        )
+    },
+)

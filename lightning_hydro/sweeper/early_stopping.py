@@ -16,7 +16,7 @@ from typing import Any
 import lightning as L
 
 from lightning_hydro.callbacks.refill_source import RefillSpec
-from lightning_hydro.schedulers import RungStore
+from lightning_hydro.stopping import RungStore
 from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec
 
 __all__ = ["REFILLING", "SWEEP_TRIAL_PREFIX", "build_stopping_callback"]

@@ -29,7 +29,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_hydro.schedulers import TrialResult
+from lightning_hydro.stopping import TrialResult
 from lightning_hydro.sweeper.app_config import (
     CALLBACKS_KEY,
     DATA_KEY,

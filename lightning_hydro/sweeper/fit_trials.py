@@ -27,7 +27,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lightning_hydro.schedulers import TrialResult, TrialStatus
+from lightning_hydro.stopping import TrialResult, TrialStatus
 from lightning_hydro.sweeper.backend_cache import BackendCache, model_signature
 from lightning_hydro.sweeper.early_stopping import REFILLING, build_stopping_callback
 from lightning_hydro.sweeper.group_search import GroupSearch, group_stopping

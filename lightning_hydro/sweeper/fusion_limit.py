@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from lightning_hydro.schedulers.group_sizing import LinearCost, plan_group_size
+from lightning_hydro.stopping.group_sizing import LinearCost, plan_group_size
 
 if TYPE_CHECKING:
     import lightning as L
@@ -65,7 +65,7 @@ def _line(measured: tuple[float, float]) -> LinearCost:
 def fusion_limit_from_probe(probe: FusionProbe, *, safety_margin: float, max_limit: int) -> int:
     """Return the largest B (<= ``max_limit``) whose extrapolated memory fits ``capacity * (1 - margin)``.
 
-    The sizing rule is Fluid's, kept once in :func:`~lightning_hydro.schedulers.group_sizing.plan_group_size`.
+    The sizing rule is Fluid's, kept once in :func:`~lightning_hydro.stopping.group_sizing.plan_group_size`.
 
     Raises:
         ValueError: if the settings are out of range, or if even one trial does not fit.

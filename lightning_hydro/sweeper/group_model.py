@@ -37,7 +37,7 @@ import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from lightning_hydro.fused import ArchitectureMismatchError
+from lightning_hydro.stacking import ArchitectureMismatchError
 from lightning_hydro.sweeper.app_config import MODEL_KEY
 from lightning_hydro.sweeper.backend_cache import BACKEND_FILE, BackendCache
 from lightning_hydro.sweeper.group_search import GroupSearch

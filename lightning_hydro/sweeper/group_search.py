@@ -26,9 +26,9 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lightning_hydro.schedulers import RungStore, open_store
-from lightning_hydro.schedulers.rung_record import RungEntry, RungRecord
-from lightning_hydro.schedulers.rung_store import AppendResult
+from lightning_hydro.stopping import RungStore, open_store
+from lightning_hydro.stopping.rung_record import RungEntry, RungRecord
+from lightning_hydro.stopping.rung_store import AppendResult
 from lightning_hydro.sweeper.early_stopping import SWEEP_TRIAL_PREFIX
 from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec
 from lightning_hydro.sweeper.json_files import read_json, write_json_atomic

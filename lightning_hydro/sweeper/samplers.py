@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from lightning_hydro._deprecation import Renamed, renamed_names
-from lightning_hydro.schedulers import TrialStatus
+from lightning_hydro.stopping import TrialStatus
 from lightning_hydro.sweeper.search_space import Choice, Configuration, Interval, SearchSpace
 
 __all__ = [

@@ -14,14 +14,17 @@ PACKAGE = Path(lightning_hydro.__file__).parent
 # What each subpackage may import from the others (docs/architecture.md draws this stack).
 ALLOWED = {
     "stacking": set(),
-    "schedulers": set(),
+    "stopping": set(),
     "scaling": set(),
     "demos": set(),
     "backends": {"stacking"},
     "optim": {"stacking"},
-    "fused": {"stacking", "backends", "optim", "scaling", "schedulers"},
-    "callbacks": {"stacking", "backends", "optim", "scaling", "fused", "schedulers"},
-    "sweeper": {"stacking", "backends", "optim", "scaling", "fused", "schedulers", "callbacks", "demos"},
+    "fused": {"stacking", "backends", "optim", "scaling", "stopping"},
+    "callbacks": {"stacking", "backends", "optim", "scaling", "fused", "stopping"},
+    "sweeper": {"stacking", "backends", "optim", "scaling", "fused", "stopping", "callbacks", "demos"},
+    # Deprecated old paths (removed in the next minor release): stubs that forward to `stopping`; no layer may
+    # import them (no other entry names them).
+    "schedulers": {"stopping"},
 }
 
 # Top-level modules every layer may import: pure Python that imports nothing of ours (checked below).
@@ -31,7 +34,7 @@ FLOOR_MODULES = {"_deprecation"}
 # adapter of the fused-operator library, is loaded only when the hfta backend is chosen).
 LIGHTNING_FREE = [
     "lightning_hydro.stacking",
-    "lightning_hydro.schedulers",
+    "lightning_hydro.stopping",
     "lightning_hydro.backends",
     "lightning_hydro.backends.hfta",
     "lightning_hydro.optim",

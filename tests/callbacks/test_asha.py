@@ -10,7 +10,7 @@ from lightning.pytorch.callbacks import Callback
 
 from lightning_hydro.callbacks import ASHA, DEFAULT_STORE_FILE, SuccessiveHalving
 from lightning_hydro.demos import DigitsMLP
-from lightning_hydro.schedulers import AsyncSuccessiveHalving, HalvingConfig, open_store
+from lightning_hydro.stopping import AsyncSuccessiveHalving, HalvingConfig, open_store
 from tests.callbacks.trials import LEARNING_RATES, GroupProbe, fit, fused, mlp, mlps
 
 

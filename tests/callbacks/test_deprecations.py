@@ -5,14 +5,14 @@ import importlib
 import pytest
 
 import lightning_hydro.callbacks as callbacks
-import lightning_hydro.schedulers as schedulers
+import lightning_hydro.stopping as stopping
 
 
 @pytest.mark.parametrize(("old", "new"), [("OutcomeStatus", "TrialStatus"), ("TimeAttr", "TimeAttr")])
 def test_moved_names_warn_and_resolve_to_the_core(old, new):
     assert old not in callbacks.__all__
-    with pytest.warns(DeprecationWarning, match=rf"lightning_hydro.callbacks.{old} is now lightning_hydro.schedulers"):
-        assert getattr(callbacks, old) is getattr(schedulers, new)
+    with pytest.warns(DeprecationWarning, match=rf"lightning_hydro.callbacks.{old} is now lightning_hydro.stopping"):
+        assert getattr(callbacks, old) is getattr(stopping, new)
 
 
 def test_an_unknown_name_is_an_attribute_error():

@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import Callback
 
 from lightning_hydro.callbacks import ASHA
 from lightning_hydro.demos import DigitsDataModule
-from lightning_hydro.schedulers import open_store
+from lightning_hydro.stopping import open_store
 from tests.callbacks.trials import mlp
 from tests.helpers import make_trainer
 

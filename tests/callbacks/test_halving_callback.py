@@ -6,7 +6,7 @@ import pytest
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from lightning_hydro.callbacks import ASHA, Deadline, Hyperband, SuccessiveHalving
-from lightning_hydro.schedulers import StoreOpenError
+from lightning_hydro.stopping import StoreOpenError
 from tests.callbacks.trials import LEARNING_RATES, fit, fused, mlp, mlps
 
 CALLBACKS = [SuccessiveHalving, ASHA, Hyperband]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lightning_hydro.callbacks import Hyperband
-from lightning_hydro.schedulers import HalvingConfig, HyperbandRule
+from lightning_hydro.stopping import HalvingConfig, HyperbandRule
 from tests.callbacks.trials import LEARNING_RATES, fit, fused, mlp, val_losses
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lightning_hydro.callbacks import ASHA
-from lightning_hydro.schedulers import AsyncSuccessiveHalving, HalvingConfig, open_store
+from lightning_hydro.stopping import AsyncSuccessiveHalving, HalvingConfig, open_store
 from tests.callbacks.trials import fit, mlp
 
 PROCESSES = 8

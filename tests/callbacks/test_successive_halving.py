@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lightning_hydro.callbacks import SuccessiveHalving
-from lightning_hydro.schedulers import HalvingConfig, SuccessiveHalvingRule, successive_halving_budget
+from lightning_hydro.stopping import HalvingConfig, SuccessiveHalvingRule, successive_halving_budget
 from tests.callbacks.trials import LEARNING_RATES, GroupProbe, fit, fused, mlp, val_losses
 
 

@@ -4,7 +4,7 @@ built, corrupt sweep state files, a monitor that is never logged, a surrogate ch
 SIGKILL of a whole sweep and of a fused fit, and processes sharing one rung store, are covered where those
 features are tested: ``tests/sweeper/test_resume.py`` (sweeps killed at three moments, basic and joblib
 launchers), ``tests/callbacks/test_resume.py`` (a fit killed between epochs) and
-``tests/schedulers/test_concurrent_processes.py`` (8 processes, one SQLite store).
+``tests/stopping/test_concurrent_processes.py`` (8 processes, one SQLite store).
 """
 
 from __future__ import annotations

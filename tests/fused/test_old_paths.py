@@ -134,7 +134,6 @@ OLD_PATHS = {
     },
     "fused.verify": {
         "FusionMismatchError": "fused.verify.fusion",
-        "differing_attributes": "fused.verify.fusion",
         "verify_fusion": "fused.verify.fusion",
     },
 }
@@ -164,14 +163,6 @@ def test_the_fused_package_exports_the_same_objects():
     from lightning_hydro.fused.module import FusedLightningModule
     from lightning_hydro.fused.verify.fusion import FusionMismatchError
 
-    assert fused.__all__ == [
-        "ArchitectureMismatchError",
-        "FusedLightningModule",
-        "FusionMismatchError",
-        "StackedState",
-        "TrialRecord",
-        "TrialStatus",
-        "format_results_table",
-    ]
+    assert fused.__all__ == ["FusedLightningModule", "FusionMismatchError", "format_results_table"]
     assert fused.FusedLightningModule is FusedLightningModule
     assert fused.FusionMismatchError is FusionMismatchError

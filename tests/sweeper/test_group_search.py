@@ -9,8 +9,8 @@ import optuna
 import pytest
 
 from lightning_hydro.demos import DigitsDataModule, DigitsMLP
-from lightning_hydro.schedulers.rung_record import RungEntry
-from lightning_hydro.schedulers.sqlite_rung_store import SqliteRungStore
+from lightning_hydro.stopping.rung_record import RungEntry
+from lightning_hydro.stopping.sqlite_rung_store import SqliteRungStore
 from lightning_hydro.sweeper.fit_trials import FusedSettings, fit_trials
 from lightning_hydro.sweeper.group_search import ASKED_FILE, ForwardingRungStore, GroupSearch, sweep_trial
 from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec

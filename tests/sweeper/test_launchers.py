@@ -70,7 +70,7 @@ def check_one_search(sweep_dir, n_trials):
     """Every group job asked the sweep's one sampler and recorded into the sweep's one rung store."""
     import optuna
 
-    from lightning_hydro.schedulers import SqliteRungStore
+    from lightning_hydro.stopping import SqliteRungStore
     from lightning_hydro.sweeper.study_channel import STUDY_NAME
 
     trials = read_results(sweep_dir)["trials"]

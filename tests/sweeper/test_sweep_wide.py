@@ -4,7 +4,7 @@ import json
 
 import optuna
 
-from lightning_hydro.schedulers import SqliteRungStore
+from lightning_hydro.stopping import SqliteRungStore
 from lightning_hydro.sweeper.group_search import ASKED_FILE
 from lightning_hydro.sweeper.study_channel import STUDY_NAME
 

@@ -4,7 +4,7 @@ Activations without per-trial settings (ReLU, GELU, SiLU, Tanh, Sigmoid, ... and
 setting for all trials) are left to torch's vmap rules, which already apply the op once to the whole
 ``[B, ...]`` tensor in whatever layout it comes. Other activations whose trials differ in a Python
 setting (ELU ``alpha``, GELU ``approximate``, ...) are handled by
-:class:`~lightning_hydro.backends.hfta.trial_groups.TrialGroupedModule`.
+:class:`~lightning_hydro.backends.hfta.trial_grouped_module.TrialGroupedModule`.
 """
 
 from __future__ import annotations

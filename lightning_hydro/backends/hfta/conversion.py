@@ -23,7 +23,7 @@ from torch import nn
 from lightning_hydro.backends.deferred_metrics import metric_paths
 from lightning_hydro.backends.hfta.errors import ConversionError
 from lightning_hydro.backends.hfta.fused_operator import FusedModule, TrialAnchor
-from lightning_hydro.backends.hfta.per_trial import values_equal
+from lightning_hydro.backends.hfta.per_trial import differing_attributes
 from lightning_hydro.backends.hfta.registry import (
     FUSED_CONTAINERS,
     FUSED_OPERATORS,
@@ -31,7 +31,7 @@ from lightning_hydro.backends.hfta.registry import (
     has_tensors,
     is_groupable,
 )
-from lightning_hydro.backends.hfta.trial_groups import TrialGroupedModule
+from lightning_hydro.backends.hfta.trial_grouped_module import TrialGroupedModule
 
 Outcome = Literal["fused", "grouped", "native", "rejected"]
 
@@ -103,29 +103,6 @@ class ConversionPlan:
         lines += [f"  {d.outcome:<8} {d}" for d in self.decisions]
         lines += [f"  unverified {line}" for line in self.unverified]
         return "\n".join(lines)
-
-
-def differing_attributes(modules: Sequence[nn.Module]) -> list[str]:
-    """Names of public, non-tensor-state attributes whose values differ between ``modules``.
-
-    Example::
-
-        >>> differing_attributes([nn.BatchNorm1d(3, momentum=0.1), nn.BatchNorm1d(3, momentum=0.2)])
-        ['momentum']
-    """
-    names: dict[str, None] = {}
-    for module in modules:
-        names.update(dict.fromkeys(name for name in vars(module) if not name.startswith("_")))
-    names.pop("training", None)
-    missing = object()
-    first = modules[0]
-    return [
-        name
-        for name in names
-        if any(
-            not values_equal(getattr(first, name, missing), getattr(module, name, missing)) for module in modules[1:]
-        )
-    ]
 
 
 def _describe_values(modules: Sequence[nn.Module], names: Sequence[str]) -> str:

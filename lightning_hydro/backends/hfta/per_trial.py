@@ -1,4 +1,9 @@
-"""One Python setting per trial (momentum, eps, dropout p, ...), gathered from the B trial modules."""
+"""One Python setting per trial (momentum, eps, dropout p, ...), gathered from the B trial modules.
+
+Also the comparison every fused backend uses on the trials' Python values: :func:`values_equal` and
+:func:`differing_attributes` (a module's own attributes that differ between trials; the vmap backend's scan of
+a whole trial, :func:`~lightning_hydro.backends.trial_attributes.scan_attributes`, builds on it).
+"""
 
 from __future__ import annotations
 
@@ -14,26 +19,63 @@ T = TypeVar("T")
 
 
 def values_equal(first: Any, second: Any) -> bool:
-    """Whether two module attribute values are equal; tensors compare by shape and content.
+    """Whether two module attribute values are equal: tensors by shape, dtype and content, containers item by item.
 
     Example::
 
         >>> values_equal((1, 1), (1, 1)), values_equal(torch.zeros(2), torch.ones(2))
         (True, False)
+        >>> values_equal([torch.ones(2)], [torch.ones(2)]), values_equal(torch.ones(2), torch.ones(2).double())
+        (True, False)
     """
     if first is second:
         return True
     if isinstance(first, Tensor) or isinstance(second, Tensor):
+        if not (isinstance(first, Tensor) and isinstance(second, Tensor)):
+            return False
+        if first.shape != second.shape or first.dtype != second.dtype:
+            return False
+        first, second = first.detach(), second.detach()
+        if first.device != second.device:
+            first, second = first.cpu(), second.cpu()
+        return bool(torch.equal(first, second))
+    if isinstance(first, (tuple, list)) and isinstance(second, (tuple, list)):
         return (
-            isinstance(first, Tensor)
-            and isinstance(second, Tensor)
-            and first.shape == second.shape
-            and bool(torch.equal(first, second))
+            type(first) is type(second)
+            and len(first) == len(second)
+            and all(values_equal(a, b) for a, b in zip(first, second))
         )
+    if isinstance(first, dict) and isinstance(second, dict):
+        return first.keys() == second.keys() and all(values_equal(first[key], second[key]) for key in first)
     try:
         return bool(first == second)
-    except (TypeError, ValueError, RuntimeError):
+    except Exception:  # an exotic __eq__: treated as different (callers err towards refusing)
         return False
+
+
+def differing_attributes(modules: Sequence[object]) -> list[str]:
+    """Names of the public attributes of the modules' own (not their submodules') whose values differ.
+
+    ``training`` is left out. A module that lacks an attribute another one has differs there.
+
+    Example::
+
+        >>> differing_attributes([nn.BatchNorm1d(3, momentum=0.1), nn.BatchNorm1d(3, momentum=0.2)])
+        ['momentum']
+    """
+    names: dict[str, None] = {}
+    for module in modules:
+        names.update(dict.fromkeys(name for name in vars(module) if not name.startswith("_")))
+    names.pop("training", None)
+    missing = object()
+    first = modules[0]
+    return [
+        name
+        for name in names
+        if any(
+            not values_equal(getattr(first, name, missing), getattr(module, name, missing)) for module in modules[1:]
+        )
+    ]
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lightning_hydro.schedulers.trial_record import TRIAL_STATUSES, TimeAttr, TrialRecord, TrialResult, TrialStatus
+from lightning_hydro.stopping.trial_record import TRIAL_STATUSES, TimeAttr, TrialRecord, TrialResult, TrialStatus
 
 __all__ = ["TrialBook"]
 

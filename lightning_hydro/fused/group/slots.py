@@ -30,8 +30,8 @@ from torch import nn
 from lightning_hydro.fused.group.book import TrialBook
 from lightning_hydro.optim.group_optimizer import TrialGroupOptimizer
 from lightning_hydro.optim.optimizer_config import TrialOptimization
-from lightning_hydro.schedulers.trial_record import ENDED_STATUSES, TrialStatus
 from lightning_hydro.stacking.stacked_state import StackedState
+from lightning_hydro.stopping.trial_record import ENDED_STATUSES, TrialStatus
 
 __all__ = ["TrialSlots"]
 

@@ -31,7 +31,7 @@ from lightning_hydro.backends import StackedLog
 from lightning_hydro.fused.group.book import TrialBook
 from lightning_hydro.fused.group.slots import TrialSlots
 from lightning_hydro.fused.logging.metrics import TrialMetrics, resolve_options
-from lightning_hydro.schedulers.trial_record import TrialRecord, best_trial
+from lightning_hydro.stopping.trial_record import TrialRecord, best_trial
 
 __all__ = ["LogFunction", "TrialPublisher", "chosen_trial", "record_step_logs"]
 

@@ -14,10 +14,18 @@ __all__: list[str] = []
 __getattr__ = renamed_names(
     __name__,
     {
-        name: Renamed(
-            f"lightning_hydro.fused.verify.fusion:{name}",
-            f"moved to lightning_hydro.fused.verify.fusion.{name}; import it from there",
-        )
-        for name in ("FusionMismatchError", "differing_attributes", "verify_fusion")
+        **{
+            name: Renamed(
+                f"lightning_hydro.fused.verify.fusion:{name}",
+                f"moved to lightning_hydro.fused.verify.fusion.{name}; import it from there",
+            )
+            for name in ("FusionMismatchError", "verify_fusion")
+        },
+        # one function is called differing_attributes (lightning_hydro.backends.hfta.per_trial)
+        "differing_attributes": Renamed(
+            "lightning_hydro.fused.verify.fusion:_differing_attribute_texts",
+            "is removed: use [str(a) for a in lightning_hydro.backends.trial_attributes.scan_attributes(modules, "
+            "ids=ids)]",
+        ),
     },
 )

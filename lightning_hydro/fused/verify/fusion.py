@@ -12,13 +12,8 @@ So a float32 difference is only reported if it persists when the fused step itse
 float64 copy of the group), where such flips are ~1e9 times rarer; a real difference (another smoothing,
 temperature, mask) persists.
 
-Example::
-
-    >>> from torch import nn
-    >>> a = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.1))
-    >>> b = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5))
-    >>> differing_attributes([a, b], ids=[0, 1])
-    ['1.p (trial 0: 0.1, trial 1: 0.5)']
+When the check fails, the error names the plain values that differ between the trials
+(:func:`~lightning_hydro.backends.trial_attributes.scan_attributes`) and the values it cannot compare.
 """
 
 from __future__ import annotations
@@ -36,8 +31,7 @@ from torch.func import functional_call
 
 from lightning_hydro.backends.errors import FusionMismatchError, explain_backward_error, name_failed_backward
 from lightning_hydro.backends.python_state import PythonState, copy_template
-from lightning_hydro.backends.trial_attributes import differing_attributes as scan_attributes
-from lightning_hydro.backends.trial_attributes import uncompared_reads
+from lightning_hydro.backends.trial_attributes import scan_attributes, uncompared_reads
 from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.backends.vmap_backend import MethodCaller
 from lightning_hydro.fused.verify.python_arguments import check_python_arguments
@@ -48,11 +42,11 @@ if TYPE_CHECKING:
     from lightning_hydro.backends.base import Backend
     from lightning_hydro.stacking.stacked_state import StackedState
 
-__all__ = ["FusionMismatchError", "differing_attributes", "verify_fusion"]
+__all__ = ["FusionMismatchError", "verify_fusion"]
 
 
-def differing_attributes(modules: Sequence[nn.Module], *, ids: Sequence[int]) -> list[str]:
-    """Plain Python values that differ between the modules, as ``"name (trial a: x, trial b: y)"``."""
+def _differing_attribute_texts(modules: Sequence[nn.Module], *, ids: Sequence[int]) -> list[str]:
+    """What the removed ``lightning_hydro.fused.verify.differing_attributes`` returned (kept for one release)."""
     return [str(attribute) for attribute in scan_attributes(modules, ids=ids)]
 
 

@@ -78,7 +78,7 @@ def _is_user(filename: str) -> bool:
 class _Recorder(TorchFunctionMode):
     def __init__(self, step: CodeType) -> None:
         super().__init__()
-        from lightning_hydro.backends.hfta.trial_groups import TrialGroupedModule
+        from lightning_hydro.backends.hfta.trial_grouped_module import TrialGroupedModule
 
         self.calls: list[ArgumentCall] = []
         self._step = step

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from lightning_hydro.backends.hfta.activations import FusedLeakyReLU, FusedPReLU
-from lightning_hydro.backends.hfta.trial_groups import TrialGroupedModule
+from lightning_hydro.backends.hfta.trial_grouped_module import TrialGroupedModule
 
 from .fusion_check import check_fused_matches_trials, stacked_or_shared
 

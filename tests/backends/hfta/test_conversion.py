@@ -14,7 +14,7 @@ from lightning_hydro.backends.hfta import (
 )
 from lightning_hydro.backends.hfta.convolution import FusedConv2d
 from lightning_hydro.backends.hfta.linear import FusedLinear
-from lightning_hydro.backends.hfta.trial_groups import TrialGroupedModule
+from lightning_hydro.backends.hfta.trial_grouped_module import TrialGroupedModule
 
 from .fusion_check import assert_close
 

@@ -17,6 +17,12 @@ from lightning_hydro.backends.hfta.per_trial import PerTrial, values_equal
         (torch.ones(2), torch.ones(3), False),
         (torch.ones(2), 1.0, False),
         ("tanh", "none", False),
+        ([torch.ones(2)], [torch.ones(2)], True),
+        ([torch.ones(2)], [torch.zeros(2)], False),
+        ((1, 2), [1, 2], False),
+        ({"k": torch.ones(2)}, {"k": torch.ones(2)}, True),
+        ({"k": 1}, {"j": 1}, False),
+        (torch.ones(2), torch.ones(2, dtype=torch.float64), False),
     ],
 )
 def test_values_equal(first: object, second: object, equal: bool) -> None:

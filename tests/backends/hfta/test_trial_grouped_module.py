@@ -1,10 +1,12 @@
+import importlib
+
 import pytest
 import torch
 from torch import nn
 from torch.func import vmap
 
 from lightning_hydro.backends.hfta import FusedCallError
-from lightning_hydro.backends.hfta.trial_groups import TrialGroupedModule, group_trials
+from lightning_hydro.backends.hfta.trial_grouped_module import TrialGroupedModule, group_trials
 
 
 def test_group_trials_keeps_first_appearance_order() -> None:
@@ -39,3 +41,11 @@ def test_modules_that_do_not_return_one_tensor_are_refused() -> None:
     grouped = TrialGroupedModule([Pair(1.0), Pair(2.0)], ["scale"], path="pair")
     with pytest.raises(FusedCallError, match=r"Pair at 'pair' returned tuple; only modules that return one tensor"):
         vmap(grouped)(torch.ones(2, 3))
+
+
+@pytest.mark.parametrize("name", ["TrialGroupedFunction", "TrialGroupedModule", "group_trials", "grouped_rule"])
+def test_the_old_module_path_resolves_with_a_warning(name):
+    old = importlib.import_module("lightning_hydro.backends.hfta.trial_groups")
+    new = importlib.import_module("lightning_hydro.backends.hfta.trial_grouped_module")
+    with pytest.warns(DeprecationWarning, match=rf"hfta.trial_groups.{name} moved to .*trial_grouped_module.{name} "):
+        assert getattr(old, name) is getattr(new, name)

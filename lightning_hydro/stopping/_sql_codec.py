@@ -6,8 +6,8 @@ import json
 import math
 from typing import Any
 
-from lightning_hydro.schedulers.halving_config import TrialId
-from lightning_hydro.schedulers.rung_record import RungRecord
+from lightning_hydro.stopping.halving_config import TrialId
+from lightning_hydro.stopping.rung_record import RungRecord
 
 RECORDS_TABLE = "lightning_hydro_rung_records"
 SETTINGS_TABLE = "lightning_hydro_rung_settings"

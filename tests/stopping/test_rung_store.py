@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_hydro.schedulers import (
+from lightning_hydro.stopping import (
     MemoryRungStore,
     RungStore,
     SqlAlchemyRungStore,
@@ -13,7 +13,7 @@ from lightning_hydro.schedulers import (
     StoreOpenError,
     StoreSettingsMismatchError,
 )
-from lightning_hydro.schedulers.rung_record import RungEntry
+from lightning_hydro.stopping.rung_record import RungEntry
 
 pytest.importorskip("sqlalchemy")
 

@@ -1,6 +1,6 @@
 import pytest
 
-from lightning_hydro.schedulers import HalvingConfig, successive_halving_budget, summarize_budget
+from lightning_hydro.stopping import HalvingConfig, successive_halving_budget, summarize_budget
 
 
 def test_27_trials_eta_3_spend_63_of_243_trial_epochs() -> None:

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_hydro.schedulers import HalvingConfig, HyperbandRule, SuccessiveHalvingRule, hyperband_brackets
-from lightning_hydro.schedulers.hyperband import BracketOrder, assign_to_brackets, bracket_for_position
+from lightning_hydro.stopping import HalvingConfig, HyperbandRule, SuccessiveHalvingRule, hyperband_brackets
+from lightning_hydro.stopping.hyperband import BracketOrder, assign_to_brackets, bracket_for_position
 
 R81 = HalvingConfig("max", grace_period=1, reduction_factor=3, max_t=81)
 

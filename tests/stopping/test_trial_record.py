@@ -1,4 +1,8 @@
-from lightning_hydro.schedulers.trial_record import TrialRecord, best_trial, format_results_table
+import ast
+from pathlib import Path
+
+import lightning_hydro.stopping.trial_record as trial_record
+from lightning_hydro.stopping.trial_record import TrialRecord, best_trial, format_results_table
 
 
 def test_round_trip_and_budget():
@@ -24,3 +28,11 @@ def test_table_lists_validation_metrics_first():
     records = {0: TrialRecord(0, metrics={"train_loss": 1.0, "val_acc": 0.5, "lr": 0.1})}
     header = format_results_table(records).splitlines()[0].split()
     assert header == ["trial", "status", "epochs", "steps", "val_acc", "lr", "train_loss", "note"]
+
+
+def test_the_record_module_imports_nothing_of_ours():
+    """The per-trial record types are the floor every layer shares: pure Python, no module of this package."""
+    tree = ast.parse(Path(trial_record.__file__ or "").read_text())
+    imported = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    assert [name for name in imported if name and name.split(".")[0] == "lightning_hydro"] == []

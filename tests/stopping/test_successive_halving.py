@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_hydro.schedulers import HalvingConfig, SuccessiveHalvingRule, TrialId, summarize_budget
-from lightning_hydro.schedulers.decision import Action
-from lightning_hydro.schedulers.halving_config import keep_count
+from lightning_hydro.stopping import HalvingConfig, SuccessiveHalvingRule, TrialId, summarize_budget
+from lightning_hydro.stopping.decision import Action
+from lightning_hydro.stopping.halving_config import keep_count
 
 CONFIG = HalvingConfig("min", grace_period=1, reduction_factor=3, max_t=9)
 
@@ -113,9 +113,7 @@ def test_resume_from_state_dict_gives_the_uninterrupted_decisions() -> None:
 
 def test_load_state_dict_rejects_other_settings() -> None:
     state = SuccessiveHalvingRule(CONFIG).state_dict()
-    with pytest.raises(
-        ValueError, match=r"checkpoint was made with .*'max_t': 9.* but this scheduler has .*'max_t': 27"
-    ):
+    with pytest.raises(ValueError, match=r"checkpoint was made with .*'max_t': 9.* but this rule has .*'max_t': 27"):
         SuccessiveHalvingRule(HalvingConfig("min", 1, 3, 27)).load_state_dict(state)
 
 

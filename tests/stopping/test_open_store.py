@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_hydro.schedulers import MemoryRungStore, SqlAlchemyRungStore, SqliteRungStore, StoreOpenError, open_store
+from lightning_hydro.stopping import MemoryRungStore, SqlAlchemyRungStore, SqliteRungStore, StoreOpenError, open_store
 
 
 def test_none_gives_a_memory_store_and_a_store_passes_through() -> None:

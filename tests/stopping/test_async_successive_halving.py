@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_hydro.schedulers import (
+from lightning_hydro.stopping import (
     AsyncSuccessiveHalving,
     Decision,
     HalvingConfig,
@@ -106,7 +106,7 @@ def test_processes_with_other_settings_cannot_share_a_namespace() -> None:
     with pytest.raises(
         StoreSettingsMismatchError,
         match=r"namespace 'default' \(bracket 0\) in memory holds records made with .*'mode': 'min'.* "
-        r"but this scheduler uses .*'mode': 'max'.*give this sweep its own namespace",
+        r"but this rule uses .*'mode': 'max'.*give this sweep its own namespace",
     ):
         AsyncSuccessiveHalving(HalvingConfig("max", 1, 3, 9), store)
 
@@ -163,7 +163,7 @@ def test_resume_after_a_crash_replays_reports_already_in_a_shared_store(tmp_path
 
 def test_load_state_dict_rejects_other_settings_and_stores() -> None:
     state = AsyncSuccessiveHalving(CONFIG).state_dict()
-    with pytest.raises(ValueError, match=r"checkpoint was made with .* \(bracket 0\), but this scheduler has"):
+    with pytest.raises(ValueError, match=r"checkpoint was made with .* \(bracket 0\), but this rule has"):
         AsyncSuccessiveHalving(CONFIG, bracket=1).load_state_dict(state)
 
 

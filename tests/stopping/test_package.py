@@ -9,20 +9,20 @@ import sys
 
 import pytest
 
-import lightning_hydro.schedulers as schedulers
+import lightning_hydro.stopping as stopping
 
-MODULES = sorted(module.name for module in pkgutil.iter_modules(schedulers.__path__))
+MODULES = sorted(module.name for module in pkgutil.iter_modules(stopping.__path__))
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples_run(name: str) -> None:
-    module = importlib.import_module(f"{schedulers.__name__}.{name}")
+    module = importlib.import_module(f"{stopping.__name__}.{name}")
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
 
 
 def test_every_public_class_and_function_has_a_docstring() -> None:
-    public = [getattr(schedulers, name) for name in schedulers.__all__]
+    public = [getattr(stopping, name) for name in stopping.__all__]
     undocumented = [
         obj.__name__ for obj in public if (inspect.isclass(obj) or inspect.isfunction(obj)) and not obj.__doc__
     ]
@@ -31,23 +31,11 @@ def test_every_public_class_and_function_has_a_docstring() -> None:
 
 def test_importing_needs_no_torch_lightning_or_sqlalchemy() -> None:
     code = (
-        "import sys, lightning_hydro.schedulers; "
+        "import sys, lightning_hydro.stopping; "
         "print(sorted(m for m in ('torch', 'lightning', 'sqlalchemy', 'numpy') if m in sys.modules))"
     )
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert output.strip() == "[]"
-
-
-@pytest.mark.parametrize(
-    ("old", "new"), [("SuccessiveHalving", "SuccessiveHalvingRule"), ("Hyperband", "HyperbandRule")]
-)
-def test_old_rule_names_still_work_with_a_deprecation_warning(old: str, new: str) -> None:
-    with pytest.warns(DeprecationWarning, match=rf"lightning_hydro.schedulers.{old} is renamed {new} .*import {new}"):
-        rule = getattr(schedulers, old)
-    assert rule is getattr(schedulers, new)
-    missing = "Hyperbands"
-    with pytest.raises(AttributeError, match=r"has no attribute 'Hyperbands'"):
-        getattr(schedulers, missing)
 
 
 def test_the_trial_vocabulary_is_one_set_of_names() -> None:
@@ -55,7 +43,7 @@ def test_the_trial_vocabulary_is_one_set_of_names() -> None:
     fused_module = importlib.import_module("lightning_hydro.fused.module")
     fit_trials = importlib.import_module("lightning_hydro.sweeper.fit_trials")
 
-    assert fused_module.TrialStatus is schedulers.TrialStatus
-    assert trial_ending.TrialStatus is schedulers.TrialStatus
-    assert fit_trials.TrialStatus is schedulers.TrialStatus
-    assert fit_trials.TrialResult is schedulers.TrialResult
+    assert fused_module.TrialStatus is stopping.TrialStatus
+    assert trial_ending.TrialStatus is stopping.TrialStatus
+    assert fit_trials.TrialStatus is stopping.TrialStatus
+    assert fit_trials.TrialResult is stopping.TrialResult

@@ -1,6 +1,6 @@
 import pytest
 
-from lightning_hydro.schedulers.halving_config import (
+from lightning_hydro.stopping.halving_config import (
     HalvingConfig,
     check_budget,
     check_trial_id,

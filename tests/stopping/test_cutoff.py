@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_hydro.schedulers.cutoff import (
+from lightning_hydro.stopping.cutoff import (
     judge_against_quantile,
     judge_against_top_k,
     quantile_score,

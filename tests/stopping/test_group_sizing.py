@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_hydro.schedulers import LinearCost
-from lightning_hydro.schedulers.group_sizing import check_prediction, plan_group_size
+from lightning_hydro.stopping import LinearCost
+from lightning_hydro.stopping.group_sizing import check_prediction, plan_group_size
 
 
 def test_linear_extrapolation_from_one_and_two_trials() -> None:

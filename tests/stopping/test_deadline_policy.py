@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_hydro.schedulers import DeadlinePolicy, HalvingConfig, LinearCost, TrialProgress
+from lightning_hydro.stopping import DeadlinePolicy, HalvingConfig, LinearCost, TrialProgress
 
 POLICY = DeadlinePolicy(HalvingConfig("max", grace_period=1, reduction_factor=3, max_t=10))  # top rung 9
 

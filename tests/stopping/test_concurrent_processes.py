@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from lightning_hydro.schedulers import AsyncSuccessiveHalving, HalvingConfig, open_store
+from lightning_hydro.stopping import AsyncSuccessiveHalving, HalvingConfig, open_store
 
 CONFIG = HalvingConfig("max", grace_period=1, reduction_factor=3, max_t=9)
 PROCESSES = 8

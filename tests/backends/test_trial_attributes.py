@@ -1,0 +1,77 @@
+"""The scan of the trials' Python values, and the one comparison it shares with the hfta conversion."""
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import lightning_hydro
+from lightning_hydro.backends.hfta.per_trial import differing_attributes
+from lightning_hydro.backends.trial_attributes import scan_attributes
+
+
+class Head(nn.Module):
+    def __init__(self, scale: float, tags: list[str], offsets: torch.Tensor) -> None:
+        super().__init__()
+        self.linear = nn.Linear(2, 2)
+        self.scale = scale
+        self.tags = tags
+        self.offsets = offsets  # a plain tensor: not a parameter or buffer
+        self.helper = object()  # not a plain value: left to the first-batch check
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * self.scale + self.offsets
+
+
+def test_the_scan_reports_each_plain_value_that_differs_with_every_trial_value():
+    trials = [
+        nn.Sequential(Head(1.0, ["a"], torch.zeros(2)), nn.Dropout(0.1)),
+        nn.Sequential(Head(2.0, ["a"], torch.zeros(2, dtype=torch.float64)), nn.Dropout(0.1)),
+        nn.Sequential(Head(1.0, ["a"], torch.zeros(2)), nn.Dropout(0.5)),
+    ]
+    found = {a.qualified_name: a for a in scan_attributes(trials, ids=[3, 4, 5])}
+    assert sorted(found) == ["0.offsets", "0.scale", "1.p"]  # tags are equal, helper is not a plain value
+    assert found["0.scale"].values == (1.0, 2.0, 1.0)
+    assert found["0.scale"].ids == (3, 4, 5)
+    assert str(found["1.p"]) == "1.p (trial 3: 0.1, trial 4: 0.1, trial 5: 0.5)"
+
+
+def test_an_attribute_one_trial_lacks_differs_and_shows_as_missing():
+    first, second = nn.Dropout(0.1), nn.Dropout(0.1)
+    second.extra = 3
+    (attribute,) = scan_attributes([first, second], ids=[0, 1])
+    assert (attribute.name, attribute.values) == ("extra", ("<missing>", 3))
+
+
+def test_the_per_module_comparison_sees_only_the_module_s_own_attributes():
+    trials = [nn.Sequential(nn.Dropout(p)) for p in (0.1, 0.5)]
+    assert differing_attributes(trials) == []
+    assert differing_attributes([trial[0] for trial in trials]) == ["p"]
+
+
+def test_one_function_is_named_differing_attributes():
+    package = Path(lightning_hydro.__file__).parent
+    defined = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef) and node.name == "differing_attributes"
+    )
+    assert defined == ["backends/hfta/per_trial.py"]
+
+
+def test_the_old_scan_name_resolves_with_a_warning():
+    module = importlib.import_module("lightning_hydro.backends.trial_attributes")
+    with pytest.warns(DeprecationWarning, match=r"trial_attributes.differing_attributes is renamed scan_attributes"):
+        assert module.differing_attributes is scan_attributes
+
+
+def test_the_removed_verify_helper_still_returns_its_text_with_a_warning():
+    verify = importlib.import_module("lightning_hydro.fused.verify")
+    trials = [nn.Sequential(nn.Linear(2, 2), nn.Dropout(p)) for p in (0.1, 0.5)]
+    with pytest.warns(DeprecationWarning, match=r"verify.differing_attributes is removed: use \[str\(a\) for a in"):
+        old = verify.differing_attributes
+    assert old(trials, ids=[0, 1]) == ["1.p (trial 0: 0.1, trial 1: 0.5)"]
