@@ -90,6 +90,7 @@ def record_walk() -> WalkRecorder:
     ]
     recorder = WalkRecorder(batch=3)
     trainer = L.Trainer(
+        accelerator="cpu",  # on an accelerator the health is read back every 32 steps, not every step
         max_steps=5,
         limit_val_batches=0,
         gradient_clip_val=1.0,
