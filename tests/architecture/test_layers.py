@@ -163,3 +163,79 @@ def test_only_the_sweepers_settings_read_the_hydra_plugins_config_node():
                 if name.split(".")[0] == "hydra_plugins":
                     found.setdefault(str(path.relative_to(PACKAGE)), set()).add(name)
     assert found == {"sweeper/planning/settings.py": {"hydra_plugins.lightning_hydro_sweeper.config"}}
+
+
+# Inside fused/: what each part may import of the others at run time (imports under TYPE_CHECKING aside: they are
+# type annotations). The trials' state (group/) and verification (verify/) import nothing else of fused/; the steady
+# step (step/) knows nothing of the Lightning-facing pieces (lightning/), evaluation or the module; module.py, the
+# LightningModule face, ties them together and nothing below imports it. A top-level module not listed (an old path
+# kept for one release) may import nothing of fused/.
+FUSED_PARTS = {
+    "group": set(),
+    "verify": set(),
+    "logging": {"group"},
+    "step": {"group", "logging", "verify", "rank_sync"},
+    "rank_sync": {"logging", "step"},
+    "optimization": {"group", "step"},
+    "lightning": {"group", "logging", "step"},
+    "evaluation": {"group", "lightning", "step"},
+    "roster": {"evaluation", "lightning", "logging", "optimization", "step"},
+    "arguments": set(),
+    "module": {
+        "arguments",
+        "evaluation",
+        "group",
+        "lightning",
+        "logging",
+        "optimization",
+        "rank_sync",
+        "roster",
+        "step",
+    },
+    "__init__": {"module", "verify"},
+}
+
+
+def runtime_fused_parts(path: Path) -> set[str]:
+    """The parts of fused/ that ``path`` imports outside ``if TYPE_CHECKING:`` blocks."""
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for statement in node.body
+        for inner in ast.walk(statement)
+    }
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[:2] == ["lightning_hydro", "fused"] and len(parts) > 2:
+                found.add(parts[2])
+    return found
+
+
+def fused_part(path: Path) -> str:
+    relative = path.relative_to(PACKAGE / "fused")
+    return relative.parts[0] if len(relative.parts) > 1 else relative.stem
+
+
+def test_the_parts_of_fused_import_only_what_their_rule_allows():
+    violations = sorted(
+        f"{path.relative_to(PACKAGE)} imports lightning_hydro.fused.{other}"
+        for path in (PACKAGE / "fused").rglob("*.py")
+        for other in runtime_fused_parts(path) - FUSED_PARTS.get(fused_part(path), set()) - {fused_part(path)}
+    )
+    assert not violations, violations
+
+
+def test_every_folder_of_fused_has_a_rule():
+    folders = {path.parent.name for path in (PACKAGE / "fused").glob("*/__init__.py")}
+    assert folders <= set(FUSED_PARTS), sorted(folders - set(FUSED_PARTS))

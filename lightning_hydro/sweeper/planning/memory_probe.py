@@ -111,7 +111,7 @@ def measure_fused_step(
     The first step (start-up, backend choice) is excluded from the time and the activation count when
     there are several. ``devices``: the Trainer's (one device: ``1`` or the GPU's index in a list, e.g. ``[2]``).
     """
-    from lightning_hydro.fused.fused_module import FusedLightningModule
+    from lightning_hydro.fused.module import FusedLightningModule
 
     meter = _StepMeter()
     fused = FusedLightningModule(list(modules), backend=backend, summary=False, verify=False)  # type: ignore[arg-type]
