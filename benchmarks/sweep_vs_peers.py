@@ -73,7 +73,8 @@ def _env() -> dict[str, str]:
 
 
 class DeviceMemoryPeak:
-    """Polls ``nvidia-smi`` in a thread: the peak memory in use on GPU 0 above what was in use at the start (MiB).
+    """Polls ``nvidia-smi`` in a thread: the peak memory in use on the first visible GPU above what was in use at
+    the start (MiB).
 
     Counts every process on the device (CUDA contexts included), so K concurrent workers are measured together.
     Inactive (``peak_mib`` stays None) where ``enabled`` is false or ``nvidia-smi`` is missing.
@@ -88,7 +89,8 @@ class DeviceMemoryPeak:
 
     @staticmethod
     def _used_mib() -> float:
-        query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "--id=0"]
+        device = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]  # an index or a UUID
+        query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", f"--id={device}"]
         return float(subprocess.run(query, capture_output=True, text=True, check=True).stdout.split()[0])
 
     def __enter__(self) -> DeviceMemoryPeak:

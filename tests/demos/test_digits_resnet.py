@@ -86,33 +86,35 @@ def test_arguments_are_checked():
         DigitsResNet(momentum=0.0, nesterov=True)
 
 
-def _fit_three_steps(module: L.LightningModule) -> None:
+def _fit_three_steps(module: L.LightningModule, accelerator: str) -> None:
     # float64: ResNet-18 amplifies float32 rounding step by step (docs/hfta.md), so a fusion error would hide
-    trainer = make_trainer(max_steps=3, limit_val_batches=0, precision="64-true")
+    trainer = make_trainer(max_steps=3, limit_val_batches=0, precision="64-true", accelerator=accelerator)
     torch.manual_seed(1234)
     trainer.fit(module, datamodule=Digits32DataModule(batch_size=16, channels=1))
 
 
+@pytest.mark.parametrize("accelerator", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("backend", ["vmap", "hfta", "loop"])
-def test_fused_trials_train_to_the_weights_of_trials_trained_alone(backend):
+def test_fused_trials_train_to_the_weights_of_trials_trained_alone(backend, accelerator):
     trials = []
     for seed, (lr, momentum, weight_decay) in enumerate([(0.01, 0.9, 5e-4), (0.1, 0.5, 1e-4), (0.03, 0.0, 0.0)]):
         torch.manual_seed(seed)
         trials.append(DigitsResNet(width=4, in_channels=1, lr=lr, momentum=momentum, weight_decay=weight_decay))
     alone = [copy.deepcopy(m) for m in trials]
     for module in alone:
-        _fit_three_steps(module)
+        _fit_three_steps(module, accelerator)
     fused = FusedLightningModule([copy.deepcopy(m) for m in trials], backend=backend, summary=False)
-    _fit_three_steps(fused)
+    _fit_three_steps(fused, accelerator)
     assert fused.backend == backend
     for tid, own in enumerate(alone):
         theirs, ours = own.state_dict(), fused.unfuse(tid).state_dict()
         assert ours.keys() == theirs.keys()
         initial = trials[tid].state_dict()
-        moved = [k for k in theirs if not torch.equal(theirs[k], initial[k].to(theirs[k].dtype))]
+        moved = [k for k in theirs if not torch.equal(theirs[k], initial[k].to(theirs[k]))]
         assert len(moved) > 60  # every convolution, BatchNorm and the head changed: training really ran
         worst = max(relative_difference(ours[k], theirs[k]) for k in theirs if theirs[k].is_floating_point())
-        assert worst <= (0.0 if backend == "loop" else 1e-10), (tid, worst)
+        exact = backend == "loop" and accelerator == "cpu"  # cuDNN may pick other algorithms run to run
+        assert worst <= (0.0 if exact else 1e-10), (tid, worst)
         assert all(torch.equal(ours[k], theirs[k]) for k in theirs if not theirs[k].is_floating_point())
 
 

@@ -20,6 +20,7 @@ def test_the_resnet_sweep_fuses_its_trials_into_one_group(tmp_path, monkeypatch)
         "train_resnet",
         "trainer.accelerator=cpu",
         "model.width=4",
+        "+fused.backend=vmap",  # auto's timing of every backend would double this test's time
         "trainer.max_epochs=1",
         "+trainer.limit_train_batches=2",
         "+trainer.limit_val_batches=1",
@@ -33,3 +34,4 @@ def test_the_resnet_sweep_fuses_its_trials_into_one_group(tmp_path, monkeypatch)
     assert {t["group"] for t in trials} == {"group_0000"}  # same width, channels and batch: one fused group
     assert set(trials[0]["params"]) == {"model.lr", "model.momentum", "model.weight_decay"}
     assert all(t["status"] == "completed" and 0.0 <= t["metrics"]["val_acc"] <= 1.0 for t in trials)
+    assert {t["backend"] for t in trials} == {"vmap"}
