@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=9, help="repeats of the B = 4 and B = 8 groups")
     args = parser.parse_args()
     counter = _CountVanished()
-    verify_log = logging.getLogger("lightning_hydro.fused.verify")
+    verify_log = logging.getLogger("lightning_hydro.fused.verify.fusion")
     verify_log.setLevel(logging.INFO)
     verify_log.addHandler(counter)
     reported = checks = 0

@@ -25,7 +25,7 @@ intervals after warm-up steps), so Trainer start-up is excluded (reported separa
 each interval starts and ends with ``torch.cuda.synchronize()`` (else it would time kernel launches only);
 ``benchmarks/gpu_fusion.py`` times windows of many steps between two synchronisations instead.
 Peak memory is the allocator's peak on a GPU, and on the CPU the bytes a step holds (parameters,
-gradients, optimizer state, activations saved for backward; see lightning_hydro/fused/memory_probe.py).
+gradients, optimizer state, activations saved for backward; see lightning_hydro/sweeper/planning/memory_probe.py).
 
 Run::
 
@@ -54,7 +54,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsDataModule, DigitsMLP
-from lightning_hydro.fused.memory_probe import measure_fused_step
+from lightning_hydro.sweeper.planning.memory_probe import measure_fused_step
 
 
 class RandomData(L.LightningDataModule):

@@ -9,7 +9,7 @@ with one rung store per arm shared by all its runs:
 
 - ``separate``: every trial alone, one ``Trainer.fit`` each (groups of one: what a search whose widths
   cannot fuse does today);
-- ``padded``: trials grouped by :func:`~lightning_hydro.sweeper.width_groups.group_by_padded_cost`
+- ``padded``: trials grouped by :func:`~lightning_hydro.sweeper.planning.width_groups.group_by_padded_cost`
   (padding overhead at most ``--max-overhead``, at most ``--group-size`` trials), each group one
   ``FusedLightningModule(pad_widths=True)`` fit.
 
@@ -51,7 +51,7 @@ from lightning_hydro.demos.template_mnist import (
 )
 from lightning_hydro.stacking import StackedState
 from lightning_hydro.stacking.padding import padding_mask
-from lightning_hydro.sweeper.width_groups import group_by_padded_cost
+from lightning_hydro.sweeper.planning.width_groups import group_by_padded_cost
 
 SIZES = (32, 64, 128, 256)
 KEYS = ("lin1_size", "lin2_size", "lin3_size")

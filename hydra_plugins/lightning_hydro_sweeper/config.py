@@ -1,8 +1,9 @@
 """Config of the ``lightning_hydro`` sweeper, registered as ``hydra/sweeper=lightning_hydro``.
 
 Hydra imports this module at every application start (plugin discovery), so it imports nothing but
-Hydra and the standard library. The fields are validated by ``lightning_hydro.sweeper`` when the sweep
-starts, before any job is launched.
+Hydra and the standard library. This is where every default of ``hydra.sweeper`` is written, once: the Sweeper
+passes the fields on as they come, and ``lightning_hydro.sweeper.planning.settings`` reads its defaults from here
+when it validates them, as the sweep starts and before any job is launched.
 """
 
 from dataclasses import dataclass, field
@@ -27,8 +28,8 @@ class SchedulerConf:
             (each partition then runs as one job); ``false`` splits partitions into groups of at most
             the fusion limit, one job each.
         options: further keyword arguments of the callback (e.g. ``deadline`` in seconds for ``deadline``).
-        min_budget: deprecated name of ``grace_period`` (a DeprecationWarning; removed in the next release).
-        max_budget: deprecated name of ``max_t`` (a DeprecationWarning; removed in the next release).
+        min_budget: deprecated name of ``grace_period`` (a DeprecationWarning; removed in 0.3.0).
+        max_budget: deprecated name of ``max_t`` (a DeprecationWarning; removed in 0.3.0).
     """
 
     name: str = "none"

@@ -3,7 +3,8 @@
 The user's ``training_step`` calls ``self.log("train_loss", loss)``. Under a fused backend the step runs
 once for all trials (vmap) or once per trial (loop), and ``loss`` is a per-trial value; Lightning's own
 ``log`` cannot take it. :func:`capture_logs` swaps the module's ``log`` for a recorder while the user's
-code runs; the fused module then aggregates the recorded values per trial (:mod:`.trial_metrics`).
+code runs; the fused module then aggregates the recorded values per trial
+(:mod:`lightning_hydro.fused.logging.metrics`).
 
 Example::
 

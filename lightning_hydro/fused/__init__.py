@@ -1,8 +1,8 @@
 """Fused trials: the FusedLightningModule, per-trial logging and results (stacked state: lightning_hydro.stacking)."""
 
 from lightning_hydro._deprecation import Renamed, renamed_names
-from lightning_hydro.fused.fused_module import FusedLightningModule
-from lightning_hydro.fused.verify import FusionMismatchError
+from lightning_hydro.fused.module import FusedLightningModule
+from lightning_hydro.fused.verify.fusion import FusionMismatchError
 from lightning_hydro.stopping.trial_record import format_results_table
 
 __all__ = [

@@ -1,207 +1,23 @@
-"""The Trainer as one trial of a fused group looks to a Lightning callback that acts on that trial alone.
+"""Moved: :mod:`lightning_hydro.fused.lightning.callback_view` (the Lightning-facing pieces).
 
-:mod:`.trial_callbacks` runs one copy of the user's ``ModelCheckpoint`` / ``EarlyStopping`` /
-``LearningRateMonitor`` per trial and calls its hooks with a :class:`CallbackTrainerView`. Besides what any
-trial's view answers (:class:`~lightning_hydro.fused.trainer_view.TrialTrainerView`: the trial module, its own
-metrics under their unfused names), this view
-
-- records ``trainer.should_stop = True`` as a request to stop this trial (the group stops the trial through
-  its slot; the fit goes on while other trials run);
-- writes ``trainer.save_checkpoint(path)`` as a checkpoint of the trial's own module, in Lightning's format,
-  so that the user's class loads it with ``load_from_checkpoint`` as a checkpoint of the trial trained alone;
-- answers ``optimizers`` / ``lr_scheduler_configs`` with the trial's own optimizers and schedulers (as any trial's
-  view does);
-- logs through ``loggers`` under ``"{name}/trial_{id}"``.
+The old names resolve there for one release, with a ``DeprecationWarning``.
 """
 
-from __future__ import annotations
+from lightning_hydro._deprecation import Renamed, renamed_names
 
-import copy
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+_MOVED = {
+    "TRIAL_CHECKPOINT_KEY": "lightning_hydro.fused.lightning.callback_view",
+    "CallbackTrainerView": "lightning_hydro.fused.lightning.callback_view",
+    "LogBuffer": "lightning_hydro.fused.lightning.callback_view",
+    "TrialCopies": "lightning_hydro.fused.lightning.callback_view",
+    "TrialLogger": "lightning_hydro.fused.lightning.callback_view",
+    "trial_checkpoint": "lightning_hydro.fused.lightning.callback_view",
+}
 
-import lightning as L
-import torch
-from lightning.pytorch.callbacks import Callback
-
-from lightning_hydro.fused.trainer_view import TrialTrainerView
-
-if TYPE_CHECKING:
-    from lightning_hydro.fused.fused_module import FusedLightningModule
-
-__all__ = ["TRIAL_CHECKPOINT_KEY", "CallbackTrainerView", "LogBuffer", "TrialCopies", "TrialLogger", "trial_checkpoint"]
-
-TRIAL_CHECKPOINT_KEY = "lightning_hydro_trial"
-"""Marks a trial's own checkpoint (``{"trial_id": id}``), so that a fused group given one restores the group."""
-
-
-# What per-trial copies of a callback logged in one round, by real logger: (logger, step, metrics).
-LogBuffer = dict[int, tuple[Any, "int | None", dict[str, float]]]
-
-
-class TrialLogger:
-    """A logger that logs a trial's metrics under ``"{name}/trial_{id}"``; everything else is the real logger's.
-
-    With a ``buffer``, metrics are collected there instead, so that one round over the trials makes one
-    ``log_metrics`` call per logger (one row of a CSV file, not one per trial).
-    """
-
-    def __init__(self, logger: Any, trial_id: int, buffer: LogBuffer | None = None) -> None:
-        self._logger = logger
-        self._suffix = f"/trial_{trial_id}"
-        self._buffer = buffer
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        """Log (or collect) ``metrics`` with the trial's suffix."""
-        renamed = {f"{name}{self._suffix}": value for name, value in metrics.items()}
-        if self._buffer is None:
-            self._logger.log_metrics(renamed, step=step)
-            return
-        self._buffer.setdefault(id(self._logger), (self._logger, step, {}))[2].update(renamed)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._logger, name)
-
-
-def _clone(value: Any) -> Any:
-    """Tensors cloned (a trial's tensors are views of the group's: saving a view would save every trial)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, dict):
-        return {k: _clone(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clone(v) for v in value]
-    return value
-
-
-def trial_checkpoint(
-    fused: FusedLightningModule, trial_id: int, trainer: L.Trainer, *, weights_only: bool = False
-) -> dict[str, Any]:
-    """A Lightning checkpoint of the trial's own module, as its unfused run's ``trainer.save_checkpoint`` writes it.
-
-    Holds the epoch, the global step, the weights, the hyperparameters saved by ``save_hyperparameters`` and
-    what the module's ``on_save_checkpoint`` adds; unless ``weights_only``, also the trial's optimizer and LR
-    scheduler states while the trial runs (a trial that has left its slot has none any more). An entry
-    :data:`TRIAL_CHECKPOINT_KEY` names the trial (``load_from_checkpoint`` ignores it).
-    """
-    module = fused.trial_module(trial_id)
-    checkpoint: dict[str, Any] = {
-        "epoch": trainer.current_epoch,
-        "global_step": trainer.global_step,
-        "pytorch-lightning_version": L.__version__,
-        "state_dict": _clone(module.state_dict()),
-        TRIAL_CHECKPOINT_KEY: {"trial_id": trial_id},
-    }
-    optimization = None if fused._optimizer is None else fused._optimizer.trials.get(trial_id)
-    if not weights_only and optimization is not None:
-        fused._optimizer.materialize()  # type: ignore[union-attr]  # the fused fast path keeps state stacked
-        checkpoint["optimizer_states"] = [_clone(o.state_dict()) for o in optimization.optimizers]
-        checkpoint["lr_schedulers"] = [copy.deepcopy(spec.scheduler.state_dict()) for spec in optimization.schedulers]
-        fused._optimizer.rebuild()  # type: ignore[union-attr]
-    if module.hparams:
-        if hasattr(module, "_hparams_name"):
-            checkpoint[module.CHECKPOINT_HYPER_PARAMS_NAME] = module._hparams_name
-        checkpoint[module.CHECKPOINT_HYPER_PARAMS_KEY] = dict(module.hparams)
-    module.on_save_checkpoint(checkpoint)
-    return checkpoint
-
-
-class CallbackTrainerView(TrialTrainerView):
-    """The Trainer as a per-trial copy of a Lightning callback sees it (see the module docstring).
-
-    Args:
-        trainer: the Trainer that fits the fused module.
-        fused: the fused module.
-        trial_id: the trial.
-        log_buffer: if given, what is logged through ``loggers`` is collected there (see :class:`TrialLogger`).
-    """
-
-    _fused: FusedLightningModule
-    _stop: bool
-    _log_buffer: LogBuffer | None
-
-    def __init__(
-        self, trainer: L.Trainer, fused: FusedLightningModule, trial_id: int, log_buffer: LogBuffer | None = None
-    ) -> None:
-        super().__init__(trainer, fused.trial_module(trial_id), trial_id, fused._optimizers)
-        object.__setattr__(self, "_fused", fused)
-        object.__setattr__(self, "_stop", False)
-        object.__setattr__(self, "_log_buffer", log_buffer)
-
-    @property
-    def should_stop(self) -> bool:
-        """Whether the callback asked to stop this trial."""
-        return self._stop
-
-    @should_stop.setter
-    def should_stop(self, value: bool) -> None:
-        object.__setattr__(self, "_stop", bool(value))
-
-    @property
-    def loggers(self) -> list[Any]:
-        """The Trainer's loggers, logging under ``"{name}/trial_{id}"``."""
-        return [TrialLogger(logger, self._trial_id, self._log_buffer) for logger in self._trainer.loggers]
-
-    @property
-    def logger(self) -> Any:
-        """The first of :attr:`loggers`, or None."""
-        loggers = self.loggers
-        return loggers[0] if loggers else None
-
-    def save_checkpoint(
-        self, filepath: Any, weights_only: bool | None = False, storage_options: Any | None = None
-    ) -> None:
-        """Write a checkpoint of the trial's own module (:func:`trial_checkpoint`) to ``filepath``."""
-        checkpoint = trial_checkpoint(self._fused, self._trial_id, self._trainer, weights_only=bool(weights_only))
-        self._trainer.strategy.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
-        self._trainer.strategy.barrier("Trainer.save_checkpoint")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "should_stop":
-            object.__setattr__(self, "_stop", bool(value))
-            return
-        super().__setattr__(name, value)
-
-
-class TrialCopies:
-    """One copy of a user callback per trial, made when a hook first meets the trial.
-
-    Each copy's hooks are called with the Trainer as its trial sees it (:class:`CallbackTrainerView`); states of
-    copies not yet made (after a resume) wait in ``pending_states``.
-
-    Args:
-        template: the user's callback.
-        prepare: adapts a fresh copy to its trial (e.g. its own checkpoint directory) before its ``setup``.
-    """
-
-    def __init__(self, template: Callback, prepare: Callable[[Callback, int], None] | None = None) -> None:
-        self.template = template
-        self.prepare = prepare
-        self.copies: dict[int, Callback] = {}
-        self.pending_states: dict[int, dict[str, Any]] = {}
-        self.stage: str | None = None
-
-    def get(self, trial_id: int, view: CallbackTrainerView) -> Callback:
-        """The trial's copy (made, set up and restored on first use)."""
-        if trial_id not in self.copies:
-            callback = copy.deepcopy(self.template)
-            if self.prepare is not None:
-                self.prepare(callback, trial_id)
-            if self.stage is not None:
-                callback.setup(view, view.lightning_module, self.stage)  # type: ignore[arg-type]
-            if trial_id in self.pending_states:
-                callback.load_state_dict(self.pending_states.pop(trial_id))
-            self.copies[trial_id] = callback
-        return self.copies[trial_id]
-
-    def run(
-        self, trainer: L.Trainer, fused: FusedLightningModule, trial_ids: Sequence[int]
-    ) -> Iterator[tuple[int, Callback, CallbackTrainerView]]:
-        """``(trial id, its copy, its view)`` for each of ``trial_ids``."""
-        for tid in trial_ids:
-            view = CallbackTrainerView(trainer, fused, tid)
-            yield tid, self.get(tid, view), view
-
-    def state_dict(self) -> dict[int, dict[str, Any]]:
-        """Every trial's copy's state (made or pending), by trial id."""
-        return {**self.pending_states, **{tid: c.state_dict() for tid, c in self.copies.items()}}
+__getattr__ = renamed_names(
+    __name__,
+    {
+        name: Renamed(f"{where}:{name}", f"moved to {where}.{name}; import it from there")
+        for name, where in _MOVED.items()
+    },
+)

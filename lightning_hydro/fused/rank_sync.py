@@ -4,7 +4,7 @@ DDP runs the fused module in every process, each on its share of every batch, an
 every rank must hold the same trials in the same rows, skip the same rows and decide alike:
 
 - what the trials log with ``sync_dist=True`` is reduced across the ranks (:attr:`TrialMetrics.reduce
-  <lightning_hydro.fused.trial_metrics.TrialMetrics.reduce>`, set by :meth:`RankSync.setup`);
+  <lightning_hydro.fused.logging.metrics.TrialMetrics.reduce>`, set by :meth:`RankSync.setup`);
 - a row whose loss is not finite on any rank is skipped on every rank (:func:`rows_bad_on_any_rank`): one
   element-wise ``all_reduce`` per step, no wait for the device;
 - ``backend="auto"`` takes rank zero's choice (timings differ between processes: :meth:`RankSync.chooser`);
@@ -37,8 +37,8 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torch import Tensor
 
-from lightning_hydro.fused.backend_policy import Chooser
-from lightning_hydro.fused.trial_metrics import ReduceFx, Reducer
+from lightning_hydro.fused.logging.metrics import ReduceFx, Reducer
+from lightning_hydro.fused.step.backend_policy import Chooser
 
 __all__ = ["HAND_BACK_KEY", "RankSync", "rows_bad_on_any_rank"]
 

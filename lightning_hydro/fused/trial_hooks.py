@@ -1,103 +1,22 @@
-"""The trials' own hooks in a fused group: what their code logs per trial, and which hooks the group has.
+"""Moved: each name where ``_MOVED`` says.
 
-A fused step returns each metric the user's step logged as a ``[B]`` tensor (or per-trial metric objects);
-:func:`record_step_logs` books them in :class:`~lightning_hydro.fused.trial_metrics.TrialMetrics` under Lightning's
-options. Epoch- and fit-level hooks that the trial modules implement run per trial
-(:func:`forward_hook`), their ``self.log`` calls recorded as that trial's epoch values. Steps and data hooks
-the trials do not implement are hidden on the fused module (:func:`hide_absent_hooks`).
+The old names resolve there for one release, with a ``DeprecationWarning``.
 """
 
-from __future__ import annotations
+from lightning_hydro._deprecation import Renamed, renamed_names
 
-from collections.abc import Sequence
-from typing import Any
-
-import lightning as L
-from lightning.pytorch.utilities.data import extract_batch_size
-from lightning.pytorch.utilities.model_helpers import is_overridden
-from torch import Tensor
-
-from lightning_hydro.backends import StackedLog
-from lightning_hydro.backends.errors import ESCAPED_TENSOR_MESSAGES, escaped_tensor_error
-from lightning_hydro.backends.python_state import trial_code_ran
-from lightning_hydro.backends.trial_logging import capture_logs
-from lightning_hydro.fused.trial_metrics import TrialMetrics, resolve_options
-
-__all__ = ["FORWARDED_HOOKS", "OPTIONAL_HOOKS", "forward_hook", "hide_absent_hooks", "record_step_logs"]
-
-# Epoch- and fit-level hooks forwarded to every running trial that overrides them (with its logging captured).
-FORWARDED_HOOKS = {
-    "on_fit_start": None,
-    "on_train_start": None,
-    "on_train_epoch_start": "train",
-    "on_train_epoch_end": "train",
-    "on_validation_epoch_start": "validate",
-    "on_validation_epoch_end": "validate",
-    "on_test_epoch_start": "test",
-    "on_test_epoch_end": "test",
-    "on_train_end": None,
-    "on_fit_end": None,
+_MOVED = {
+    "FORWARDED_HOOKS": "lightning_hydro.fused.lightning.hooks",
+    "OPTIONAL_HOOKS": "lightning_hydro.fused.lightning.hooks",
+    "forward_hook": "lightning_hydro.fused.lightning.hooks",
+    "hide_absent_hooks": "lightning_hydro.fused.lightning.hooks",
+    "record_step_logs": "lightning_hydro.fused.logging.publisher",
 }
 
-# Hooks of the trial modules that the fused module exposes only if the trials implement them, so that
-# Lightning sees the same loops as in an unfused run (e.g. no validation loop without a validation_step).
-OPTIONAL_HOOKS = (
-    "validation_step",
-    "test_step",
-    "train_dataloader",
-    "val_dataloader",
-    "test_dataloader",
-    "predict_dataloader",
+__getattr__ = renamed_names(
+    __name__,
+    {
+        name: Renamed(f"{where}:{name}", f"moved to {where}.{name}; import it from there")
+        for name, where in _MOVED.items()
+    },
 )
-
-
-def hide_absent_hooks(fused: L.LightningModule, trial: L.LightningModule) -> None:
-    """Hide each of :data:`OPTIONAL_HOOKS` that ``trial`` does not implement from Lightning on ``fused``."""
-    for hook in OPTIONAL_HOOKS:
-        if not is_overridden(hook, trial, L.LightningModule):
-            fused.__dict__[hook] = None  # Lightning's is_overridden() then reports False
-
-
-def _as_float(value: Any) -> float:
-    if hasattr(value, "compute") and hasattr(value, "reset"):  # a torchmetrics Metric
-        value = value.compute()
-    return float(value.detach().float().reshape(()) if isinstance(value, Tensor) else value)
-
-
-def forward_hook(hook: str, running: Sequence[tuple[int, Any]], metrics: TrialMetrics) -> None:
-    """Run ``hook`` of every running trial that overrides it; record what it logs as the trial's epoch values."""
-    phase = FORWARDED_HOOKS[hook]
-    trial_code_ran()  # the hooks may change each trial's Python state its own way
-    for tid, module in running:
-        if not is_overridden(hook, module, L.LightningModule):
-            continue
-        with capture_logs(module) as calls:
-            try:
-                getattr(module, hook)()
-            except RuntimeError as err:
-                if not any(needle in str(err) for needle in ESCAPED_TENSOR_MESSAGES):
-                    raise
-                where = f"{type(module).__name__}.{hook} of trial {tid}"
-                raise escaped_tensor_error(err, backend="vmap'/'hfta", where=where) from err
-        if phase is not None:
-            for call in calls:
-                options = resolve_options(hook, call.options) if call.options.get("sync_dist") else None
-                metrics.record_epoch_value(phase, call.name, {tid: _as_float(call.value)}, options)
-
-
-def record_step_logs(
-    metrics: TrialMetrics, phase: str, hook: str, logs: list[StackedLog], trial_ids: Sequence[int], batch: Any
-) -> None:
-    """Book a fused step's logged values (row i belongs to ``trial_ids[i]``); no value is read to the host."""
-    batch_size: int | None = None
-    for log in logs:
-        options = resolve_options(hook, log.options)
-        if isinstance(log.values, list):  # per-trial objects (torchmetrics Metric): computed at epoch end
-            metrics.record_objects(phase, log.name, dict(zip(trial_ids, log.values)), options)
-            continue
-        size = log.options.get("batch_size")
-        if size is None and options.on_epoch:  # only epoch means are weighted by the batch size
-            if batch_size is None:
-                batch_size = extract_batch_size(batch)
-            size = batch_size
-        metrics.record(phase, log.name, log.values, options, trial_ids=trial_ids, batch_size=size or 1)

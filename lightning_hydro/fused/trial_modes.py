@@ -1,42 +1,18 @@
-"""Train/eval modes of the trial modules around evaluation.
+"""Moved: :mod:`lightning_hydro.fused.evaluation.modes` (evaluation).
 
-Lightning records the train/eval mode of the LightningModule's submodules before evaluation and restores it
-after; the trial modules of a fused group are not its submodules, so their modes are recorded and restored
-here, and a trial added during evaluation is given the mode the others return to.
+The old names resolve there for one release, with a ``DeprecationWarning``.
 """
 
-from __future__ import annotations
+from lightning_hydro._deprecation import Renamed, renamed_names
 
-from collections.abc import Iterable
+_MOVED = {
+    "TrialModes": "lightning_hydro.fused.evaluation.modes",
+}
 
-from torch import nn
-
-__all__ = ["TrialModes"]
-
-
-class TrialModes:
-    """The modes recorded before an evaluation, restored after it."""
-
-    def __init__(self) -> None:
-        self._saved: list[tuple[nn.Module, bool]] = []
-
-    def capture(self, owner: nn.Module, trials: Iterable[nn.Module]) -> None:
-        """Record the mode of ``owner`` and every trial module (and their submodules)."""
-        modules = [*owner.modules(), *(m for trial in trials for m in trial.modules())]
-        self._saved = [(m, m.training) for m in modules]
-
-    def set_newcomer(self, owner: nn.Module, module: nn.Module) -> None:
-        """A trial added during evaluation trains after it, like the others: record that mode for the restore."""
-        before_evaluation = next((mode for m, mode in self._saved if m is owner), None)
-        if before_evaluation is None:
-            module.train(owner.training)
-            return
-        module.train(before_evaluation)
-        self._saved += [(m, m.training) for m in module.modules()]
-        module.eval()
-
-    def restore(self) -> None:
-        """Put every recorded mode back."""
-        for module, mode in self._saved:
-            module.training = mode
-        self._saved = []
+__getattr__ = renamed_names(
+    __name__,
+    {
+        name: Renamed(f"{where}:{name}", f"moved to {where}.{name}; import it from there")
+        for name, where in _MOVED.items()
+    },
+)

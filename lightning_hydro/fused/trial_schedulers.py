@@ -1,32 +1,19 @@
-"""Each trial's LR schedulers as Lightning scheduler configs (stepped by Lightning's own rules, per trial)."""
+"""Moved: :mod:`lightning_hydro.fused.optimization` (the optimizer hand-shake with Lightning).
 
-from __future__ import annotations
+The old names resolve there for one release, with a ``DeprecationWarning``.
+"""
 
-from lightning.pytorch.utilities.types import LRSchedulerConfig
+from lightning_hydro._deprecation import Renamed, renamed_names
 
-from lightning_hydro.optim.group_optimizer import TrialGroupOptimizer, TrialScheduler
+_MOVED = {
+    "drop_scheduler_configs": "lightning_hydro.fused.optimization",
+    "scheduler_configs": "lightning_hydro.fused.optimization",
+}
 
-__all__ = ["drop_scheduler_configs", "scheduler_configs"]
-
-
-def scheduler_configs(optimizer: TrialGroupOptimizer, trial_id: int) -> list[LRSchedulerConfig]:
-    """Lightning configs for the trial's schedulers; names and monitored keys get ``/trial_{id}``."""
-    configs = []
-    for spec in optimizer.trials[trial_id].schedulers:
-        configs.append(
-            LRSchedulerConfig(
-                scheduler=TrialScheduler(optimizer, trial_id, spec.scheduler),  # type: ignore[arg-type]
-                name=None if spec.name is None else f"{spec.name}/trial_{trial_id}",
-                interval=spec.interval,
-                frequency=spec.frequency,
-                reduce_on_plateau=spec.reduce_on_plateau,
-                monitor=None if spec.monitor is None else f"{spec.monitor}/trial_{trial_id}",
-                strict=spec.strict,
-            )
-        )
-    return configs
-
-
-def drop_scheduler_configs(configs: list[LRSchedulerConfig], trial_id: int) -> None:
-    """Remove, in place, the configs of a trial that left the group."""
-    configs[:] = [c for c in configs if getattr(c.scheduler, "trial_id", None) != trial_id]
+__getattr__ = renamed_names(
+    __name__,
+    {
+        name: Renamed(f"{where}:{name}", f"moved to {where}.{name}; import it from there")
+        for name, where in _MOVED.items()
+    },
+)

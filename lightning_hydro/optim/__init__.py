@@ -2,7 +2,7 @@
 
 Users meet this package through ``FusedLightningModule(optimizer_path=...)``; the names below are what they
 may need. The group optimizer (:mod:`~lightning_hydro.optim.group_optimizer`) and the parsing of
-``configure_optimizers`` (:mod:`~lightning_hydro.optim.trial_optimization`) stay importable from their modules; the
+``configure_optimizers`` (:mod:`~lightning_hydro.optim.optimizer_config`) stay importable from their modules; the
 fused updates (which are not ``torch.optim.Optimizer``s) are part of the steady fused step,
 :mod:`lightning_hydro.fused.step.fused_update`.
 """
@@ -10,7 +10,7 @@ fused updates (which are not ``torch.optim.Optimizer``s) are part of the steady 
 from lightning_hydro._deprecation import Renamed, renamed_names
 from lightning_hydro.optim.clipping import clip_grad_norm_per_trial, clip_grad_value_per_trial
 from lightning_hydro.optim.group_optimizer import OptimizerPath
-from lightning_hydro.optim.trial_optimization import OptimizerConfigError
+from lightning_hydro.optim.optimizer_config import OptimizerConfigError
 
 __all__ = ["OptimizerConfigError", "OptimizerPath", "clip_grad_norm_per_trial", "clip_grad_value_per_trial"]
 

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_hydro.optim.trial_optimization import TrialOptimization
+from lightning_hydro.optim.optimizer_config import TrialOptimization
 
 if TYPE_CHECKING:
     from lightning_hydro.stacking.stacked_state import StackedState

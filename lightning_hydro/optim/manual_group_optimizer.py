@@ -10,7 +10,7 @@ Example::
 
     >>> import torch
     >>> from torch import nn
-    >>> from lightning_hydro.optim.trial_optimization import TrialOptimization
+    >>> from lightning_hydro.optim.optimizer_config import TrialOptimization
     >>> from lightning_hydro.stacking.stacked_state import StackedState
     >>> trials = [nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1)) for _ in range(2)]
     >>> group = StackedState(nn.Module(), trials, [0, 1])
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from typing_extensions import override
 
 from lightning_hydro.optim.group_optimizer import RowsToSkip, StepReport, TrialGroupOptimizer
-from lightning_hydro.optim.trial_optimization import TrialOptimization
+from lightning_hydro.optim.optimizer_config import TrialOptimization
 
 if TYPE_CHECKING:
     from lightning_hydro.stacking.stacked_state import StackedState

@@ -19,16 +19,18 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from lightning_hydro._deprecation import removal_version
 from lightning_hydro.sweeper.json_files import CorruptStateFile, read_json, read_json_or_redo, write_json_atomic
-from lightning_hydro.sweeper.trial_groups import GroupKind
 
 __all__ = [
+    "ERROR_FILE",
     "GROUP_ENV",
     "RESULT_FILE",
     "STATE_DIR",
     "EarlyStoppingSpec",
+    "GroupKind",
     "GroupSpec",
     "TrialSpec",
     "group_launch_overrides",
@@ -36,12 +38,32 @@ __all__ = [
     "read_group_result",
     "read_group_spec",
     "spec_path",
+    "trial_seed",
     "write_group_result",
 ]
 
 GROUP_ENV = "LIGHTNING_HYDRO_GROUP"
 STATE_DIR = "lightning_hydro"
 RESULT_FILE = "group_result.json"
+ERROR_FILE = "job_error.txt"
+"""A failed job's traceback, in its job directory: written by the job, logged by the sweeper."""
+
+GroupKind = Literal["search", "retrain", "probe"]
+
+
+def trial_seed(config_seed: int | None, sweep_seed: int, trial_id: int) -> int:
+    """The seed a trial's module is built with: the config's ``seed``, or one derived from the sweep's.
+
+    A ``seed: null`` config (lightning-hydra-template's default) gives each trial its own reproducible seed.
+
+    Example::
+
+        >>> trial_seed(7, 0, 3), trial_seed(None, 0, 3) == trial_seed(None, 0, 3) != trial_seed(None, 0, 4)
+        (7, True)
+    """
+    if config_seed is not None:
+        return int(config_seed)
+    return (sweep_seed * 1_000_003 + 7919 * (trial_id + 1)) % (2**31 - 1)
 
 
 @dataclass(frozen=True)
@@ -88,7 +110,7 @@ class EarlyStoppingSpec:
         for old, (new, value) in renamed.items():
             warnings.warn(
                 f"EarlyStoppingSpec({old}) is renamed {new} (the callbacks' name); pass {new}={value!r}. The old "
-                "name will be removed in the next release.",
+                f"name will be removed in {removal_version()}.",
                 DeprecationWarning,
                 stacklevel=3,
             )
@@ -121,10 +143,10 @@ class GroupSpec:
             (``backend``, ``optimizer_path``, ``deterministic``, ``pad_widths``: the app config's ``fused``
             section).
         search: the group's part in the sweep-wide search (see
-            :class:`~lightning_hydro.sweeper.group_search.GroupSearch`): its quota of trials, its partition and
+            :class:`~lightning_hydro.sweeper.job.group_search.GroupSearch`): its quota of trials, its partition and
             the sweep's sampler; empty when freed slots take only the group's planned trials.
         launch: the Hydra overrides the job was launched with; a rank that Lightning's DDP re-launches runs the
-            job again with them (see :mod:`~lightning_hydro.sweeper.rank_relaunch`).
+            job again with them (see :mod:`~lightning_hydro.sweeper.job.rank_relaunch`).
     """
 
     group_id: str

@@ -16,7 +16,7 @@ from lightning_hydro.backends import FusionError, make_backend
 from lightning_hydro.backends.auto import choose_backend, clear_backend_cache
 from lightning_hydro.backends.python_state import FRAMEWORK_KEYS, PythonState, trial_code_ran, user_keys
 from lightning_hydro.demos import DigitsMLP
-from lightning_hydro.fused.verify import verify_fusion
+from lightning_hydro.fused.verify.fusion import verify_fusion
 from lightning_hydro.stacking.stacked_state import StackedState
 from tests.helpers import fit_digits, make_trainer
 

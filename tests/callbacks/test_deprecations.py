@@ -42,7 +42,7 @@ def test_the_outcomes_attribute_is_endings_with_a_warning():
 
 
 def test_the_samplers_trial_outcome_is_sampler_feedback_with_a_warning():
-    samplers = importlib.import_module("lightning_hydro.sweeper.samplers")
+    samplers = importlib.import_module("lightning_hydro.sweeper.planning.samplers")
     assert "TrialOutcome" not in samplers.__all__
     with pytest.warns(DeprecationWarning, match=r"samplers.TrialOutcome is renamed SamplerFeedback .*import Sampler"):
         assert samplers.TrialOutcome is samplers.SamplerFeedback

@@ -24,7 +24,7 @@ from lightning_hydro.backends.base import StepOutputs
 from lightning_hydro.backends.vmap_backend import VmapBackend
 from lightning_hydro.demos import DigitsMLP
 from lightning_hydro.demos.digits import load_digits_tensors
-from lightning_hydro.fused.verify import compare, verify_fusion
+from lightning_hydro.fused.verify.fusion import compare, verify_fusion
 from lightning_hydro.stacking import StackedState
 from tests.helpers import (
     fit_digits,
@@ -343,7 +343,7 @@ def _digits_batch() -> Any:
 def test_a_float32_jump_the_fused_float64_step_does_not_reproduce_is_not_a_mismatch(caplog):
     trials = [seeded(lambda lr=lr: DigitsMLP(hidden_dim=16, lr=lr), [i])[0] for i, lr in enumerate([0.1, 0.3])]
     group = StackedState(torch.nn.Module(), trials, [0, 1])
-    with caplog.at_level(logging.INFO, logger="lightning_hydro.fused.verify"):
+    with caplog.at_level(logging.INFO, logger="lightning_hydro.fused.verify.fusion"):
         assert verify_fusion(group, KinkFlipVmap(group), [0, 1], _digits_batch(), 0)
     assert "trial 0's float32 difference (gradient of body.0.weight: |fused - own|" in caplog.text
     assert "vanishes when the fused step runs in float64" in caplog.text

@@ -26,13 +26,13 @@ from lightning_hydro import FusedLightningModule
 from lightning_hydro.callbacks import ASHA
 from lightning_hydro.demos import DigitsDataModule, DigitsMLP
 from lightning_hydro.scaling import Surrogate
-from lightning_hydro.sweeper.fit_trials import FusedSettings, fit_trials
 from lightning_hydro.sweeper.group_spec import GROUP_ENV, EarlyStoppingSpec, read_group_spec, spec_path
+from lightning_hydro.sweeper.job.fit_trials import FusedSettings, fit_trials
+from lightning_hydro.sweeper.job.trainer_factory import ConfigTrainerFactory
 from lightning_hydro.sweeper.json_files import CorruptStateFile
-from lightning_hydro.sweeper.search_space import Configuration
-from lightning_hydro.sweeper.sweep_state import SweepState
-from lightning_hydro.sweeper.trainer_factory import ConfigTrainerFactory
-from lightning_hydro.sweeper.trial_groups import Trial
+from lightning_hydro.sweeper.planning.search_space import Configuration
+from lightning_hydro.sweeper.planning.sweep_state import SweepState
+from lightning_hydro.sweeper.planning.trial_groups import Trial
 from tests.callbacks.trials import LEARNING_RATES, fit, fused, mlp, mlps
 from tests.helpers import make_trainer
 from tests.sweeper.conftest import TINY, read_results, run_sweep

@@ -38,7 +38,7 @@ def test_a_pinned_backend_is_in_every_trials_results_from_the_start(backend):
 
 def test_autos_choice_is_recorded_for_every_trial_and_a_newcomer(monkeypatch):
     monkeypatch.setattr(
-        "lightning_hydro.fused.fused_module.choose_backend",
+        "lightning_hydro.fused.module.choose_backend",
         lambda group, candidates, run_step, **kwargs: AutoChoice(dict(candidates)["vmap"]()),
     )
     fused = FusedLightningModule(mlps(), backend="auto", max_slots=4, summary=False)
@@ -74,7 +74,7 @@ def test_deterministic_must_be_a_bool():
 
 def test_a_resumed_run_reuses_the_recorded_backend_without_choosing_again(tmp_path, monkeypatch):
     monkeypatch.setattr(
-        "lightning_hydro.fused.fused_module.choose_backend",
+        "lightning_hydro.fused.module.choose_backend",
         lambda group, candidates, run_step, **kwargs: AutoChoice(dict(candidates)["vmap"]()),
     )
     fused = FusedLightningModule(mlps(), backend="auto", summary=False)
@@ -85,7 +85,7 @@ def test_a_resumed_run_reuses_the_recorded_backend_without_choosing_again(tmp_pa
     def refuse(*args, **kwargs):
         raise AssertionError("the resumed run chose its backend again")
 
-    monkeypatch.setattr("lightning_hydro.fused.fused_module.choose_backend", refuse)
+    monkeypatch.setattr("lightning_hydro.fused.module.choose_backend", refuse)
     resumed = FusedLightningModule(mlps(), backend="auto", summary=False)
     fit_digits(make_trainer(max_steps=4), resumed, ckpt_path=tmp_path / "mid.ckpt")
     assert resumed.backend == "vmap"

@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsMNISTDataModule, MNISTLitModule, SimpleDenseNet
-from lightning_hydro.fused.trainer_view import trial_metrics_view
+from lightning_hydro.fused.lightning.trainer_view import trial_metrics_view
 from lightning_hydro.stacking.stacked_state import storage_key
 from tests.helpers import make_trainer, max_state_difference, seeded
 

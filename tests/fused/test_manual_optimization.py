@@ -1,5 +1,5 @@
 """Trials that use manual optimization (a GAN's two optimizers, clipping and accumulation by hand) fuse, each trial
-equal to its run alone (lightning_hydro/fused/manual_steps.py)."""
+equal to its run alone (lightning_hydro/fused/step/manual_steps.py)."""
 
 from __future__ import annotations
 

@@ -131,7 +131,7 @@ def test_auto_runs_a_lone_trial_on_the_loop_and_a_newcomer_brings_its_choice_bac
     def choose(group, candidates, run_step, **kwargs):  # auto's timing is machine-dependent: fix its choice
         return auto.AutoChoice(dict(candidates)[chosen]())
 
-    monkeypatch.setattr("lightning_hydro.fused.fused_module.choose_backend", choose)
+    monkeypatch.setattr("lightning_hydro.fused.module.choose_backend", choose)
     trials = mixed_optimizer_mlps()
     separate = train_separately(trials[2:3], fit_digits, max_epochs=3, limit_train_batches=4, limit_val_batches=1)
     probe = StopAllBut(keep=2, newcomer=DigitsMLP(hidden_dim=32, lr=0.1))
@@ -146,7 +146,7 @@ def test_a_checkpoint_keeps_autos_choice_while_a_lone_trial_runs_on_the_loop(mon
     from lightning_hydro.backends import auto
 
     monkeypatch.setattr(
-        "lightning_hydro.fused.fused_module.choose_backend",
+        "lightning_hydro.fused.module.choose_backend",
         lambda group, candidates, run_step, **kwargs: auto.AutoChoice(dict(candidates)["vmap"]()),
     )
     fused = FusedLightningModule([DigitsMLP(hidden_dim=8), DigitsMLP(hidden_dim=8)], backend="auto", summary=False)
@@ -182,7 +182,7 @@ def test_auto_runs_a_group_of_one_on_the_loop_untimed_and_times_once_a_second_tr
         sizes.append(group.size)
         return auto.AutoChoice(dict(candidates)["vmap"]())
 
-    monkeypatch.setattr("lightning_hydro.fused.fused_module.choose_backend", choose)
+    monkeypatch.setattr("lightning_hydro.fused.module.choose_backend", choose)
     trial = seeded(lambda: DigitsMLP(hidden_dim=16, lr=0.1), [3])[0]
     alone = train_separately([trial], fit_digits, max_epochs=1, limit_train_batches=4, limit_val_batches=0)[0]
     probe = AddOneAtFirstEpochEnd(DigitsMLP(hidden_dim=16, lr=0.05))

@@ -11,7 +11,7 @@ import torch
 
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos.template_mnist import DigitsMNISTDataModule, MNISTLitModule, SimpleDenseNet
-from lightning_hydro.fused.trainer_view import TrialTrainerView, trial_metrics_view
+from lightning_hydro.fused.lightning.trainer_view import TrialTrainerView, trial_metrics_view
 from tests.helpers import make_trainer
 
 

@@ -1,5 +1,6 @@
 """Lightning's accessors answer per trial in a fused group: ``self.optimizers()``, ``self.lr_schedulers()`` and
-``self.trainer.optimizers`` are the trial's own, as in its run alone (lightning_hydro/fused/trial_strategy.py)."""
+``self.trainer.optimizers`` are the trial's own, as in its run alone
+(lightning_hydro/fused/lightning/strategy_view.py)."""
 
 from __future__ import annotations
 
@@ -180,7 +181,7 @@ def test_callbacks_see_the_trials_own_optimizers_too() -> None:
     fused = FusedLightningModule(modules, backend="loop", summary=False)
     trainer = make_trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1)
     trainer.fit(fused, datamodule=DigitsDataModule())
-    from lightning_hydro.fused.callback_view import CallbackTrainerView
+    from lightning_hydro.fused.lightning.callback_view import CallbackTrainerView
 
     for tid, module in enumerate(modules):
         view = CallbackTrainerView(trainer, fused, tid)

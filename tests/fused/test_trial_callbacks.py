@@ -1,5 +1,5 @@
 """Lightning's own callbacks, configured as for one model, act per trial on a fused group (tests mirror
-lightning_hydro/fused/trial_callbacks.py)."""
+lightning_hydro/fused/lightning/callbacks.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from lightning_hydro import FusedLightningModule
 from lightning_hydro.callbacks import ASHA
 from lightning_hydro.demos import DigitsMLP
 from lightning_hydro.demos.template_mnist import DigitsMNISTDataModule, MNISTLitModule, SimpleDenseNet
-from lightning_hydro.fused.trial_callbacks import CallbackNotPerTrialError, per_trial_callbacks
+from lightning_hydro.fused.lightning.callbacks import CallbackNotPerTrialError, per_trial_callbacks
 from tests.helpers import fit_digits, learned_state_difference, make_trainer
 
 NET = dict(lin1_size=32, lin2_size=32, lin3_size=16)

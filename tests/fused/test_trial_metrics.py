@@ -4,7 +4,7 @@ import pytest
 import torch
 import torchmetrics
 
-from lightning_hydro.fused.trial_metrics import MetricOptions, TrialMetrics, resolve_options
+from lightning_hydro.fused.logging.metrics import MetricOptions, TrialMetrics, resolve_options
 
 
 def test_defaults_follow_the_hook_like_lightning():

@@ -1,6 +1,6 @@
 """After a fused fit, the user's ``ModelCheckpoint`` answers as for one model: ``best_model_path`` is the best trial's
 own checkpoint, which ``MyModule.load_from_checkpoint`` loads; the group checkpoint has its own name and loader
-(lightning_hydro/fused/trial_model_checkpoint.py, lightning_hydro/fused/group_checkpoint.py)."""
+(lightning_hydro/fused/lightning/model_checkpoint.py, lightning_hydro/fused/lightning/group_checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -74,6 +74,16 @@ def test_best_model_path_is_the_best_trials_own_checkpoint_for_the_trainer_and_t
     group = torch.load(callback.group_model_path, **TRUSTED)
     assert Path(callback.group_model_path).parent == tmp_path
     assert group["lightning_hydro"]["trial_ids"] == [0, 1, 2]
+
+
+def test_trial_best_model_paths_names_each_trials_own_best_checkpoint(tmp_path):
+    _, trainer, mine = fit_with_user_checkpoint(tmp_path)
+    paths = trainer.checkpoint_callback.trial_best_model_paths
+    assert sorted(paths) == [0, 1, 2]
+    for tid, path in paths.items():
+        assert Path(path).parent == tmp_path / f"trial_{tid}"
+        assert torch.load(path, **TRUSTED)["lightning_hydro_trial"] == {"trial_id": tid}  # the trial's own module
+    assert mine.best_model_path in paths.values()  # the best of the trials' bests
 
 
 @pytest.mark.parametrize("ckpt", ["best_model_path", "best"])

@@ -9,13 +9,13 @@ import torch
 from torch import nn
 
 from lightning_hydro.demos import DigitsMLP
-from lightning_hydro.fused.backend_policy import BackendPolicy
+from lightning_hydro.fused.evaluation.modes import TrialModes
+from lightning_hydro.fused.group.slots import TrialSlots
+from lightning_hydro.fused.logging.metrics import TrialMetrics
+from lightning_hydro.fused.optimization import TrialOptimizers
+from lightning_hydro.fused.roster import TrialRoster
+from lightning_hydro.fused.step.backend_policy import BackendPolicy
 from lightning_hydro.fused.step.row_health import RowHealth
-from lightning_hydro.fused.trial_metrics import TrialMetrics
-from lightning_hydro.fused.trial_modes import TrialModes
-from lightning_hydro.fused.trial_optimizers import TrialOptimizers
-from lightning_hydro.fused.trial_roster import TrialRoster
-from lightning_hydro.fused.trial_slots import TrialSlots
 from lightning_hydro.optim.group_optimizer import StepReport
 
 

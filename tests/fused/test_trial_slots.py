@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from lightning_hydro.demos import DigitsMLP
+from lightning_hydro.fused.group.slots import TrialSlots
 from lightning_hydro.fused.step.fused_path import select_fused_path
-from lightning_hydro.fused.trial_slots import TrialSlots
 from lightning_hydro.optim.group_optimizer import TrialGroupOptimizer
-from lightning_hydro.optim.trial_optimization import parse_optimizer_config
+from lightning_hydro.optim.optimizer_config import parse_optimizer_config
 
 
 def _slots(n: int = 3, optimizer: str = "adam") -> TrialSlots:

@@ -1,5 +1,5 @@
 """After fit, validate and test, the unfused names hold the group's chosen trial's values (tests mirror the
-``publish_chosen_trial`` part of lightning_hydro/fused/trial_publisher.py).
+``publish_chosen_trial`` part of lightning_hydro/fused/logging/publisher.py).
 
 Code written for one model reads ``trainer.callback_metrics["val/acc"]`` after ``trainer.fit`` (lightning-hydra-
 template's ``train.py`` returns it to the sweeper). In a fused group that name holds the value of the best trial
@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos.template_mnist import DigitsMNISTDataModule, MNISTLitModule, SimpleDenseNet
-from lightning_hydro.fused.trial_publisher import chosen_trial
+from lightning_hydro.fused.logging.publisher import chosen_trial
 from tests.helpers import make_trainer
 
 

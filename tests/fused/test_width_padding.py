@@ -440,7 +440,7 @@ def test_a_reshape_to_a_literal_size_fails_naming_the_line() -> None:
 def test_the_first_batch_float64_recheck_runs_a_padded_twin_at_each_trial_s_width() -> None:
     """The first-batch check reruns a failing float32 comparison in float64 on a copy of the group: padded too."""
     from lightning_hydro.backends import make_backend
-    from lightning_hydro.fused.verify import _float64_fused_run, _float64_run, _persists_in_float64
+    from lightning_hydro.fused.verify.fusion import _float64_fused_run, _float64_run, _persists_in_float64
     from lightning_hydro.stacking import StackedState
 
     trials = layer_norm_trials()

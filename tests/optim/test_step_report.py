@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from lightning_hydro.demos import DigitsMLP
 from lightning_hydro.fused.step.fused_path import select_fused_path
 from lightning_hydro.optim.group_optimizer import TrialGroupOptimizer
-from lightning_hydro.optim.trial_optimization import parse_optimizer_config
+from lightning_hydro.optim.optimizer_config import parse_optimizer_config
 from lightning_hydro.stacking.stacked_state import StackedState
 
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from lightning_hydro.optim import OptimizerConfigError
-from lightning_hydro.optim.trial_optimization import parse_optimizer_config
+from lightning_hydro.optim.optimizer_config import parse_optimizer_config
 
 model = nn.Linear(3, 2)
 

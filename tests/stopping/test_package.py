@@ -40,8 +40,8 @@ def test_importing_needs_no_torch_lightning_or_sqlalchemy() -> None:
 
 def test_the_trial_vocabulary_is_one_set_of_names() -> None:
     trial_ending = importlib.import_module("lightning_hydro.callbacks.trial_ending")
-    fused_module = importlib.import_module("lightning_hydro.fused.fused_module")
-    fit_trials = importlib.import_module("lightning_hydro.sweeper.fit_trials")
+    fused_module = importlib.import_module("lightning_hydro.fused.module")
+    fit_trials = importlib.import_module("lightning_hydro.sweeper.job.fit_trials")
 
     assert fused_module.TrialStatus is stopping.TrialStatus
     assert trial_ending.TrialStatus is stopping.TrialStatus

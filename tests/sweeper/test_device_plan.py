@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lightning_hydro.fused.memory_probe import shared_capacity_bytes
-from lightning_hydro.sweeper.device_plan import (
+from lightning_hydro.sweeper.planning.device_plan import (
     DEVICES_ENV,
     DevicePlan,
     assigned_trainer_devices,
     device_env_override,
     visible_gpus,
 )
+from lightning_hydro.sweeper.planning.memory_probe import shared_capacity_bytes
 
 GIB = 2**30
 

@@ -1,7 +1,7 @@
 import pytest
 from omegaconf import OmegaConf
 
-from lightning_hydro.sweeper.fit_from_config import apply_overrides, fit_from_config
+from lightning_hydro.sweeper.job.fit_from_config import apply_overrides, fit_from_config
 
 CFG = {
     "seed": 1,

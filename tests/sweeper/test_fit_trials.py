@@ -6,9 +6,9 @@ import pytest
 from lightning.pytorch.callbacks import EarlyStopping
 
 from lightning_hydro.demos import DigitsDataModule, DigitsMLP
-from lightning_hydro.sweeper.fit_trials import FusedSettings, fit_trials, trial_dir
 from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec
-from lightning_hydro.sweeper.trainer_factory import ConfigTrainerFactory
+from lightning_hydro.sweeper.job.fit_trials import FusedSettings, fit_trials, trial_dir
+from lightning_hydro.sweeper.job.trainer_factory import ConfigTrainerFactory
 
 TRAINER = {
     "max_epochs": 2,

@@ -1,6 +1,6 @@
 import pytest
 
-from lightning_hydro.sweeper.fusion_limit import FusionProbe, fusion_limit_from_probe, measure_fusion_limit
+from lightning_hydro.sweeper.planning.fusion_limit import FusionProbe, fusion_limit_from_probe, measure_fusion_limit
 
 GIB = 2**30
 

@@ -7,17 +7,16 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from lightning_hydro.sweeper.fusion_report import nothing_fuses_message
-from lightning_hydro.sweeper.group_model import (
+from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec, GroupSpec, TrialSpec, trial_seed
+from lightning_hydro.sweeper.job.group_model import (
     GROUP_MODEL_TARGET,
     fused_group_model,
     restore_model_node,
     rewrite_model_node,
-    trial_seed,
 )
-from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec, GroupSpec, TrialSpec
-from lightning_hydro.sweeper.sweep_group_module import SweepGroupModule
-from lightning_hydro.sweeper.trial_groups import TrialGroup
+from lightning_hydro.sweeper.job.sweep_group_module import SweepGroupModule
+from lightning_hydro.sweeper.planning.fusion_report import nothing_fuses_message
+from lightning_hydro.sweeper.planning.trial_groups import TrialGroup
 
 
 def test_the_rewritten_node_keeps_every_key_and_interpolation_and_restores():

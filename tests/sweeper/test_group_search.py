@@ -11,12 +11,12 @@ import pytest
 from lightning_hydro.demos import DigitsDataModule, DigitsMLP
 from lightning_hydro.stopping.rung_record import RungEntry
 from lightning_hydro.stopping.sqlite_rung_store import SqliteRungStore
-from lightning_hydro.sweeper.fit_trials import FusedSettings, fit_trials
-from lightning_hydro.sweeper.group_search import ASKED_FILE, ForwardingRungStore, GroupSearch, sweep_trial
 from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec
-from lightning_hydro.sweeper.study_channel import STUDY_NAME, ChannelSpec, StudyChannel
-from lightning_hydro.sweeper.sweep_search import partition_quotas, sweep_name
-from lightning_hydro.sweeper.trainer_factory import ConfigTrainerFactory
+from lightning_hydro.sweeper.job.fit_trials import FusedSettings, fit_trials
+from lightning_hydro.sweeper.job.group_search import ASKED_FILE, ForwardingRungStore, GroupSearch, sweep_trial
+from lightning_hydro.sweeper.job.trainer_factory import ConfigTrainerFactory
+from lightning_hydro.sweeper.planning.study_channel import STUDY_NAME, ChannelSpec, StudyChannel
+from lightning_hydro.sweeper.planning.sweep_search import partition_quotas, sweep_name
 
 TRAINER = {
     "max_epochs": 3,

@@ -5,8 +5,8 @@ import warnings
 
 import pytest
 
-from lightning_hydro.sweeper.early_stopping import build_stopping_callback
 from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec, GroupSpec, TrialSpec
+from lightning_hydro.sweeper.job.early_stopping import build_stopping_callback
 
 
 def test_a_group_spec_round_trips_with_the_callbacks_names():

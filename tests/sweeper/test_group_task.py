@@ -14,8 +14,8 @@ import hydra
 import pytest
 from omegaconf import DictConfig
 
-from lightning_hydro.sweeper.group_model import GROUP_MODEL_TARGET
-from lightning_hydro.sweeper.group_task import ERROR_FILE
+from lightning_hydro.sweeper.group_spec import ERROR_FILE
+from lightning_hydro.sweeper.job.group_model import GROUP_MODEL_TARGET
 
 from .conftest import TINY, TRAIN, KeptSweep
 
@@ -85,7 +85,7 @@ def test_a_search_that_fuses_nothing_says_so_at_launch(tmp_path):
     overrides = [*TINY, "hydra.sweeper.n_trials=3", "hydra.sweeper.non_fusible=[data.batch_size,model.lr]"]
     # read from the sweeper's own logger, not from the console: where Hydra's console handler writes depends on
     # what earlier tests in this process did with the streams (pytest -n workers run them in other orders)
-    logger, records = logging.getLogger("lightning_hydro.sweeper.fusion_report"), _Records()
+    logger, records = logging.getLogger("lightning_hydro.sweeper.planning.fusion_report"), _Records()
     logger.addHandler(records)
     try:
         with pytest.raises(RuntimeError):  # the task function trains nothing; the warning came before any job
@@ -139,8 +139,8 @@ def test_a_job_dealt_a_gpu_trains_on_it(monkeypatch):
     import torch
     from omegaconf import OmegaConf
 
-    from lightning_hydro.sweeper.device_plan import DEVICES_ENV
-    from lightning_hydro.sweeper.group_task import _use_assigned_devices
+    from lightning_hydro.sweeper.job.group_task import _use_assigned_devices
+    from lightning_hydro.sweeper.planning.device_plan import DEVICES_ENV
 
     cfg = OmegaConf.create({"trainer": {"accelerator": "auto", "devices": "auto"}})
     OmegaConf.set_struct(cfg, True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_hydro.sweeper.launch_rules import TrainerPlacement, check_launch, launcher_kind, plan_devices
+from lightning_hydro.sweeper.planning.launch_rules import TrainerPlacement, check_launch, launcher_kind, plan_devices
 
 GPUS = [str(i) for i in range(8)]  # a faked 8-GPU node
 

@@ -71,7 +71,7 @@ def check_one_search(sweep_dir, n_trials):
     import optuna
 
     from lightning_hydro.stopping import SqliteRungStore
-    from lightning_hydro.sweeper.study_channel import STUDY_NAME
+    from lightning_hydro.sweeper.planning.study_channel import STUDY_NAME
 
     trials = read_results(sweep_dir)["trials"]
     assert sorted(t["trial_id"] for t in trials) == list(range(n_trials))  # unique sweep-wide, n_trials of them

@@ -1,6 +1,6 @@
 import torch
 
-from lightning_hydro.sweeper.metric_history import MetricHistory, scalar_metrics
+from lightning_hydro.sweeper.job.metric_history import MetricHistory, scalar_metrics
 
 
 def test_records_per_trial_and_epoch_and_survives_a_checkpoint():

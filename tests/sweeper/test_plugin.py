@@ -230,9 +230,9 @@ def test_a_task_that_skips_fit_from_config_is_reported(tmp_path):
 def test_auto_fusion_limit_probes_each_partition_once(tmp_path, monkeypatch):
     import sys
 
-    from lightning_hydro.sweeper.fusion_limit import FusionProbe
+    from lightning_hydro.sweeper.planning.fusion_limit import FusionProbe
 
-    job = sys.modules["lightning_hydro.sweeper.fit_from_config"]
+    job = sys.modules["lightning_hydro.sweeper.job.fit_from_config"]
 
     probed = []
 

@@ -15,8 +15,8 @@ import pytest
 import torch.distributed as dist
 
 from lightning_hydro.sweeper.group_spec import GROUP_ENV, GroupSpec, TrialSpec, spec_path
+from lightning_hydro.sweeper.job.rank_relaunch import SWEEP_DIR_ENV, job_scope, relaunched_job
 from lightning_hydro.sweeper.json_files import write_json_atomic
-from lightning_hydro.sweeper.rank_relaunch import SWEEP_DIR_ENV, job_scope, relaunched_job
 
 from .conftest import TINY, read_results, run_sweep, train_subprocess
 

@@ -1,8 +1,8 @@
 import csv
 import json
 
-from lightning_hydro.sweeper.plots import plot_sweep
-from lightning_hydro.sweeper.reports import format_best_table, metric_value, rank_trials, write_results
+from lightning_hydro.sweeper.planning.plots import plot_sweep
+from lightning_hydro.sweeper.planning.reports import format_best_table, metric_value, rank_trials, write_results
 
 
 def record(tid, status, acc, lr, bs=32):

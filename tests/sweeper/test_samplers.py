@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from lightning_hydro.sweeper.samplers import GridSampler, RandomSampler, SamplerFeedback, make_sampler
-from lightning_hydro.sweeper.search_space import parse_search_space
+from lightning_hydro.sweeper.planning.samplers import GridSampler, RandomSampler, SamplerFeedback, make_sampler
+from lightning_hydro.sweeper.planning.search_space import parse_search_space
 
 SPACE = parse_search_space(
     [

@@ -1,6 +1,6 @@
 import pytest
 
-from lightning_hydro.sweeper.search_space import Choice, Interval, override_key, parse_search_space
+from lightning_hydro.sweeper.planning.search_space import Choice, Interval, override_key, parse_search_space
 
 
 def test_parses_every_supported_form():

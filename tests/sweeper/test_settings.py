@@ -1,11 +1,16 @@
 import dataclasses
 import inspect
+import re
 
 import pytest
+from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+import lightning_hydro.sweeper._impl as sweeper_impl
 from hydra_plugins.lightning_hydro_sweeper.config import LightningHydroSweeperConf
-from lightning_hydro.sweeper.settings import ProbeSettings, RetrainSettings, SchedulerSettings, SweepSettings
+from hydra_plugins.lightning_hydro_sweeper.lightning_hydro_sweeper import LightningHydroSweeper
+from lightning_hydro._deprecation import removal_version
+from lightning_hydro.sweeper.planning.settings import ProbeSettings, RetrainSettings, SchedulerSettings, SweepSettings
 
 
 def test_defaults_and_dictconfig_input():
@@ -110,28 +115,42 @@ def test_errors_name_the_setting_and_the_fix(kwargs, match):
         SweepSettings.from_config(**kwargs)
 
 
-def test_the_plugin_config_and_the_settings_have_the_same_defaults():
-    # hydra_plugins/.../config.py may import only Hydra (plugin discovery), so its defaults are a second copy
-    conf = LightningHydroSweeperConf()
-    defaults = inspect.signature(SweepSettings.from_config).parameters
-    for name, parameter in defaults.items():
-        if name in ("scheduler", "probe", "retrain"):
-            continue
-        expected = parameter.default
-        got = getattr(conf, name)
-        assert (tuple(got) if isinstance(got, list) else got) == expected, name
-    for conf_part, settings in [
-        (conf.scheduler, SchedulerSettings),
-        (conf.probe, ProbeSettings),
-        (conf.retrain, RetrainSettings),
-    ]:
-        for f in dataclasses.fields(settings):
-            default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
-            got = getattr(conf_part, f.name)
-            assert (tuple(got) if isinstance(got, list) else got) == default, f"{settings.__name__}.{f.name}"
-    # and what the plugin hands over is accepted as it is
-    fields = {k: v for k, v in dataclasses.asdict(conf).items() if k != "_target_"}
-    assert SweepSettings.from_config(**{**fields, "n_trials": 4}).n_trials == 4
+def test_each_default_is_written_once_in_the_hydra_config_node():
+    # the node Hydra composes for hydra/sweeper=lightning_hydro, as the plugin's Sweeper receives its fields
+    node = OmegaConf.to_container(ConfigStore.instance().load("hydra/sweeper/lightning_hydro.yaml").node)
+    assert isinstance(node, dict)
+    node.pop("_target_")
+    assert node == {k: v for k, v in dataclasses.asdict(LightningHydroSweeperConf()).items() if k != "_target_"}
+    node["n_trials"] = 4
+    # what from_config is not given takes the node's defaults: all of them given or none, the same settings
+    assert SweepSettings.from_config(**node) == SweepSettings.from_config(n_trials=4)
+    changed = {**node, "scheduler": {**node["scheduler"], "grace_period": 2}, "fusion_limit": 3}
+    assert SweepSettings.from_config(**changed) != SweepSettings.from_config(n_trials=4)  # the comparison can fail
+    # no second copy: the settings' dataclasses, from_config and the Sweeper's signature write no default
+    for settings_class in (SweepSettings, SchedulerSettings, ProbeSettings, RetrainSettings):
+        for f in dataclasses.fields(settings_class):
+            assert f.default is dataclasses.MISSING, f"{settings_class.__name__}.{f.name}"
+            assert f.default_factory is dataclasses.MISSING, f"{settings_class.__name__}.{f.name}"
+    for function in (SweepSettings.from_config, LightningHydroSweeper.__init__):
+        defaults = [p.name for p in inspect.signature(function).parameters.values() if p.default is not p.empty]
+        assert defaults == [], function.__qualname__
+
+
+def test_the_plugins_sweeper_hands_its_fields_on_unchanged(monkeypatch):
+    handed = {}
+
+    class Recorder:
+        def __init__(self, **settings):
+            handed.update(settings)
+
+    monkeypatch.setattr(sweeper_impl, "LightningHydroSweeperImpl", Recorder)
+    LightningHydroSweeper(sampler="grid", pad_widths=False)
+    assert handed == {"sampler": "grid", "pad_widths": False}
+
+
+def test_an_unknown_setting_is_refused():
+    with pytest.raises(TypeError, match=r"got unexpected keyword argument\(s\) \['n_trial'\]; hydra.sweeper has"):
+        SweepSettings.from_config(n_trial=4)
 
 
 def test_compile_is_checked_and_reaches_the_group_specs():
@@ -179,7 +198,8 @@ def test_width_padding_settings():
     [("min_budget", "grace_period", 2), ("max_budget", "max_t", 9), ("name", "name", "hypersched")],
 )
 def test_old_scheduler_names_still_work_with_a_deprecation_warning(old, new, value):
-    with pytest.warns(DeprecationWarning, match=rf"hydra.sweeper.scheduler.{old}.* is renamed .*removed in the next"):
+    expected_warning = rf"hydra.sweeper.scheduler.{old}.* is renamed .*removed in {re.escape(removal_version())}\.$"
+    with pytest.warns(DeprecationWarning, match=expected_warning):
         settings = SweepSettings.from_config(n_trials=4, scheduler={old: value})
     expected = "deadline" if value == "hypersched" else value
     assert getattr(settings.scheduler, new) == expected

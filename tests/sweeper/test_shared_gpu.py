@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from lightning_hydro.fused.memory_probe import device_capacity_bytes
+from lightning_hydro.sweeper.planning.memory_probe import device_capacity_bytes
 
 from .conftest import TINY, run_sweep
 

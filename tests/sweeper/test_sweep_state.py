@@ -1,9 +1,9 @@
 import pytest
 
 from lightning_hydro.sweeper.group_spec import write_group_result
-from lightning_hydro.sweeper.search_space import Configuration
-from lightning_hydro.sweeper.sweep_state import SweepState
-from lightning_hydro.sweeper.trial_groups import Trial, TrialGroup
+from lightning_hydro.sweeper.planning.search_space import Configuration
+from lightning_hydro.sweeper.planning.sweep_state import SweepState
+from lightning_hydro.sweeper.planning.trial_groups import Trial, TrialGroup
 
 
 def test_roundtrip_and_completion(tmp_path):

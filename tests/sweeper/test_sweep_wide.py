@@ -5,8 +5,8 @@ import json
 import optuna
 
 from lightning_hydro.stopping import SqliteRungStore
-from lightning_hydro.sweeper.group_search import ASKED_FILE
-from lightning_hydro.sweeper.study_channel import STUDY_NAME
+from lightning_hydro.sweeper.job.group_search import ASKED_FILE
+from lightning_hydro.sweeper.planning.study_channel import STUDY_NAME
 
 from .conftest import TINY, read_results, run_sweep
 

@@ -5,8 +5,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from lightning_hydro.sweeper.metric_history import MetricHistory
-from lightning_hydro.sweeper.trainer_factory import ConfigTrainerFactory
+from lightning_hydro.sweeper.job.metric_history import MetricHistory
+from lightning_hydro.sweeper.job.trainer_factory import ConfigTrainerFactory
 
 
 def test_each_trainer_gets_fresh_callbacks_a_csv_logger_and_a_last_checkpoint(tmp_path):

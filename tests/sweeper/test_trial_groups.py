@@ -1,7 +1,7 @@
 import pytest
 
-from lightning_hydro.sweeper.search_space import Configuration
-from lightning_hydro.sweeper.trial_groups import Trial, partition_label, partition_of, plan_groups
+from lightning_hydro.sweeper.planning.search_space import Configuration
+from lightning_hydro.sweeper.planning.trial_groups import Trial, partition_label, partition_of, plan_groups
 
 
 def trials(batch_sizes):

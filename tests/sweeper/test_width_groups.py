@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from lightning_hydro.sweeper.width_groups import chain_cost, group_by_padded_cost
+from lightning_hydro.sweeper.planning.width_groups import chain_cost, group_by_padded_cost
 
 
 def test_every_group_respects_the_bound_and_the_size_and_every_trial_is_placed_once() -> None:

@@ -17,9 +17,13 @@ Lightning's automatic optimization drives the step; the fused module's hooks han
 4. :mod:`.row_health` (``optimizer_step``) absorbs the step's report on the device; the fused module reads it
    back on a schedule (optimizer steps 1, 2, 4, ..., then every 32 on an accelerator, every step on the CPU),
    at epoch ends and before slot changes, and frees diverged trials' slots then
-   (:mod:`lightning_hydro.fused.trial_roster`).
+   (:mod:`lightning_hydro.fused.roster`).
 5. :mod:`.compiled_update`: with ``compile=True`` stage 3's device work runs under ``torch.compile`` (the
    forward and backward of stage 1 already do: :mod:`lightning_hydro.backends.compiled_step`).
+
+Which backend stage 1 runs, and how ``backend="auto"`` chooses it and the first batch is verified, is
+:mod:`.backend_policy`'s business. Trials that use manual optimization run :mod:`.manual_steps` instead: each
+trial's own ``training_step`` on the loop, stepping its own optimizers.
 
 No stage reads a value back to the host or copies one from it, unless a hyperparameter changed (then one
 non-blocking copy from pinned memory): ``tests/fused/test_host_syncs.py`` counts both on the CPU, and checks

@@ -148,7 +148,10 @@ class FusedUpdate(ABC):
         else:
             by_index = dict(zip(active, grads))
             by_part = [[by_index[i] for i in part.indices] for part in plan]
-        run_device_step(self, by_part, skip, prepared, self._compiled)
+        if self._compiled:
+            run_device_step(self, by_part, skip, prepared, self._compiled)
+        else:
+            self.device_step(by_part, skip, prepared)  # what run_device_step does eagerly, without the hop
         self._finish(active, prepared)
 
     def device_step(self, grads: list[list[Tensor]], skip: Tensor | None, prepared: Any) -> None:

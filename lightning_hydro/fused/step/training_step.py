@@ -3,10 +3,10 @@
 Lightning calls the fused module's ``training_step`` inside its closure. For a group of B trials it
 
 1. takes the backend the policy says (on the first batch ``backend="auto"`` times the candidates, and each
-   trial's first batch is verified against its own module: :mod:`lightning_hydro.fused.backend_policy`);
+   trial's first batch is verified against its own module: :mod:`lightning_hydro.fused.step.backend_policy`);
 2. runs every trial's own ``training_step`` with its row of the stacked state in one backend call (each trial's
-   Python state swapped in around it: :meth:`~lightning_hydro.fused.backend_policy.BackendPolicy.run_training`);
-3. books what the trials logged, per trial, on the device (:mod:`lightning_hydro.fused.trial_publisher`);
+   Python state swapped in around it: :meth:`~lightning_hydro.fused.step.backend_policy.BackendPolicy.run_training`);
+3. books what the trials logged, per trial, on the device (:mod:`lightning_hydro.fused.logging.publisher`);
 4. records which ``[B]`` losses are finite (:mod:`.row_health`; under DDP a row bad on any rank is bad on all,
    :mod:`lightning_hydro.fused.rank_sync`) and returns the sum of the finite ones: each trial's gradient is then
    its own (a sum, not a mean), and a non-finite trial adds nothing.
@@ -23,12 +23,27 @@ from torch import Tensor
 
 from lightning_hydro.backends import Backend
 from lightning_hydro.backends.errors import explain_backward_error
-from lightning_hydro.fused.backend_policy import BackendPolicy, Chooser
+from lightning_hydro.fused.logging.publisher import TrialPublisher
 from lightning_hydro.fused.rank_sync import RankSync
+from lightning_hydro.fused.step.backend_policy import BackendPolicy, Chooser
 from lightning_hydro.fused.step.row_health import RowHealth
-from lightning_hydro.fused.trial_publisher import TrialPublisher
 
-__all__ = ["TrainingStep"]
+__all__ = ["TrainingStep", "sum_of_finite"]
+
+
+def sum_of_finite(losses: Tensor, bad: Tensor) -> Tensor:
+    """The loss Lightning runs backward on: the sum of the ``[B]`` losses, the ``bad`` rows' left out.
+
+    A sum, not a mean, so that each trial's gradient is its own; a bad row (a non-finite loss) adds nothing, and
+    its gradient is zero.
+
+    Example::
+
+        >>> losses = torch.tensor([1.0, float("nan"), 2.0])
+        >>> sum_of_finite(losses, ~torch.isfinite(losses))
+        tensor(3.)
+    """
+    return torch.where(bad, 0.0, losses).sum()
 
 
 class TrainingStep:
@@ -75,13 +90,13 @@ class TrainingStep:
             return None
         loss = self.ranks.losses(loss.reshape(group.size))  # a row bad on any rank is skipped on all
         bad = self.health.record_losses(group.trial_ids, loss)  # stays on the device: no host sync
-        return torch.where(bad, 0.0, loss).sum()
+        return sum_of_finite(loss, bad)
 
     def forward_backward(self, backend: Backend, batch: Any, batch_idx: int) -> None:
         """One forward and backward of ``batch`` with a candidate backend (what ``backend="auto"`` times)."""
         loss = backend.run("training_step", batch, batch_idx).loss()
         if loss is not None:
-            self.backward(torch.where(torch.isfinite(loss.detach()), loss, 0.0).sum(), backend.name)
+            self.backward(sum_of_finite(loss, ~torch.isfinite(loss.detach())), backend.name)
 
     def backward(self, loss: Tensor, backend: str, *args: Any, **kwargs: Any) -> None:
         """``loss.backward``, a failure a fused backend causes explained (e.g. activation checkpointing)."""

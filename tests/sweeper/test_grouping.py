@@ -1,11 +1,10 @@
-"""Planning padded groups: which keys pad, how groups are cut and flagged, and how a refused group splits."""
+"""Group planning: the entry's padded-or-plain choice, which keys pad, how groups are cut, how a refused one splits."""
 
 from __future__ import annotations
 
 from lightning_hydro.stacking.width_plan import WidthPaddingError
-from lightning_hydro.sweeper.search_space import Configuration
-from lightning_hydro.sweeper.trial_groups import Trial, TrialGroup
-from lightning_hydro.sweeper.width_partitions import (
+from lightning_hydro.sweeper.planning.grouping import (
+    GroupPlanner,
     fused_options,
     is_width_refusal,
     launch_report,
@@ -13,6 +12,10 @@ from lightning_hydro.sweeper.width_partitions import (
     split_refused,
     width_keys,
 )
+from lightning_hydro.sweeper.planning.search_space import Configuration
+from lightning_hydro.sweeper.planning.settings import SweepSettings
+from lightning_hydro.sweeper.planning.sweep_state import SweepState
+from lightning_hydro.sweeper.planning.trial_groups import Trial, TrialGroup
 
 
 def _trials(rows: list[dict[str, object]]) -> list[Trial]:
@@ -74,3 +77,35 @@ def test_a_refused_group_splits_into_identical_widths():
     assert is_width_refusal(WidthPaddingError("x"))
     assert is_width_refusal(RuntimeError("... zero-padding would not compute exactly: module '2' ..."))
     assert not is_width_refusal(RuntimeError("CUDA out of memory"))
+
+
+WIDTHS = [{"model.h": h, "data.bs": 8} for h in (32, 40, 512, 48)]
+
+
+def _planner(tmp_path, *, continuous=False, **settings):
+    settings = SweepSettings.from_config(n_trials=4, non_fusible=["model.h", "data.bs"], fusion_limit=4, **settings)
+    state = SweepState.open(tmp_path, settings.request([]))
+    return GroupPlanner(settings, state, ["model.h", "data.bs"], continuous=continuous), state
+
+
+def test_the_planner_pads_widths_into_groups_by_cost_and_adds_them_to_the_plan(tmp_path):
+    planner, state = _planner(tmp_path)
+    trials = _trials(WIDTHS)
+    assert planner.choose_widths(trials) == ["model.h"]
+    assert planner.splitting_keys() == ["data.bs"]
+    groups = planner.plan(trials, n_target=4)
+    assert [g.trial_ids for g in groups] == [(0, 1, 3), (2,)]  # similar widths together, 512 alone
+    assert state.groups == groups
+    assert sorted(state.trials) == [0, 1, 2, 3]
+
+
+def test_the_planner_keeps_widths_apart_without_padding_or_in_a_sweep_wide_search(tmp_path):
+    for planner, _ in (_planner(tmp_path / "off", pad_widths=False), _planner(tmp_path / "wide", continuous=True)):
+        trials = _trials(WIDTHS)
+        assert planner.choose_widths(trials) == []
+        assert planner.splitting_keys() == ["model.h", "data.bs"]
+        groups = planner.plan(trials, n_target=8)
+        assert sorted(g.trial_ids for g in groups) == [(0,), (1,), (2,), (3,)]  # one partition per width
+    # the sweep-wide search gives each partition's group its share of the trials not asked yet
+    assert [g.slots for g in groups] == [2, 2, 2, 2]
+    assert sum(planner.state.quotas.values()) == 8

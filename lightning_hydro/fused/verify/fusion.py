@@ -29,13 +29,12 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lightning_hydro._deprecation import Renamed, renamed_names
 from lightning_hydro.backends.errors import FusionMismatchError, explain_backward_error, name_failed_backward
 from lightning_hydro.backends.python_state import PythonState, copy_template
 from lightning_hydro.backends.trial_attributes import scan_attributes, uncompared_reads
 from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.backends.vmap_backend import MethodCaller
-from lightning_hydro.fused.argument_check import check_python_arguments
+from lightning_hydro.fused.verify.python_arguments import check_python_arguments
 
 _log = logging.getLogger(__name__)
 
@@ -47,21 +46,8 @@ __all__ = ["FusionMismatchError", "verify_fusion"]
 
 
 def _differing_attribute_texts(modules: Sequence[nn.Module], *, ids: Sequence[int]) -> list[str]:
-    """What the removed ``differing_attributes`` of this module returned (kept for one release)."""
+    """What the removed ``lightning_hydro.fused.verify.differing_attributes`` returned (kept for one release)."""
     return [str(attribute) for attribute in scan_attributes(modules, ids=ids)]
-
-
-# Old name, kept for one release: one function is called differing_attributes.
-__getattr__ = renamed_names(
-    __name__,
-    {
-        "differing_attributes": Renamed(
-            f"{__name__}:_differing_attribute_texts",
-            "is removed: use [str(a) for a in lightning_hydro.backends.trial_attributes.scan_attributes(modules, "
-            "ids=ids)]",
-        )
-    },
-)
 
 
 @contextmanager
@@ -307,7 +293,7 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
     against a float64 run of the trial's own step (or ``eps * sqrt(n) * |own|``, if larger), and the fused
     step run in float64 still differs from the trial's own float64 step (a float32-only difference is rounding
     that flipped a discontinuity, such as a ReLU's kink). Then, in training mode, the Python values the step
-    hands to torch are compared (:mod:`.argument_check`: a dropout rate is invisible in eval mode).
+    hands to torch are compared (:mod:`.python_arguments`: a dropout rate is invisible in eval mode).
 
     Returns:
         False if the step returned no loss for this batch (check again on the next one).

@@ -1,0 +1,14 @@
+"""How Lightning sees the trials of a fused group, and how each trial sees Lightning.
+
+- :mod:`.trainer_view` and :mod:`.strategy_view`: each trial's ``self.trainer``, answering for that trial (its
+  metrics under unfused names, ``self.optimizers()``, ``self.lr_schedulers()``, ``self.manual_backward``);
+- :mod:`.hooks`: the trials' own epoch- and fit-level hooks, run per trial;
+- :mod:`.callbacks`: Lightning's callbacks configured for an unfused run made per trial, or refused; one adapter
+  per file, each running a copy per trial through :mod:`.callback_view`;
+- :mod:`.group_checkpoint`: the group's state in a Lightning checkpoint, and a trial's own checkpoint recognised.
+
+Nothing here is public API (users meet it through ``FusedLightningModule`` and the Trainer): each name stays in its
+module.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,82 @@
+"""The trials' own hooks in a fused group: which run per trial, and which hooks the group has.
+
+Epoch- and fit-level hooks that the trial modules implement run per trial (:func:`forward_hook`), their
+``self.log`` calls recorded as that trial's epoch values (what a fused step logs is booked by
+:func:`lightning_hydro.fused.logging.publisher.record_step_logs`). Steps and data hooks
+the trials do not implement are hidden on the fused module (:func:`hide_absent_hooks`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch import Tensor
+
+from lightning_hydro.backends.errors import ESCAPED_TENSOR_MESSAGES, escaped_tensor_error
+from lightning_hydro.backends.python_state import trial_code_ran
+from lightning_hydro.backends.trial_logging import capture_logs
+from lightning_hydro.fused.logging.metrics import TrialMetrics, resolve_options
+
+__all__ = ["FORWARDED_HOOKS", "OPTIONAL_HOOKS", "forward_hook", "hide_absent_hooks"]
+
+# Epoch- and fit-level hooks forwarded to every running trial that overrides them (with its logging captured).
+FORWARDED_HOOKS = {
+    "on_fit_start": None,
+    "on_train_start": None,
+    "on_train_epoch_start": "train",
+    "on_train_epoch_end": "train",
+    "on_validation_epoch_start": "validate",
+    "on_validation_epoch_end": "validate",
+    "on_test_epoch_start": "test",
+    "on_test_epoch_end": "test",
+    "on_train_end": None,
+    "on_fit_end": None,
+}
+
+# Hooks of the trial modules that the fused module exposes only if the trials implement them, so that
+# Lightning sees the same loops as in an unfused run (e.g. no validation loop without a validation_step).
+OPTIONAL_HOOKS = (
+    "validation_step",
+    "test_step",
+    "train_dataloader",
+    "val_dataloader",
+    "test_dataloader",
+    "predict_dataloader",
+)
+
+
+def hide_absent_hooks(fused: L.LightningModule, trial: L.LightningModule) -> None:
+    """Hide each of :data:`OPTIONAL_HOOKS` that ``trial`` does not implement from Lightning on ``fused``."""
+    for hook in OPTIONAL_HOOKS:
+        if not is_overridden(hook, trial, L.LightningModule):
+            fused.__dict__[hook] = None  # Lightning's is_overridden() then reports False
+
+
+def _as_float(value: Any) -> float:
+    if hasattr(value, "compute") and hasattr(value, "reset"):  # a torchmetrics Metric
+        value = value.compute()
+    return float(value.detach().float().reshape(()) if isinstance(value, Tensor) else value)
+
+
+def forward_hook(hook: str, running: Sequence[tuple[int, Any]], metrics: TrialMetrics) -> None:
+    """Run ``hook`` of every running trial that overrides it; record what it logs as the trial's epoch values."""
+    phase = FORWARDED_HOOKS[hook]
+    trial_code_ran()  # the hooks may change each trial's Python state its own way
+    for tid, module in running:
+        if not is_overridden(hook, module, L.LightningModule):
+            continue
+        with capture_logs(module) as calls:
+            try:
+                getattr(module, hook)()
+            except RuntimeError as err:
+                if not any(needle in str(err) for needle in ESCAPED_TENSOR_MESSAGES):
+                    raise
+                where = f"{type(module).__name__}.{hook} of trial {tid}"
+                raise escaped_tensor_error(err, backend="vmap'/'hfta", where=where) from err
+        if phase is not None:
+            for call in calls:
+                options = resolve_options(hook, call.options) if call.options.get("sync_dist") else None
+                metrics.record_epoch_value(phase, call.name, {tid: _as_float(call.value)}, options)

@@ -1,0 +1,279 @@
+"""Per-trial aggregation of logged values: the last step value and the epoch reduction of each metric.
+
+Lightning's ``self.log`` costs about half a millisecond per key per step, so B trials times K metrics
+cannot go through it every step. The fused module records each step's values here as ``[B]`` tensors
+(one tensor op per metric, whatever B is) and hands Lightning only the per-trial *epoch* values, once per
+epoch, plus the step values at the Trainer's logging interval.
+
+Slots can change mid-epoch (a trial stopped, another added): :meth:`TrialMetrics.reslot` folds the rows
+accumulated so far into per-trial partial results, so each trial's epoch value covers exactly the
+batches it trained on.
+
+Under several processes (DDP) a value logged with ``sync_dist=True`` is reduced across them as Lightning
+reduces it: a step value when it is recorded, an epoch value when it is read (weighted sums and batch sizes
+summed over every rank, so a mean is the mean over all the data). Every rank holds the same trials, so each
+reduction is one collective per metric, whatever the number of trials. :attr:`TrialMetrics.reduce` is set by
+the fused module when it runs on more than one process.
+
+Example::
+
+    >>> import torch
+    >>> metrics = TrialMetrics()
+    >>> opts = MetricOptions(on_step=False, on_epoch=True)
+    >>> metrics.record("validate", "acc", torch.tensor([0.5, 1.0]), opts, trial_ids=[3, 7], batch_size=10)
+    >>> metrics.record("validate", "acc", torch.tensor([1.0, 1.0]), opts, trial_ids=[3, 7], batch_size=30)
+    >>> metrics.finish_epoch("validate")
+    {3: {'acc': 0.875}, 7: {'acc': 1.0}}
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+__all__ = ["MetricOptions", "ReduceFx", "Reducer", "TrialMetrics", "resolve_options"]
+
+ReduceFx = Literal["mean", "sum", "max", "min"]
+# Reduces a tensor element-wise across the processes of a distributed run ("mean", "sum", "max" or "min").
+Reducer = Callable[[Tensor, ReduceFx], Tensor]
+
+# Lightning's defaults for on_step / on_epoch depend on the hook that logs.
+_STEP_HOOKS = {"training_step": (True, False)}
+_EPOCH_DEFAULT = (False, True)
+
+
+@dataclass(frozen=True)
+class MetricOptions:
+    """How a logged value is aggregated and where it goes (the subset of ``self.log``'s options that matter)."""
+
+    on_step: bool = False
+    on_epoch: bool = True
+    reduce_fx: ReduceFx = "mean"
+    logger: bool = True
+    prog_bar: bool = False
+    sync_dist: bool = False
+
+
+def resolve_options(hook: str, options: dict[str, Any]) -> MetricOptions:
+    """Fill in Lightning's hook-dependent defaults and normalise ``reduce_fx``.
+
+    Raises:
+        ValueError: for a ``reduce_fx`` other than mean/sum/max/min (or torch.mean/sum/max/min).
+    """
+    default_step, default_epoch = _STEP_HOOKS.get(hook, _EPOCH_DEFAULT)
+    on_step = options.get("on_step")
+    on_epoch = options.get("on_epoch")
+    reduce_fx = options.get("reduce_fx", "mean")
+    if callable(reduce_fx):
+        reduce_fx = getattr(reduce_fx, "__name__", repr(reduce_fx))
+    if reduce_fx not in ("mean", "sum", "max", "min"):
+        raise ValueError(
+            f"self.log(reduce_fx={reduce_fx!r}) is not supported for fused trials; use 'mean', 'sum', 'max' or "
+            "'min' (or torch.mean/sum/max/min)."
+        )
+    logger = options.get("logger")
+    return MetricOptions(
+        on_step=default_step if on_step is None else bool(on_step),
+        on_epoch=default_epoch if on_epoch is None else bool(on_epoch),
+        reduce_fx=reduce_fx,
+        logger=True if logger is None else bool(logger),
+        prog_bar=bool(options.get("prog_bar", False)),
+        sync_dist=bool(options.get("sync_dist", False)),
+    )
+
+
+_COMBINE: dict[str, Callable[[float, float], float]] = {
+    "mean": lambda a, b: a + b,
+    "sum": lambda a, b: a + b,
+    "max": max,
+    "min": min,
+}
+
+
+@dataclass
+class _Accumulator:
+    """Epoch accumulation of one metric: the current rows as tensors, earlier rows folded per trial."""
+
+    options: MetricOptions
+    trial_ids: list[int] = field(default_factory=list)
+    total: Tensor | None = None
+    weight: Tensor | None = None
+    folded: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+    def add(self, values: Tensor, trial_ids: Sequence[int], batch_size: int) -> None:
+        if list(trial_ids) != self.trial_ids:
+            self.fold()
+            self.trial_ids = list(trial_ids)
+        values = values.detach().to(torch.float64)
+        reduce_fx = self.options.reduce_fx
+        if self.total is None or self.weight is None:
+            self.total = values * batch_size if reduce_fx == "mean" else values.clone()
+            self.weight = torch.full_like(values, float(batch_size))
+        elif reduce_fx == "mean":
+            self.total += values * batch_size
+            self.weight += batch_size
+        elif reduce_fx == "sum":
+            self.total += values
+        elif reduce_fx == "max":
+            self.total = torch.maximum(self.total, values)
+        else:
+            self.total = torch.minimum(self.total, values)
+
+    def fold(self) -> None:
+        if self.total is None or self.weight is None:
+            return
+        combine = _COMBINE[self.options.reduce_fx]
+        for tid, total, weight in zip(self.trial_ids, self.total.tolist(), self.weight.tolist()):
+            if tid in self.folded:
+                old_total, old_weight = self.folded[tid]
+                self.folded[tid] = (combine(old_total, total), old_weight + weight)
+            else:
+                self.folded[tid] = (total, weight)
+        self.total = self.weight = None
+
+    def result(self, reduce: Reducer | None = None) -> dict[int, float]:
+        """Each trial's epoch value; with ``reduce``, over every process's batches (``sync_dist=True``)."""
+        self.fold()
+        folded = self.folded
+        if reduce is not None and self.options.sync_dist:
+            folded = _reduce_folded(folded, self.options.reduce_fx, reduce)
+        if self.options.reduce_fx == "mean":
+            return {tid: total / weight if weight else math.nan for tid, (total, weight) in folded.items()}
+        return {tid: total for tid, (total, _) in folded.items()}
+
+
+def _reduce_folded(
+    folded: dict[int, tuple[float, float]], reduce_fx: ReduceFx, reduce: Reducer
+) -> dict[int, tuple[float, float]]:
+    """``(total, weight)`` per trial, combined over every process (all hold the same trials)."""
+    tids = sorted(folded)
+    pairs = torch.tensor([folded[tid] for tid in tids], dtype=torch.float64).reshape(len(tids), 2)
+    if reduce_fx in ("mean", "sum"):
+        pairs = reduce(pairs, "sum")  # weighted totals and batch sizes: the mean over all the data
+    else:
+        pairs = torch.stack([reduce(pairs[:, 0].contiguous(), reduce_fx), pairs[:, 1]], dim=1)
+    return {tid: (float(total), float(weight)) for tid, (total, weight) in zip(tids, pairs.tolist())}
+
+
+class TrialMetrics:
+    """Aggregates per-trial logged values by phase ("train", "validate", "test") and metric name."""
+
+    def __init__(self) -> None:
+        self._epoch: dict[str, dict[str, _Accumulator]] = {}
+        self._step: dict[str, tuple[list[int], Tensor, MetricOptions]] = {}
+        self._epoch_values: dict[str, dict[int, dict[str, float]]] = {}
+        self._epoch_value_options: dict[str, dict[str, MetricOptions]] = {}
+        self._objects: dict[str, dict[str, tuple[MetricOptions, dict[int, Any]]]] = {}
+        self.names: set[str] = set()  # every name logged so far, in any phase (the sanity check included)
+        self.reduce: Reducer | None = None  # set when several processes train the group (sync_dist=True)
+        self.unsynced: set[str] = set()  # epoch-level names logged without sync_dist=True under several processes
+
+    def record(
+        self,
+        phase: str,
+        name: str,
+        values: Tensor,
+        options: MetricOptions,
+        *,
+        trial_ids: Sequence[int],
+        batch_size: int = 1,
+    ) -> None:
+        """Record one logged metric for the trials ``trial_ids`` (``values[i]`` belongs to ``trial_ids[i]``)."""
+        self.names.add(name)
+        if self.reduce is not None and options.on_epoch and not options.sync_dist:
+            self.unsynced.add(name)
+        if options.on_step:
+            step = values.detach()
+            if self.reduce is not None and options.sync_dist:  # as Lightning syncs a step value: when logged
+                step = self.reduce(step.to(torch.float64), options.reduce_fx).to(step.dtype)
+            self._step[name] = (list(trial_ids), step, options)
+        if options.on_epoch:
+            accumulators = self._epoch.setdefault(phase, {})
+            if name not in accumulators:
+                accumulators[name] = _Accumulator(options)
+            accumulators[name].add(values, trial_ids, batch_size)
+
+    def record_objects(self, phase: str, name: str, objects: dict[int, Any], options: MetricOptions) -> None:
+        """Record per-trial stateful metric objects (``compute()``/``reset()``, e.g. torchmetrics) logged by a step.
+
+        Their value is computed once at the end of the epoch, then they are reset, as Lightning does.
+        """
+        self.names.add(name)
+        per_name = self._objects.setdefault(phase, {})
+        _, known = per_name.get(name, (options, {}))
+        per_name[name] = (options, {**known, **objects})
+
+    def record_epoch_value(
+        self, phase: str, name: str, values: dict[int, float], options: MetricOptions | None = None
+    ) -> None:
+        """Record values that are already per-trial epoch results (logged from an epoch-end hook).
+
+        With ``options.sync_dist`` they are reduced across processes (by ``options.reduce_fx``) when read.
+        """
+        self.names.add(name)
+        per_trial = self._epoch_values.setdefault(phase, {})
+        for tid, value in values.items():
+            per_trial.setdefault(tid, {})[name] = value
+        if options is not None and options.sync_dist:
+            self._epoch_value_options.setdefault(phase, {})[name] = options
+
+    def reslot(self) -> None:
+        """Fold current rows into per-trial partials: call whenever the group's rows change.
+
+        Step values stay: each is stored with the ids of its rows, so it stays right until the next step.
+        """
+        for accumulators in self._epoch.values():
+            for accumulator in accumulators.values():
+                accumulator.fold()
+
+    def step_values(self, *, logger_only: bool = False) -> dict[int, dict[str, float]]:
+        """The latest step value of every ``on_step`` metric, per trial (one device sync)."""
+        out: dict[int, dict[str, float]] = {}
+        for name, (trial_ids, values, options) in self._step.items():
+            if logger_only and not options.logger:
+                continue
+            key = f"{name}_step" if options.on_epoch else name
+            for tid, value in zip(trial_ids, values.reshape(len(trial_ids)).tolist()):
+                out.setdefault(tid, {})[key] = value
+        return out
+
+    def epoch_options(self, phase: str) -> dict[str, MetricOptions]:
+        """The options of each metric accumulated in ``phase`` this epoch."""
+        options = {name: acc.options for name, acc in self._epoch.get(phase, {}).items()}
+        options.update({name: opts for name, (opts, _) in self._objects.get(phase, {}).items()})
+        return options
+
+    def epoch_so_far(self, phase: str) -> dict[int, dict[str, float]]:
+        """The per-trial epoch values of ``phase`` so far, the accumulation left running."""
+        out: dict[int, dict[str, float]] = {}
+        for name, accumulator in self._epoch.get(phase, {}).items():
+            for tid, value in accumulator.result(self.reduce).items():
+                out.setdefault(tid, {})[name] = value
+        for name, (_, objects) in self._objects.get(phase, {}).items():
+            for tid, metric in objects.items():
+                out.setdefault(tid, {})[name] = float(metric.compute())  # torchmetrics syncs across processes
+        for tid, values in self._epoch_values.get(phase, {}).items():
+            out.setdefault(tid, {}).update(values)
+        if self.reduce is not None:
+            for name, options in self._epoch_value_options.get(phase, {}).items():
+                tids = sorted(tid for tid, values in out.items() if name in values)
+                local = torch.tensor([out[tid][name] for tid in tids], dtype=torch.float64)
+                for tid, value in zip(tids, self.reduce(local, options.reduce_fx).tolist()):
+                    out[tid][name] = value
+        return out
+
+    def finish_epoch(self, phase: str) -> dict[int, dict[str, float]]:
+        """The per-trial epoch values of ``phase``; resets that phase's accumulation."""
+        out = self.epoch_so_far(phase)
+        self._epoch.pop(phase, None)
+        for _, objects in self._objects.pop(phase, {}).values():
+            for metric in objects.values():
+                metric.reset()
+        self._epoch_values.pop(phase, None)
+        self._epoch_value_options.pop(phase, None)
+        return out

@@ -1,0 +1,209 @@
+"""``TrialPublisher``: what a fused group tells Lightning's loggers and progress bar, per trial.
+
+A fused step returns each metric the user's step logged as a ``[B]`` tensor (or per-trial metric objects);
+:func:`record_step_logs` books them under Lightning's options, on the device. What each trial's code logs is kept
+per trial in :class:`~lightning_hydro.fused.logging.metrics.TrialMetrics`. The
+publisher hands it on under ``"{name}/trial_{id}"``: step values straight to the loggers (every
+``log_every_n_steps``), epoch values through the fused module's ``self.log`` (so that callbacks and LR schedulers
+monitoring ``"val_loss/trial_3"`` see them) and into each trial's record, and the count of running, stopped and
+diverged trials on the progress bar.
+
+After ``fit``, ``validate`` and ``test``, :meth:`TrialPublisher.publish_chosen_trial` also puts one trial's values under
+the unfused names (``"val/acc"``) into ``trainer.callback_metrics`` and ``trainer.logged_metrics``, for code that
+reads a metric back after the fit as for one model (lightning-hydra-template's ``train.py``, which returns
+``trainer.callback_metrics[cfg.optimized_metric]``): the group's best trial by ``monitor`` and ``mode``
+(:func:`chosen_trial`), each name with the value its record holds (the same as ``results[id]["metrics"]``).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.data import extract_batch_size
+
+from lightning_hydro.backends import StackedLog
+from lightning_hydro.fused.group.book import TrialBook
+from lightning_hydro.fused.group.slots import TrialSlots
+from lightning_hydro.fused.logging.metrics import TrialMetrics, resolve_options
+from lightning_hydro.stopping.trial_record import TrialRecord, best_trial
+
+__all__ = ["LogFunction", "TrialPublisher", "chosen_trial", "record_step_logs"]
+
+LogFunction = Callable[..., None]  # LightningModule.log of the fused module
+
+
+class TrialPublisher:
+    """Books each step's per-trial logs and publishes them to Lightning.
+
+    Args:
+        slots: the group's slots (which trial each row is, every trial's record).
+        metrics: the per-trial metrics of the current step and epoch.
+    """
+
+    def __init__(self, slots: TrialSlots, metrics: TrialMetrics) -> None:
+        self.slots = slots
+        self.metrics = metrics
+
+    @property
+    def book(self) -> TrialBook:
+        """Every trial's record."""
+        return self.slots.book
+
+    def record_step(self, phase: str, hook: str, logs: list[StackedLog], batch: Any) -> None:
+        """Book what a fused step logged (row i is the i-th running trial)."""
+        record_step_logs(self.metrics, phase, hook, logs, self.slots.trial_ids, batch)
+
+    def publish_step(self, trainer: L.Trainer, log: LogFunction) -> None:
+        """After an optimizer step: the step values to the loggers when due, the trial counts to the progress bar."""
+        if trainer.loggers and _should_log_step(trainer):
+            flat = {
+                f"{name}/trial_{tid}": value
+                for tid, values in self.metrics.step_values(logger_only=True).items()
+                for name, value in values.items()
+            }
+            if flat:
+                for logger in trainer.loggers:
+                    logger.log_metrics(flat, step=trainer.global_step)
+        if trainer.progress_bar_callback is not None:
+            counts = self.book.counts()
+            log("trials", float(counts["running"]), prog_bar=True, logger=False)
+            for status in ("stopped", "diverged"):
+                if counts[status]:
+                    log(status, float(counts[status]), prog_bar=True, logger=False)
+
+    def publish_epoch(self, phase: str, log: LogFunction, *, sanity_checking: bool) -> None:
+        """Log each trial's epoch values as ``name/trial_{id}`` and keep them in the results.
+
+        Under several processes a value the trial logged with ``sync_dist=True`` is the same on every rank (reduced
+        by :class:`TrialMetrics`) and is logged with ``sync_dist=True`` again, as the trial asked; one logged without
+        it is each rank's own, which a warning says once per name.
+        """
+        options = self.metrics.epoch_options(phase)
+        values = self.metrics.finish_epoch(phase)
+        if sanity_checking:
+            return
+        _warn_unsynced(self.metrics)
+        for tid, metrics in values.items():
+            self.book.record_metrics(tid, metrics)
+            for name, value in metrics.items():
+                synced = name in options and options[name].sync_dist and self.metrics.reduce is not None
+                log(
+                    f"{name}/trial_{tid}",
+                    value,
+                    on_step=False,
+                    on_epoch=True,
+                    # None means Lightning's default (True) without its warning when no logger is configured
+                    logger=None if name not in options or options[name].logger else False,
+                    batch_size=1,
+                    sync_dist=synced,
+                )
+
+    def end_training_epoch(self, epoch: int, log: LogFunction, *, sanity_checking: bool) -> None:
+        """At a training epoch's end: keep the last step values, publish the epoch, credit it to each running trial."""
+        for tid, values in self.metrics.step_values().items():
+            self.book.update_metrics(tid, values)
+        self.publish_epoch("train", log, sanity_checking=sanity_checking)
+        # a loader of unknown length has no recognisable last batch: the epoch is credited here instead
+        self.book.end_epoch(epoch, self.slots.trial_ids)
+
+    def publish_chosen_trial(
+        self, trainer: L.Trainer, *, monitor: str | None, mode: Literal["min", "max"], stage: str
+    ) -> int | None:
+        """The chosen trial's values (:func:`chosen_trial`) under the unfused names; returns its id.
+
+        Into ``trainer.callback_metrics`` and ``trainer.logged_metrics``, which Lightning keeps until the next
+        stage starts; a name already there (logged by a callback on the group itself) is left as it is. Call it
+        once the stage's values are recorded and Lightning's own updates are over (``on_fit_end``, and the end of
+        ``validate`` and ``test``). The loggers get nothing new: they have each trial's values already.
+        """
+        records = self.book.records
+        chosen = chosen_trial(records, monitor, mode)
+        if chosen is None:
+            if monitor is not None and records:
+                logged = sorted({name for record in records.values() for name in record.metrics})
+                rank_zero_warn(
+                    f"FusedLightningModule: after {stage}, no trial has a finite value of monitor={monitor!r} (the "
+                    f"trials logged {logged}), so trainer.callback_metrics holds each trial's values as "
+                    f"'name/trial_<id>' only, none under the unfused names. Fix: monitor one of the logged names."
+                )
+            return None
+        # float64: the very numbers of the trial's record (and so of results.json), whatever the logged dtype
+        values = {name: torch.tensor(value, dtype=torch.float64) for name, value in records[chosen].metrics.items()}
+        for metrics in (trainer.callback_metrics, trainer.logged_metrics):
+            for name, value in values.items():
+                metrics.setdefault(name, value)
+        return chosen
+
+    def training_epoch_values(self) -> dict[int, dict[str, float]]:
+        """Each running trial's latest values, with this training epoch's values so far."""
+        latest = {tid: dict(self.book.records[tid].metrics) for tid in self.slots.trial_ids}
+        for source in (self.metrics.step_values(), self.metrics.epoch_so_far("train")):
+            for tid, values in source.items():
+                if tid in latest:
+                    latest[tid].update(values)
+        return latest
+
+
+def chosen_trial(records: Mapping[int, TrialRecord], monitor: str | None, mode: Literal["min", "max"]) -> int | None:
+    """The trial whose values the unfused names stand for: the best finite ``monitor`` value (ties: the lowest id).
+
+    Without ``monitor`` only a group of one trial has an answer; None where there is none (no trial, or no trial
+    with a finite ``monitor`` value: all diverged, or the name was never logged).
+
+    Example::
+
+        >>> records = {0: TrialRecord(0, metrics={"val/acc": 0.5}), 1: TrialRecord(1, metrics={"val/acc": 0.75})}
+        >>> chosen_trial(records, "val/acc", "max"), chosen_trial(records, "val/acc", "min")
+        (1, 0)
+        >>> chosen_trial(records, None, "max"), chosen_trial({4: records[0]}, None, "max")  # one trial: no doubt
+        (None, 4)
+    """
+    if monitor is None:
+        return next(iter(records)) if len(records) == 1 else None
+    return best_trial(records, monitor, mode)
+
+
+def _warn_unsynced(metrics: TrialMetrics) -> None:
+    """Say once per name that an epoch value logged without ``sync_dist=True`` is each process's own."""
+    for name in sorted(metrics.unsynced - _WARNED_UNSYNCED):
+        _WARNED_UNSYNCED.add(name)
+        rank_zero_warn(
+            f"FusedLightningModule: the trials log {name!r} on epoch level without sync_dist=True under several "
+            "processes, so each trial's value (its results, and early-stopping decisions on it) covers rank 0's "
+            f"share of the data only. Fix: self.log({name!r}, ..., sync_dist=True) in the trial module.",
+        )
+        # Lightning would repeat its own advice for every trial's key of this name
+        per_trial_key = rf"It is recommended to use `self\.log\('{re.escape(name)}/trial_\d+'"
+        warnings.filterwarnings("ignore", message=per_trial_key)
+
+
+_WARNED_UNSYNCED: set[str] = set()
+
+
+def _should_log_step(trainer: L.Trainer) -> bool:
+    every = getattr(trainer, "log_every_n_steps", 50)  # set by Lightning's logger connector
+    return bool(every) and trainer.global_step % every == 0
+
+
+def record_step_logs(
+    metrics: TrialMetrics, phase: str, hook: str, logs: list[StackedLog], trial_ids: Sequence[int], batch: Any
+) -> None:
+    """Book a fused step's logged values (row i belongs to ``trial_ids[i]``); no value is read to the host."""
+    batch_size: int | None = None
+    for log in logs:
+        options = resolve_options(hook, log.options)
+        if isinstance(log.values, list):  # per-trial objects (torchmetrics Metric): computed at epoch end
+            metrics.record_objects(phase, log.name, dict(zip(trial_ids, log.values)), options)
+            continue
+        size = log.options.get("batch_size")
+        if size is None and options.on_epoch:  # only epoch means are weighted by the batch size
+            if batch_size is None:
+                batch_size = extract_batch_size(batch)
+            size = batch_size
+        metrics.record(phase, log.name, log.values, options, trial_ids=trial_ids, batch_size=size or 1)
