@@ -4,6 +4,7 @@
     python examples/train.py -m               # the sweep: 32 random trials, groups of at most 16
     python examples/train.py -m hydra/launcher=joblib hydra.sweeper.n_trials=64 \
         'model.lr=tag(log, interval(1e-4, 1))'
+    python examples/train.py -m --config-name train_resnet   # ResNet-18 on the 32x32 digits (conf/train_resnet.yaml)
 
 The sweep writes ``results.json``, ``results.csv`` and ``plots/`` into its sweep directory
 (``multirun/<date>/<time>/`` unless ``hydra.sweep.dir`` says otherwise); rerunning with the same
