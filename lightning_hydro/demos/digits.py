@@ -120,7 +120,29 @@ class DigitsDataModule(L.LightningDataModule):
         return self.val_dataloader()
 
 
-class DigitsMLP(L.LightningModule):
+class DigitsClassifier(L.LightningModule):
+    """The digits classifiers' shared training and validation steps.
+
+    Cross-entropy on the logits ``forward`` gives; ``train_loss``, ``val_loss`` and ``val_acc`` logged.
+    """
+
+    @override
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    @override
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        logits = self(x)
+        # sync_dist: under DDP each epoch value covers every process's share of the data
+        self.log("val_loss", F.cross_entropy(logits, y), sync_dist=True)
+        self.log("val_acc", (logits.argmax(-1) == y).float().mean(), sync_dist=True)
+
+
+class DigitsMLP(DigitsClassifier):
     """A small MLP classifier for digits, with the hyperparameters a sweep would tune.
 
     Args:
@@ -160,21 +182,6 @@ class DigitsMLP(L.LightningModule):
     @override
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(x))
-
-    @override
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        loss = F.cross_entropy(self(x), y)
-        self.log("train_loss", loss)
-        return loss
-
-    @override
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        x, y = batch
-        logits = self(x)
-        # sync_dist: under DDP each epoch value covers every process's share of the data
-        self.log("val_loss", F.cross_entropy(logits, y), sync_dist=True)
-        self.log("val_acc", (logits.argmax(-1) == y).float().mean(), sync_dist=True)
 
     @override
     def configure_optimizers(self) -> Any:

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 from typing_extensions import override
 
-from lightning_hydro.demos.digits import NUM_CLASSES, EpochShuffleSampler, load_digits_tensors
+from lightning_hydro.demos.digits import NUM_CLASSES, DigitsClassifier, DigitsDataModule, load_digits_tensors
 
 __all__ = ["BasicBlock", "Digits32DataModule", "DigitsResNet", "ResNet18", "load_digits_32"]
 
@@ -67,8 +66,11 @@ def load_digits_32(
     return TensorDataset(train_x, train.tensors[1]), TensorDataset(val_x, val.tensors[1])
 
 
-class Digits32DataModule(L.LightningDataModule):
-    """The 32x32 digits as a LightningDataModule: a fixed split, training batches shuffled per (seed, epoch).
+class Digits32DataModule(DigitsDataModule):
+    """The 32x32 digits as a LightningDataModule.
+
+    :class:`~lightning_hydro.demos.DigitsDataModule`'s split, shuffling and loaders, with the images of
+    :func:`load_digits_32`.
 
     Args:
         batch_size: examples per training batch (validation batches hold 256).
@@ -78,17 +80,12 @@ class Digits32DataModule(L.LightningDataModule):
     """
 
     def __init__(self, batch_size: int = 128, channels: int = 3, val_fraction: float = 0.2, seed: int = 0) -> None:
-        super().__init__()
-        if batch_size < 1:
-            raise ValueError(f"Digits32DataModule: batch_size must be >= 1, got {batch_size}.")
         if channels not in (1, 3):
             raise ValueError(f"Digits32DataModule: channels must be 1 or 3, got {channels}.")
-        self.batch_size = batch_size
+        if batch_size < 1:
+            raise ValueError(f"Digits32DataModule: batch_size must be >= 1, got {batch_size}.")
+        super().__init__(batch_size=batch_size, val_fraction=val_fraction, seed=seed)
         self.channels = channels
-        self.val_fraction = val_fraction
-        self.seed = seed
-        self.train_set: TensorDataset | None = None
-        self.val_set: TensorDataset | None = None
 
     @override
     def setup(self, stage: str | None = None) -> None:
@@ -96,21 +93,6 @@ class Digits32DataModule(L.LightningDataModule):
             self.train_set, self.val_set = load_digits_32(
                 channels=self.channels, val_fraction=self.val_fraction, seed=self.seed
             )
-
-    @override
-    def train_dataloader(self) -> DataLoader:
-        assert self.train_set is not None  # set by setup(); Lightning always calls it first
-        sampler = EpochShuffleSampler(len(self.train_set), seed=self.seed)
-        return DataLoader(self.train_set, batch_size=self.batch_size, sampler=sampler)
-
-    @override
-    def val_dataloader(self) -> DataLoader:
-        assert self.val_set is not None
-        return DataLoader(self.val_set, batch_size=256)
-
-    @override
-    def test_dataloader(self) -> DataLoader:
-        return self.val_dataloader()
 
 
 def _conv3x3(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv2d:
@@ -197,7 +179,7 @@ class ResNet18(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-class DigitsResNet(L.LightningModule):
+class DigitsResNet(DigitsClassifier):
     """ResNet-18 classifying the 32x32 digits, trained by SGD with momentum and weight decay.
 
     Args:
@@ -232,20 +214,6 @@ class DigitsResNet(L.LightningModule):
     @override
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
-
-    @override
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        loss = F.cross_entropy(self(x), y)
-        self.log("train_loss", loss)
-        return loss
-
-    @override
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        x, y = batch
-        logits = self(x)
-        self.log("val_loss", F.cross_entropy(logits, y), sync_dist=True)
-        self.log("val_acc", (logits.argmax(-1) == y).float().mean(), sync_dist=True)
 
     @override
     def configure_optimizers(self) -> Any:
