@@ -42,19 +42,39 @@ LIGHTNING_FREE = [
 ]
 
 
-def imported_subpackages(path: Path) -> set[str]:
+def imported_modules(path: Path, *, runtime_only: bool = False) -> set[str]:
+    """The absolute module names ``path`` imports (``runtime_only``: outside ``if TYPE_CHECKING:`` blocks)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if runtime_only and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for statement in node.body
+        for inner in ast.walk(statement)
+    }
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
+            found.add(node.module)
         elif isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "lightning_hydro" and len(parts) > 1:
-                found.add(parts[1])
+            found.update(alias.name for alias in node.names)
     return found
+
+
+def parts_imported(path: Path, package: str, *, runtime_only: bool = False) -> set[str]:
+    """The direct parts of ``package`` (e.g. ``lightning_hydro.sweeper``) that ``path`` imports."""
+    prefix = package.split(".")
+    return {
+        name.split(".")[len(prefix)]
+        for name in imported_modules(path, runtime_only=runtime_only)
+        if name.split(".")[: len(prefix)] == prefix and len(name.split(".")) > len(prefix)
+    }
+
+
+def imported_subpackages(path: Path) -> set[str]:
+    return parts_imported(path, "lightning_hydro")
 
 
 @pytest.mark.parametrize("subpackage", sorted(ALLOWED))
@@ -101,18 +121,7 @@ SWEEPER_ENTRY = {"__init__", "_impl"}
 
 def imported_sweeper_parts(path: Path) -> set[str]:
     """The parts of `lightning_hydro.sweeper` a file imports: a side (`planning`, `job`) or a top-level module."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = []
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
-        elif isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        for name in names:
-            parts = name.split(".")
-            if parts[:2] == ["lightning_hydro", "sweeper"] and len(parts) > 2:
-                found.add(parts[2])
-    return found
+    return parts_imported(path, "lightning_hydro.sweeper")
 
 
 @pytest.mark.parametrize("side", sorted(SWEEPER_SIDES))
@@ -198,28 +207,7 @@ FUSED_PARTS = {
 
 def runtime_fused_parts(path: Path) -> set[str]:
     """The parts of fused/ that ``path`` imports outside ``if TYPE_CHECKING:`` blocks."""
-    tree = ast.parse(path.read_text())
-    typing_only = {
-        id(inner)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for statement in node.body
-        for inner in ast.walk(statement)
-    }
-    found = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        names = []
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
-        elif isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        for name in names:
-            parts = name.split(".")
-            if parts[:2] == ["lightning_hydro", "fused"] and len(parts) > 2:
-                found.add(parts[2])
-    return found
+    return parts_imported(path, "lightning_hydro.fused", runtime_only=True)
 
 
 def fused_part(path: Path) -> str:
