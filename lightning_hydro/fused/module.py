@@ -232,6 +232,15 @@ class FusedLightningModule(L.LightningModule):
         return self._slots.optimizer
 
     @property
+    def optimizer_source(self) -> TrialOptimizers:
+        """Where each trial's own optimizers and LR schedulers are kept.
+
+        Package-internal: the per-trial views of the Trainer (``self.optimizers()`` in a trial's hook, the
+        per-trial callbacks' trainer) read a trial's optimizers from it.
+        """
+        return self._optimizers
+
+    @property
     def backend_report(self) -> str:
         """How ``backend="auto"`` chose (empty until it has)."""
         return self._policy.report

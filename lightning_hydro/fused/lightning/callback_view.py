@@ -131,7 +131,7 @@ class CallbackTrainerView(TrialTrainerView):
     def __init__(
         self, trainer: L.Trainer, fused: FusedLightningModule, trial_id: int, log_buffer: LogBuffer | None = None
     ) -> None:
-        super().__init__(trainer, fused.trial_module(trial_id), trial_id, fused._optimizers)
+        super().__init__(trainer, fused.trial_module(trial_id), trial_id, fused.optimizer_source)
         object.__setattr__(self, "_stop", False)
         object.__setattr__(self, "_log_buffer", log_buffer)
 

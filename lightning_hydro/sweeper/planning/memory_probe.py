@@ -81,13 +81,15 @@ class _StepMeter(L.Callback):
             self.peak_saved = max(self.peak_saved, self.saved_bytes)
 
 
-def _state_bytes(module: L.LightningModule) -> int:
-    """Parameters, their gradients and the optimizer state held by a fused module after a step."""
+def _state_bytes(module: L.LightningModule, optimizers: Sequence[Any]) -> int:
+    """Parameters, their gradients and the optimizer state held by a fused module after a step.
+
+    ``optimizers``: the Trainer's after the fit (the fused module's one group optimizer).
+    """
     params = list(module.parameters())
     total = sum(_bytes(p) * (2 if p.requires_grad else 1) for p in params)
     total += sum(_bytes(b) for b in module.buffers())
-    optimizer = getattr(module, "_optimizer", None)
-    if optimizer is not None:
+    for optimizer in optimizers:
         fused = optimizer.fused
         if fused is not None:
             total += sum(_bytes(v) for v in fused.state_tensors())
@@ -132,7 +134,7 @@ def measure_fused_step(
     if device.type == "cuda":
         peak = float(torch.cuda.max_memory_allocated(device))
     else:
-        peak = float(_state_bytes(fused) + meter.peak_saved)
+        peak = float(_state_bytes(fused, trainer.optimizers) + meter.peak_saved)
     times = meter.seconds[1:] or meter.seconds
     return StepMeasurement(peak_bytes=peak, step_seconds=statistics.median(times), device=str(device))
 
