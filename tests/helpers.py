@@ -284,3 +284,17 @@ def wait_for_file(path: Path, timeout_s: float = 120.0) -> bool:
             return False
         time.sleep(0.2)
     return True
+
+
+def attention_nodes(output: torch.Tensor) -> list[str]:
+    """The names of the attention kernels' backward nodes in ``output``'s autograd graph."""
+    found, seen, stack = [], set(), [output.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if "Attention" in type(node).__name__:
+            found.append(type(node).__name__)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found

@@ -24,6 +24,7 @@ from tests.fusion_models import (
     gradient_difference,
     token_loader,
 )
+from tests.helpers import attention_nodes
 
 pytestmark = pytest.mark.gpu
 
@@ -35,19 +36,6 @@ KERNELS = {
     "math": (SDPBackend.MATH, torch.float32),
     "cudnn": (SDPBackend.CUDNN_ATTENTION, torch.bfloat16),
 }
-
-
-def attention_nodes(output: Tensor) -> list[str]:
-    found, seen, stack = [], set(), [output.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if "Attention" in type(node).__name__:
-            found.append(type(node).__name__)
-        stack.extend(next_node for next_node, _ in node.next_functions)
-    return found
 
 
 def close(got: Tensor, expected: Tensor) -> None:

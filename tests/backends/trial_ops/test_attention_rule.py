@@ -17,22 +17,9 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from lightning_hydro.backends.trial_ops import attention
 from lightning_hydro.backends.trial_ops.functional_patch import trial_functional
+from tests.helpers import attention_nodes
 
 TRIALS, BATCH, HEADS, LENGTH, HEAD_DIM = 3, 4, 2, 7, 8
-
-
-def attention_nodes(output: Tensor) -> list[str]:
-    """The names of the attention kernels' backward nodes in ``output``'s autograd graph."""
-    found, seen, stack = [], set(), [output.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if "Attention" in type(node).__name__:
-            found.append(type(node).__name__)
-        stack.extend(next_node for next_node, _ in node.next_functions)
-    return found
 
 
 def fused_and_alone(step, tensors: list[Tensor], in_dims: tuple[int | None, ...]) -> tuple[Tensor, Tensor]:
