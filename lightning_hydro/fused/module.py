@@ -54,7 +54,7 @@ from lightning_hydro.fused.logging.publisher import TrialPublisher
 from lightning_hydro.fused.optimization import TrialOptimizers
 from lightning_hydro.fused.rank_sync import RankSync
 from lightning_hydro.fused.roster import TrialRoster
-from lightning_hydro.fused.step.backend_policy import BackendPolicy
+from lightning_hydro.fused.step.backend_policy import BackendPolicy, Chooser
 from lightning_hydro.fused.step.manual_steps import ManualSteps, choose_loop_for_manual
 from lightning_hydro.fused.step.row_health import RowHealth
 from lightning_hydro.fused.step.training_step import TrainingStep
@@ -177,7 +177,7 @@ class FusedLightningModule(L.LightningModule):
         self._eval_steps = EvaluationSteps(self._policy, self._optimizers)
         self._publisher = TrialPublisher(self._slots, self._metrics)
         self._training_step = TrainingStep(
-            self._policy, self._publisher, self._health, self._ranks, model_name=type(trials[0]).__name__
+            self._policy, self._metrics, self._health, self._ranks, model_name=type(trials[0]).__name__
         )
         self._diverged_on_resume: dict[int, str] = {}
         self._open_batch: int | None = None
@@ -475,7 +475,7 @@ class FusedLightningModule(L.LightningModule):
         # the closure runs training_step, which records each row's loss in self._health; the optimizer reads
         # the rows to skip from it after the closure, and reports what it did
         report = optimizer.step(closure=optimizer_closure, skip=self._health)
-        self._roster.absorb(report, self.trainer.global_step + 1)
+        self._health.absorb(report, self.trainer.global_step + 1)
 
     @override
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
@@ -498,7 +498,9 @@ class FusedLightningModule(L.LightningModule):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        self._optimizers.clip(gradient_clip_val, gradient_clip_algorithm)  # each trial as Lightning clips it alone
+        group_optimizer = self._slots.optimizer  # each trial clipped as Lightning clips it alone
+        if group_optimizer is not None:
+            group_optimizer.clip_gradients(gradient_clip_val, gradient_clip_algorithm)
 
     # -- steps --------------------------------------------------------------------------------------------------
 
@@ -507,16 +509,16 @@ class FusedLightningModule(L.LightningModule):
         self._policy.for_training(lambda backend: None, choose_loop_for_manual, type(self._first()).__name__)
         assert self._manual is not None
         result = self._manual.run(batch, batch_idx)
-        self._publisher.record_step("train", "training_step", result.outputs.logs, batch)
+        self._metrics.record_step("train", "training_step", result.outputs.logs, self._group.trial_ids, batch)
         group_optimizer = self.optimizers()
         for _ in range(result.steps):
             # Lightning counts a manual run's steps (global_step) through the hooks its manual loop puts on the
             # module's LightningOptimizer around step(); the trials stepped their own optimizers, so count here
             group_optimizer._on_before_step()  # type: ignore[union-attr]
             group_optimizer._on_after_step()  # type: ignore[union-attr]
-            self._roster.absorb(result.report, self.trainer.global_step)
+            self._health.absorb(result.report, self.trainer.global_step)
         # Lightning logs a manual run's step values after every batch, whether or not it stepped an optimizer
-        self._roster.mark_stepped()
+        self._health.mark_stepped()
 
     @override
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
@@ -527,14 +529,17 @@ class FusedLightningModule(L.LightningModule):
             return None
         # the steady step, top to bottom: lightning_hydro/fused/step/ (the chooser is looked up here, so that tests
         # can replace the module's; several processes take rank 0's choice)
-        return self._training_step(batch, batch_idx, self._ranks.chooser(choose_backend, self.trainer))
+        return self._training_step(batch, batch_idx, self._chooser)
+
+    def _chooser(self) -> Chooser:
+        return self._ranks.chooser(choose_backend, self.trainer)
 
     @override
     def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
         if self._fabric:  # LightningModule.backward's other branch
             super().backward(loss, *args, **kwargs)
         else:
-            self._training_step.backward(loss, self.backend or "auto", *args, **kwargs)
+            self._training_step.backward(loss, *args, **kwargs)
 
     @override
     def forward(self, *args: Any) -> Any:
@@ -544,12 +549,12 @@ class FusedLightningModule(L.LightningModule):
     @override
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
         out = self._eval_steps.step("validation_step", self._first(), batch, batch_idx, dataloader_idx)
-        self._publisher.record_step("validate", "validation_step", out.logs, batch)
+        self._metrics.record_step("validate", "validation_step", out.logs, self._group.trial_ids, batch)
 
     @override
     def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
         out = self._eval_steps.step("test_step", self._first(), batch, batch_idx, dataloader_idx)
-        self._publisher.record_step("test", "test_step", out.logs, batch)
+        self._metrics.record_step("test", "test_step", out.logs, self._group.trial_ids, batch)
 
     @override
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> dict[int, Any]:
@@ -564,14 +569,18 @@ class FusedLightningModule(L.LightningModule):
         if not self._group.trial_ids:  # the last trial left outside the hooks that end the fit (e.g. at epoch start)
             self.trainer.should_stop = True
             return -1  # Lightning's way to skip the rest of the epoch: no step runs for an empty group
-        self._ranks.rewrap(self.trainer)  # DDP's wrapper holds the rows it was built with
+        if self._ranks.rows_changed:
+            self._ranks.rewrap(self.trainer)  # DDP's wrapper holds the rows it was built with
         self._open_batch = batch_idx  # a checkpoint written before on_train_batch_end must settle the batch
         return None
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._open_batch = None
-        if self._roster.batch_ended(self.trainer, batch_idx):  # not while accumulating gradients
+        stepped, read = self._health.end_batch(last=batch_idx + 1 >= self.trainer.num_training_batches)
+        if read:  # due by the health's schedule, and at the epoch's last batch (before validation)
+            self._roster.settle_health(self.trainer, credit_epoch=batch_idx + 1 >= self.trainer.num_training_batches)
+        if stepped:  # not while accumulating gradients
             self._publisher.publish_step(self.trainer, self.log)
         self._end_fit_if_empty()
 

@@ -33,9 +33,8 @@ from lightning.pytorch.utilities.types import LRSchedulerConfig
 
 from lightning_hydro.backends.compiled_step import CompileSetting
 from lightning_hydro.fused.group.slots import TrialSlots
-from lightning_hydro.fused.step.fused_path import FusedPath, select_fused_path
 from lightning_hydro.fused.step.manual_steps import ManualSteps
-from lightning_hydro.optim.clipping import clip_grad_norm_per_trial, clip_grad_value_per_trial
+from lightning_hydro.fused.step.select_update import select_fused_update
 from lightning_hydro.optim.group_optimizer import OptimizerPath, TrialGroupOptimizer, TrialScheduler
 from lightning_hydro.optim.manual_group_optimizer import ManualGroupOptimizer
 from lightning_hydro.optim.optimizer_config import TrialOptimization, parse_optimizer_config
@@ -66,7 +65,6 @@ class TrialOptimizers:
         self.path: OptimizerPath = path
         self._manual_steps = manual_steps
         self.compile: CompileSetting = compile
-        self._custom: tuple[tuple[int, ...], bool] | None = None  # (trial ids, whether one clips its own way)
 
     @property
     def manual_steps(self) -> ManualSteps | None:
@@ -93,8 +91,10 @@ class TrialOptimizers:
         if self._manual_steps is not None:
             optimizer = ManualGroupOptimizer(self.slots.group, trials)
         else:
-            fast_path = partial(select_fused_path, compile=self.compile)
-            optimizer = TrialGroupOptimizer(self.slots.group, trials, path=self.path, fast_path=fast_path)
+            fast_path = partial(select_fused_update, compile=self.compile)
+            optimizer = TrialGroupOptimizer(
+                self.slots.group, trials, path=self.path, fast_path=fast_path, clipping=self
+            )
         self.slots.use_optimizer(optimizer)  # the slots keep it in step with stop and add
         configs = [config for tid in self.slots.trial_ids for config in self.scheduler_configs(tid)]
         return [optimizer], [vars(c).copy() for c in configs]
@@ -143,15 +143,18 @@ class TrialOptimizers:
         if trainer is not None and self.optimizer is not None:
             drop_scheduler_configs(trainer.strategy.lr_scheduler_configs, trial_id)
 
-    def clip(self, value: float | None, algorithm: str | None) -> None:
-        """Clip each trial's gradients as Lightning clips one module's (:func:`clip_trial_gradients`)."""
-        if self.optimizer is None:
-            return
-        group = self.slots.group
-        ids = tuple(group.trial_ids)
-        if self._custom is None or self._custom[0] != ids:  # asked every step; answered once per set of trials
-            self._custom = (ids, custom_clipping(group.modules))
-        clip_trial_gradients(group, self.optimizer, value, algorithm, custom=self._custom[1])
+    def overridden(self) -> bool:
+        """Whether a running trial overrides ``configure_gradient_clipping`` (:func:`custom_clipping`)."""
+        return custom_clipping(self.slots.group.modules)
+
+    def clip(self, value: float | None, algorithm: Any) -> None:
+        """Clip each trial's gradients by its own hook (:func:`clip_trial_gradients`); the group optimizer asks.
+
+        On the fused path, when no trial clips its own way, the group optimizer clips every row in one pass instead
+        (:meth:`~lightning_hydro.optim.group_optimizer.TrialGroupOptimizer.clip_gradients`).
+        """
+        if self.optimizer is not None:
+            clip_trial_gradients(self.slots.group, self.optimizer, value, algorithm, custom=self.optimizer.own_clipping)
 
 
 # -- each trial's LR schedulers as Lightning scheduler configs (stepped by Lightning's own rules, per trial) --
@@ -190,9 +193,9 @@ def drop_scheduler_configs(configs: list[LRSchedulerConfig], trial_id: int) -> N
 # on the loop backend with the universal optimizer path a clipped step is bitwise that of a separate run, and a
 # trial that overrides the hook (its own clipping rule) keeps it.
 #
-# On the fused optimizer path, when no trial overrides the hook, the rows are clipped in one pass over the
-# stacked gradients instead (:mod:`lightning_hydro.optim.clipping`): the same formula, summed in another
-# order (float rounding).
+# On the fused optimizer path, when no trial overrides the hook, the group optimizer clips the rows in one pass
+# over the stacked gradients instead (``FusedUpdate.clip_norm``): the same formula, summed in another order
+# (float rounding).
 
 
 def custom_clipping(modules: Sequence[Any]) -> bool:
@@ -221,21 +224,6 @@ def clip_trial_gradients(
     if custom is None:
         custom = custom_clipping(group.modules)
     if not custom and not gradient_clip_val:
-        return
-    if optimizer.active_path == "fused" and not custom:
-        by_value = str(getattr(gradient_clip_algorithm, "value", gradient_clip_algorithm)) == "value"
-        fused = optimizer.fused
-        if isinstance(fused, FusedPath):  # it keeps the norms: they tell it which rows are not finite
-            if by_value:
-                fused.clip_value(float(gradient_clip_val))  # type: ignore[arg-type]
-            else:
-                fused.clip_norm(float(gradient_clip_val))  # type: ignore[arg-type]
-            return
-        params = list(group.params.values())
-        if by_value:
-            clip_grad_value_per_trial(params, float(gradient_clip_val))  # type: ignore[arg-type]
-        else:
-            clip_grad_norm_per_trial(params, float(gradient_clip_val))  # type: ignore[arg-type]
         return
     trials = list(zip(group.trial_ids, group.modules))
     group.distribute_grads()

@@ -5,9 +5,9 @@ slots (:class:`~lightning_hydro.fused.group.slots.TrialSlots`) change the rows, 
 state as one operation; around it the roster keeps the rest of the group in step: the rows' health is read back
 first (a trial found diverged leaves as such), the per-trial metrics and health re-slot, Lightning's LR scheduler
 configs follow (:class:`~lightning_hydro.fused.optimization.TrialOptimizers`), and the backend policy hears
-of the new group size. The health schedule lives here too: after each optimizer step the rows' report is
-absorbed on the device, and at a batch's end (when due) it is read back, booking steps and stopping diverged
-trials.
+of the new group size. The rows' health is settled here too: when the health's schedule says so at a batch's end
+(:meth:`~lightning_hydro.fused.step.row_health.RowHealth.end_batch`), it is read back, booking steps and stopping
+diverged trials.
 
 Leaving never ends the fit: the fused module does that from its own hooks once no trial runs, after the
 callbacks of that hook have had their say (a callback may stop the last trial and refill its slot).
@@ -27,7 +27,6 @@ from lightning_hydro.fused.logging.metrics import TrialMetrics
 from lightning_hydro.fused.optimization import TrialOptimizers
 from lightning_hydro.fused.step.backend_policy import BackendPolicy
 from lightning_hydro.fused.step.row_health import HealthReadback, RowHealth
-from lightning_hydro.optim.group_optimizer import StepReport
 from lightning_hydro.stopping.trial_record import TrialStatus
 
 __all__ = ["TrialRoster"]
@@ -62,33 +61,8 @@ class TrialRoster:
         self.metrics = metrics
         self.health = health
         self.modes = modes
-        self.stepped = False  # an optimizer step ran in this batch (not only gradient accumulation)
-        self.read_due = False  # the health schedule asks for a read-back at this batch's end
 
     # -- the rows' health ---------------------------------------------------------------------------------------
-
-    def absorb(self, report: StepReport | None, step: int) -> None:
-        """Keep what the optimizer did at optimizer step ``step`` (None: the step produced no gradients)."""
-        if isinstance(report, StepReport):
-            self.stepped = True
-            self.read_due = self.health.absorb(report, step) or self.read_due
-
-    def mark_stepped(self) -> None:
-        """An optimizer step ran in this batch (under manual optimization Lightning logs step values after each one)."""
-        self.stepped = True
-
-    def batch_ended(self, trainer: L.Trainer, batch_idx: int) -> bool:
-        """Read back what is due at a training batch's end; returns whether an optimizer step ran in the batch."""
-        stepped, self.stepped = self.stepped, False
-        if batch_idx + 1 >= trainer.num_training_batches:
-            # read back before validation, so that decisions taken after it see every divergence, and credit the
-            # epoch to each trial that trained through it (one that diverged in an earlier batch did not)
-            self.read_due = False
-            self.settle_health(trainer, credit_epoch=True)
-        elif self.read_due:
-            self.read_due = False
-            self.settle_health(trainer, credit_epoch=False)
-        return stepped
 
     def settle_health(self, trainer: L.Trainer | None, *, credit_epoch: bool) -> None:
         """Read the rows' health back (one sync): count steps, credit the epoch if asked, stop diverged trials."""

@@ -10,7 +10,7 @@ _MOVED = {
     "OPTIONAL_HOOKS": "lightning_hydro.fused.lightning.hooks",
     "forward_hook": "lightning_hydro.fused.lightning.hooks",
     "hide_absent_hooks": "lightning_hydro.fused.lightning.hooks",
-    "record_step_logs": "lightning_hydro.fused.logging.publisher",
+    "record_step_logs": "lightning_hydro.fused.logging.metrics",
 }
 
 __getattr__ = renamed_names(

@@ -9,7 +9,7 @@ _MOVED = {
     "LogFunction": "lightning_hydro.fused.logging.publisher",
     "TrialPublisher": "lightning_hydro.fused.logging.publisher",
     "chosen_trial": "lightning_hydro.fused.logging.publisher",
-    "record_step_logs": "lightning_hydro.fused.logging.publisher",
+    "record_step_logs": "lightning_hydro.fused.logging.metrics",
 }
 
 __getattr__ = renamed_names(

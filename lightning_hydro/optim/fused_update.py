@@ -7,13 +7,21 @@ not import it.
 
 from lightning_hydro._deprecation import Renamed, renamed_names
 
+_MOVED = {
+    "FusedAdamUpdate": "fused_update",
+    "FusedSGDUpdate": "fused_update",
+    "FusedUpdate": "fused_update",
+    "SkipRows": "fused_update",
+    "select_fused_update": "select_update",
+}
+
 __getattr__ = renamed_names(
     __name__,
     {
         name: Renamed(
-            f"lightning_hydro.fused.step.fused_update:{name}",
-            f"moved to lightning_hydro.fused.step.fused_update.{name} (the steady fused step); import it from there",
+            f"lightning_hydro.fused.step.{module}:{name}",
+            f"moved to lightning_hydro.fused.step.{module}.{name} (the steady fused step); import it from there",
         )
-        for name in ("FusedAdamUpdate", "FusedSGDUpdate", "FusedUpdate", "SkipRows", "select_fused_update")
+        for name, module in _MOVED.items()
     },
 )

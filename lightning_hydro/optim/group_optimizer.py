@@ -41,6 +41,7 @@ __all__ = [
     "OptimizerPath",
     "RowsToSkip",
     "StepReport",
+    "TrialClipping",
     "TrialGroupOptimizer",
     "TrialScheduler",
 ]
@@ -55,19 +56,40 @@ class RowsToSkip(Protocol):
         """A ``[B]`` bool mask over the rows of ``trial_ids`` (True: do not step), or None: skip none."""
 
 
+class TrialClipping(Protocol):
+    """Clips each trial's gradients with its own module's ``configure_gradient_clipping`` (Lightning's rule per trial).
+
+    The group optimizer clips the rows itself in one pass on the fused path; it hands clipping to this where it
+    cannot: on the universal path, or when a trial clips its own way (overrides the hook).
+    """
+
+    def overridden(self) -> bool:
+        """Whether a running trial overrides ``configure_gradient_clipping`` (asked when the rows change)."""
+
+    def clip(self, value: float | None, algorithm: Any) -> None:
+        """Clip each running trial's gradients by its own hook, as Lightning would clip it alone."""
+
+
 class FastPath(Protocol):
     """The fused fast path: one vectorised update of every row of the stacked parameters, on the device.
 
-    Built by a :data:`FastPathBuilder` (``lightning_hydro.fused.step.select_fused_path``) for a group whose trials
-    all use one of the optimizer classes it implements; it holds the optimizer state of every row, stacked.
+    Built by a :data:`FastPathBuilder` (``lightning_hydro.fused.step.select_update.select_fused_update``) for a
+    group whose trials all use one of the optimizer classes it implements; it holds the optimizer state of every
+    row, stacked.
     """
 
-    def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_loss: Tensor) -> tuple[Tensor, Tensor]:
-        """Update every row except ``skip_loss``'s and those with non-finite gradients.
+    def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_rows: Tensor) -> tuple[Tensor, Tensor]:
+        """Update every row except ``skip_rows``' and those with non-finite gradients.
 
         Returns:
             ``[B]`` bool masks: the rows with non-finite gradients, and every row not stepped.
         """
+
+    def clip_norm(self, max_norm: float, norm_type: float = 2.0) -> Tensor:
+        """Scale each row's gradients to a total norm of at most ``max_norm``; returns the ``[B]`` norms before."""
+
+    def clip_value(self, clip_value: float) -> None:
+        """Clamp every gradient element to ``[-clip_value, clip_value]``."""
 
     def export_row(self, row: int) -> list[dict[str, Tensor]]:
         """Row ``row``'s state in torch's per-parameter format (an empty dict: no state yet)."""
@@ -164,8 +186,9 @@ class TrialGroupOptimizer(Optimizer):
         group: the stacked state of the group (rows = live trials).
         trials: each live trial's optimizer and schedulers, by trial id.
         path: ``"auto"`` (fused where possible), ``"universal"`` or ``"fused"`` (error where impossible).
-        fast_path: builds the fused fast path (``lightning_hydro.fused.step.select_fused_path``); None: every
-            step takes the universal path.
+        fast_path: builds the fused fast path (``lightning_hydro.fused.step.select_update.select_fused_update``);
+            None: every step takes the universal path.
+        clipping: clips each trial by its own hook where one pass over the rows cannot (None: no such clipping).
     """
 
     def __init__(
@@ -175,8 +198,11 @@ class TrialGroupOptimizer(Optimizer):
         *,
         path: OptimizerPath = "auto",
         fast_path: FastPathBuilder | None = None,
+        clipping: TrialClipping | None = None,
     ) -> None:
         super().__init__(list(group.params.values()), defaults={})
+        self.clipping = clipping
+        self._own_clipping = False  # a trial clips its own way: every trial is clipped by its own hook
         self.group = group
         self.trials: dict[int, TrialOptimization] = dict(trials)
         self.path: OptimizerPath = path
@@ -221,6 +247,7 @@ class TrialGroupOptimizer(Optimizer):
         """Choose the path for the current rows; on the fused path, take the trials' state into it."""
         self.materialize()
         self._no_rows = None
+        self._own_clipping = self.clipping is not None and bool(self.trials) and self.clipping.overridden()
         if self.path == "universal" or not self.trials:
             return
         ids = self.group.trial_ids
@@ -253,6 +280,30 @@ class TrialGroupOptimizer(Optimizer):
     def active_path(self) -> Literal["universal", "fused"]:
         """The path the next step takes."""
         return "universal" if self.fused is None else "fused"
+
+    def clip_gradients(self, value: float | None, algorithm: Any) -> None:
+        """Clip each trial's gradients as Lightning clips one module's (``configure_gradient_clipping``).
+
+        On the fused path, when no trial clips its own way, every row in one pass by its own norm or value (the
+        norms are kept: they tell the update which rows are not finite); otherwise each trial by its own hook.
+
+        Args:
+            value: ``Trainer(gradient_clip_val=...)`` (None or 0: no clipping, unless a trial clips its own way).
+            algorithm: ``Trainer(gradient_clip_algorithm=...)`` ("norm" or "value", or Lightning's enum of them).
+        """
+        if self.fused is not None and not self._own_clipping:
+            if value:
+                if str(getattr(algorithm, "value", algorithm)) == "value":
+                    self.fused.clip_value(float(value))
+                else:
+                    self.fused.clip_norm(float(value))
+        elif self.clipping is not None and (value or self._own_clipping):
+            self.clipping.clip(value, algorithm)
+
+    @property
+    def own_clipping(self) -> bool:
+        """Whether a running trial clips its own way (then every trial is clipped by its own hook)."""
+        return self._own_clipping
 
     # -- torch.optim.Optimizer API -------------------------------------------------------------------------
 

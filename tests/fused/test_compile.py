@@ -91,7 +91,7 @@ def test_compile_argument_is_checked():
 
 def _update_steps(compile: bool | str, steps: int = 3) -> list[torch.Tensor]:
     """A fused AdamW update of 3 rows stepped ``steps`` times on fixed gradients; the parameters after."""
-    from lightning_hydro.fused.step.fused_update import select_fused_update
+    from lightning_hydro.fused.step.select_update import select_fused_update
 
     generator = torch.Generator().manual_seed(0)
     stacked = [

@@ -77,7 +77,7 @@ OLD_PATHS = {
         "OPTIONAL_HOOKS": "fused.lightning.hooks",
         "forward_hook": "fused.lightning.hooks",
         "hide_absent_hooks": "fused.lightning.hooks",
-        "record_step_logs": "fused.logging.publisher",
+        "record_step_logs": "fused.logging.metrics",
     },
     "fused.trial_metrics": {
         "MetricOptions": "fused.logging.metrics",
@@ -99,7 +99,7 @@ OLD_PATHS = {
         "LogFunction": "fused.logging.publisher",
         "TrialPublisher": "fused.logging.publisher",
         "chosen_trial": "fused.logging.publisher",
-        "record_step_logs": "fused.logging.publisher",
+        "record_step_logs": "fused.logging.metrics",
     },
     "fused.trial_roster": {
         "TrialRoster": "fused.roster",

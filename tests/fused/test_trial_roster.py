@@ -31,9 +31,10 @@ def _roster(size: int = 3, max_slots: int = 3) -> TrialRoster:
 def test_a_diverged_row_found_at_a_read_back_leaves_as_diverged_and_the_others_count_their_steps():
     roster = _roster()
     bad = torch.tensor([False, True, False])
-    roster.absorb(StepReport((0, 1, 2), skipped_loss=bad, skipped_gradients=torch.zeros(3, dtype=torch.bool)), 1)
-    assert roster.stepped
-    assert roster.read_due  # step 1 of the 1, 2, 4 ramp
+    report = StepReport((0, 1, 2), skipped_loss=bad, skipped_gradients=torch.zeros(3, dtype=torch.bool))
+    assert roster.health.absorb(report, 1)  # step 1 of the 1, 2, 4 ramp: read back now
+    assert roster.health.end_batch(last=False) == (True, True)  # stepped in the batch; read back at its end
+    assert roster.health.end_batch(last=False) == (False, False)  # the next batch: nothing yet
     roster.slots.book.start_epoch([0, 1, 2])
     trainer = SimpleNamespace(global_step=5, strategy=SimpleNamespace(lr_scheduler_configs=[]))  # at step 5
     roster.settle_health(trainer, credit_epoch=True)  # type: ignore[arg-type]

@@ -8,7 +8,7 @@ from torch import nn
 
 from lightning_hydro.demos import DigitsMLP
 from lightning_hydro.fused.group.slots import TrialSlots
-from lightning_hydro.fused.step.fused_path import select_fused_path
+from lightning_hydro.fused.step.select_update import select_fused_update
 from lightning_hydro.optim.group_optimizer import TrialGroupOptimizer
 from lightning_hydro.optim.optimizer_config import parse_optimizer_config
 
@@ -20,7 +20,7 @@ def _slots(n: int = 3, optimizer: str = "adam") -> TrialSlots:
     optimizations = {
         tid: parse_optimizer_config(m.configure_optimizers(), trial_id=tid, module=m) for tid, m in slots.running()
     }
-    slots.optimizer = TrialGroupOptimizer(slots.group, optimizations, fast_path=select_fused_path)
+    slots.optimizer = TrialGroupOptimizer(slots.group, optimizations, fast_path=select_fused_update)
     return slots
 
 

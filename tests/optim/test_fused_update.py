@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_hydro.fused.step.fused_update import FusedAdamUpdate, FusedSGDUpdate, select_fused_update
+from lightning_hydro.fused.step.fused_update import FusedAdamUpdate, FusedSGDUpdate
+from lightning_hydro.fused.step.select_update import select_fused_update
 
 ROWS = 4
 

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_hydro.demos import DigitsMLP
-from lightning_hydro.fused.step.fused_path import select_fused_path
+from lightning_hydro.fused.step.select_update import select_fused_update
 from lightning_hydro.optim.group_optimizer import TrialGroupOptimizer
 from lightning_hydro.optim.optimizer_config import parse_optimizer_config
 from lightning_hydro.stacking.stacked_state import StackedState
@@ -35,7 +35,7 @@ def test_skipped_rows_are_untouched_and_the_others_step_as_without_a_skip(path, 
         trials = [DigitsMLP(hidden_dim=8, lr=0.1, optimizer=optimizer) for _ in range(3)]
         group = StackedState(nn.Module(), trials, [0, 1, 2])
         opts = {t: parse_optimizer_config(m.configure_optimizers(), trial_id=t, module=m) for t, m in enumerate(trials)}
-        return group, TrialGroupOptimizer(group, opts, path=path, fast_path=select_fused_path)
+        return group, TrialGroupOptimizer(group, opts, path=path, fast_path=select_fused_update)
 
     reports = []
     finals = []

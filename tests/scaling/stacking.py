@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from lightning_hydro.backends.vmap_backend import VmapBackend
-from lightning_hydro.fused.step.fused_path import select_fused_path
+from lightning_hydro.fused.step.select_update import select_fused_update
 from lightning_hydro.optim.group_optimizer import TrialGroupOptimizer
 from lightning_hydro.optim.optimizer_config import parse_optimizer_config
 from lightning_hydro.stacking import StackedState
@@ -44,7 +44,7 @@ class StackedTrials:
             tid: parse_optimizer_config(m.configure_optimizers(), trial_id=tid, module=m)  # type: ignore[operator]
             for tid, m in zip(ids, self.models)
         }
-        self.optimizer = TrialGroupOptimizer(self.group, trials, fast_path=select_fused_path)
+        self.optimizer = TrialGroupOptimizer(self.group, trials, fast_path=select_fused_update)
 
     def __call__(self, batch: Any) -> None:
         def closure() -> None:

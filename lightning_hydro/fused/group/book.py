@@ -42,6 +42,7 @@ class TrialBook:
         self._epoch: int | None = None  # the open epoch's index (None before the first)
         self._ended = False  # its history entries are written
         self._unit: TimeAttr = "epochs"
+        self.changes = 0  # counts changes of the records' statuses (a reader may keep what it derived until then)
 
     def __contains__(self, trial_id: int) -> bool:
         return trial_id in self.records
@@ -49,6 +50,7 @@ class TrialBook:
     def add(self, trial_id: int) -> None:
         """Open a record for a trial that joins the group."""
         self.records[trial_id] = TrialRecord(trial_id, budget_unit=self._unit)
+        self.changes += 1
 
     def count_budget_in(self, unit: TimeAttr) -> None:
         """Every record's budget (those of trials still to come included) counts ``unit``."""
@@ -113,11 +115,13 @@ class TrialBook:
         """A trial leaves its slot with this status."""
         record = self.records[trial_id]
         record.status, record.reason = status, reason
+        self.changes += 1
 
     def set_status(self, trial_ids: Iterable[int], status: TrialStatus) -> None:
         """Mark trials (e.g. the running ones at the start or the end of a fit)."""
         for tid in trial_ids:
             self.records[tid].status = status
+        self.changes += 1
 
     def set_backend(self, trial_ids: Iterable[int], backend: str) -> None:
         """These trials train on ``backend`` (recorded in their results)."""
@@ -138,6 +142,7 @@ class TrialBook:
     def load(self, results: Mapping[int, Mapping[str, Any]]) -> None:
         """Replace the records with those of :meth:`results` (a checkpoint)."""
         self.records = {tid: TrialRecord.from_dict(tid, data) for tid, data in results.items()}
+        self.changes += 1
 
     def epoch_state(self) -> dict[str, Any]:
         """The current epoch's tally, for a checkpoint: a run resumed mid-epoch gets no ``start_epoch`` call."""

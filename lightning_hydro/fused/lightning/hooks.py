@@ -2,7 +2,7 @@
 
 Epoch- and fit-level hooks that the trial modules implement run per trial (:func:`forward_hook`), their
 ``self.log`` calls recorded as that trial's epoch values (what a fused step logs is booked by
-:func:`lightning_hydro.fused.logging.publisher.record_step_logs`). Steps and data hooks
+:meth:`lightning_hydro.fused.logging.metrics.TrialMetrics.record_step`). Steps and data hooks
 the trials do not implement are hidden on the fused module (:func:`hide_absent_hooks`).
 """
 

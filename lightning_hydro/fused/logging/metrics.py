@@ -34,9 +34,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+from lightning.pytorch.utilities.data import extract_batch_size
 from torch import Tensor
 
-__all__ = ["MetricOptions", "ReduceFx", "Reducer", "TrialMetrics", "resolve_options"]
+from lightning_hydro.backends import StackedLog
+
+__all__ = ["MetricOptions", "ReduceFx", "Reducer", "TrialMetrics", "record_step_logs", "resolve_options"]
 
 ReduceFx = Literal["mean", "sum", "max", "min"]
 # Reduces a tensor element-wise across the processes of a distributed run ("mean", "sum", "max" or "min").
@@ -198,6 +201,27 @@ class TrialMetrics:
                 accumulators[name] = _Accumulator(options)
             accumulators[name].add(values, trial_ids, batch_size)
 
+    def record_step(
+        self, phase: str, hook: str, logs: Sequence[StackedLog], trial_ids: Sequence[int], batch: Any
+    ) -> None:
+        """Book what a fused step logged (row i belongs to ``trial_ids[i]``) under Lightning's options.
+
+        ``hook`` is the step that logged (it sets ``on_step``/``on_epoch``'s defaults); ``batch`` gives an epoch mean's
+        batch size where the step did not say. No value is read to the host.
+        """
+        batch_size: int | None = None
+        for log in logs:
+            options = resolve_options(hook, log.options)
+            if isinstance(log.values, list):  # per-trial objects (torchmetrics Metric): computed at epoch end
+                self.record_objects(phase, log.name, dict(zip(trial_ids, log.values)), options)
+                continue
+            size = log.options.get("batch_size")
+            if size is None and options.on_epoch:  # only epoch means are weighted by the batch size
+                if batch_size is None:
+                    batch_size = extract_batch_size(batch)
+                size = batch_size
+            self.record(phase, log.name, log.values, options, trial_ids=trial_ids, batch_size=size or 1)
+
     def record_objects(self, phase: str, name: str, objects: dict[int, Any], options: MetricOptions) -> None:
         """Record per-trial stateful metric objects (``compute()``/``reset()``, e.g. torchmetrics) logged by a step.
 
@@ -277,3 +301,10 @@ class TrialMetrics:
         self._epoch_values.pop(phase, None)
         self._epoch_value_options.pop(phase, None)
         return out
+
+
+def record_step_logs(
+    metrics: TrialMetrics, phase: str, hook: str, logs: Sequence[StackedLog], trial_ids: Sequence[int], batch: Any
+) -> None:
+    """Book a fused step's logged values into ``metrics`` (:meth:`TrialMetrics.record_step`)."""
+    metrics.record_step(phase, hook, logs, trial_ids, batch)

@@ -1,8 +1,8 @@
 """``TrialPublisher``: what a fused group tells Lightning's loggers and progress bar, per trial.
 
 A fused step returns each metric the user's step logged as a ``[B]`` tensor (or per-trial metric objects);
-:func:`record_step_logs` books them under Lightning's options, on the device. What each trial's code logs is kept
-per trial in :class:`~lightning_hydro.fused.logging.metrics.TrialMetrics`. The
+:meth:`~lightning_hydro.fused.logging.metrics.TrialMetrics.record_step` books them under Lightning's options, on the
+device, per trial. The
 publisher hands it on under ``"{name}/trial_{id}"``: step values straight to the loggers (every
 ``log_every_n_steps``), epoch values through the fused module's ``self.log`` (so that callbacks and LR schedulers
 monitoring ``"val_loss/trial_3"`` see them) and into each trial's record, and the count of running, stopped and
@@ -19,21 +19,19 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Mapping
+from typing import Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from lightning.pytorch.utilities.data import extract_batch_size
 
-from lightning_hydro.backends import StackedLog
 from lightning_hydro.fused.group.book import TrialBook
 from lightning_hydro.fused.group.slots import TrialSlots
-from lightning_hydro.fused.logging.metrics import TrialMetrics, resolve_options
+from lightning_hydro.fused.logging.metrics import TrialMetrics
 from lightning_hydro.stopping.trial_record import TrialRecord, best_trial
 
-__all__ = ["LogFunction", "TrialPublisher", "chosen_trial", "record_step_logs"]
+__all__ = ["LogFunction", "TrialPublisher", "chosen_trial"]
 
 LogFunction = Callable[..., None]  # LightningModule.log of the fused module
 
@@ -49,15 +47,12 @@ class TrialPublisher:
     def __init__(self, slots: TrialSlots, metrics: TrialMetrics) -> None:
         self.slots = slots
         self.metrics = metrics
+        self._counts: tuple[int, dict[str, int]] | None = None  # (the book's changes, its counts then)
 
     @property
     def book(self) -> TrialBook:
         """Every trial's record."""
         return self.slots.book
-
-    def record_step(self, phase: str, hook: str, logs: list[StackedLog], batch: Any) -> None:
-        """Book what a fused step logged (row i is the i-th running trial)."""
-        record_step_logs(self.metrics, phase, hook, logs, self.slots.trial_ids, batch)
 
     def publish_step(self, trainer: L.Trainer, log: LogFunction) -> None:
         """After an optimizer step: the step values to the loggers when due, the trial counts to the progress bar."""
@@ -71,7 +66,10 @@ class TrialPublisher:
                 for logger in trainer.loggers:
                     logger.log_metrics(flat, step=trainer.global_step)
         if trainer.progress_bar_callback is not None:
-            counts = self.book.counts()
+            book = self.slots.book
+            if self._counts is None or self._counts[0] != book.changes:  # counted again only after a change
+                self._counts = (book.changes, book.counts())
+            counts = self._counts[1]
             log("trials", float(counts["running"]), prog_bar=True, logger=False)
             for status in ("stopped", "diverged"):
                 if counts[status]:
@@ -189,21 +187,3 @@ _WARNED_UNSYNCED: set[str] = set()
 def _should_log_step(trainer: L.Trainer) -> bool:
     every = getattr(trainer, "log_every_n_steps", 50)  # set by Lightning's logger connector
     return bool(every) and trainer.global_step % every == 0
-
-
-def record_step_logs(
-    metrics: TrialMetrics, phase: str, hook: str, logs: list[StackedLog], trial_ids: Sequence[int], batch: Any
-) -> None:
-    """Book a fused step's logged values (row i belongs to ``trial_ids[i]``); no value is read to the host."""
-    batch_size: int | None = None
-    for log in logs:
-        options = resolve_options(hook, log.options)
-        if isinstance(log.values, list):  # per-trial objects (torchmetrics Metric): computed at epoch end
-            metrics.record_objects(phase, log.name, dict(zip(trial_ids, log.values)), options)
-            continue
-        size = log.options.get("batch_size")
-        if size is None and options.on_epoch:  # only epoch means are weighted by the batch size
-            if batch_size is None:
-                batch_size = extract_batch_size(batch)
-            size = batch_size
-        metrics.record(phase, log.name, log.values, options, trial_ids=trial_ids, batch_size=size or 1)

@@ -7,17 +7,20 @@ Lightning's automatic optimization drives the step; the fused module's hooks han
    ``training_step`` in one call; what the trials logged is booked per trial; :mod:`.row_health` records which
    of the ``[B]`` losses are not finite; the sum of the finite ones goes to Lightning's backward, which leaves
    each trial's gradient in its row of the stacked gradients.
-2. :mod:`.fused_path` (``configure_gradient_clipping``): ``Trainer(gradient_clip_val=...)`` clips each row by its
-   own norm, and the norms are kept: they tell the next stage which rows are not finite.
-3. ``TrialGroupOptimizer.step`` hands the fused path the rows :mod:`.row_health` says to skip (a non-finite
-   loss, or a divergence not read back yet); :mod:`.fused_path` adds the rows with non-finite gradients and
-   runs :mod:`.fused_update`: a few ``torch._foreach_*`` calls over the stacked ``[B, ...]`` tensors, each
-   hyperparameter a ``[B, 1, ...]`` factor from :mod:`.row_hyperparameters` (copied to the device only when a
-   scheduler or the user changed one), the skipped rows' factors made neutral on the device.
-4. :mod:`.row_health` (``optimizer_step``) absorbs the step's report on the device; the fused module reads it
-   back on a schedule (optimizer steps 1, 2, 4, ..., then every 32 on an accelerator, every step on the CPU),
-   at epoch ends and before slot changes, and frees diverged trials' slots then
-   (:mod:`lightning_hydro.fused.roster`).
+2. ``configure_gradient_clipping``: ``Trainer(gradient_clip_val=...)`` clips each row by its own norm in one pass
+   (:meth:`.fused_update.FusedUpdate.clip_norm`, asked by the group optimizer), and the norms are kept: they
+   tell the next stage which rows are not finite.
+3. ``TrialGroupOptimizer.step`` hands :mod:`.fused_update` the rows :mod:`.row_health` says to skip (a non-finite
+   loss, or a divergence not read back yet); it adds the rows with non-finite gradients and runs a few
+   ``torch._foreach_*`` calls over the stacked ``[B, ...]`` tensors, each hyperparameter a ``[B, 1, ...]`` factor
+   (copied to the device by :mod:`.row_hyperparameters` only when a scheduler or the user changed one), the
+   skipped rows' factors made neutral on the device. What runs only on change lives beside it:
+   :mod:`.update_plan` (the parameters grouped into parts), :mod:`.update_rows` (a row's state in and out of
+   torch's per-trial format), :mod:`.select_update` (which update fits the trials' optimizers).
+4. :mod:`.row_health` (``optimizer_step``) absorbs the step's report on the device, and at the batch's end says
+   whether to read it back: on a schedule (optimizer steps 1, 2, 4, ..., then every 32 on an accelerator, every
+   step on the CPU), at epoch ends and before slot changes; the fused module's roster frees diverged trials' slots
+   then (:mod:`lightning_hydro.fused.roster`).
 5. :mod:`.compiled_update`: with ``compile=True`` stage 3's device work runs under ``torch.compile`` (the
    forward and backward of stage 1 already do: :mod:`lightning_hydro.backends.compiled_step`).
 

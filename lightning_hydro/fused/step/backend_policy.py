@@ -105,19 +105,16 @@ class BackendPolicy:
         self.backend, self.parked = make_backend("loop", self.slots.group), None
         self.slots.book.set_backend(self.slots.trial_ids, "loop")
 
-    def run_training(self, backend: Backend, batch: Any, batch_idx: int) -> StepOutputs:
-        """One training step with ``backend``; under ``"auto"`` a fused backend that refuses it hands over to the loop.
+    def after_refusal(self, err: FusionError, backend: Backend, batch: Any, batch_idx: int) -> StepOutputs:
+        """The step ``backend`` refused with ``err``: under ``"auto"`` the loop runs it from now on, else ``err``.
 
         A fused backend may refuse a step long after the first batch: when the trials' Python state comes to
         differ in a value the step uses (:mod:`lightning_hydro.backends.step_state`). The refused call changed
         nothing, so the loop runs the same step.
         """
-        try:
-            return backend.run("training_step", batch, batch_idx)
-        except FusionError as err:
-            if self.requested != "auto" or isinstance(backend, LoopBackend):
-                raise
-            self._to_loop(str(err))
+        if self.requested != "auto" or isinstance(backend, LoopBackend):
+            raise err
+        self._to_loop(str(err))
         assert self.backend is not None
         return self.backend.run("training_step", batch, batch_idx)
 

@@ -33,7 +33,7 @@ _COMPILED: dict[bool | str, Callable[..., None]] = {}  # one torch.compile wrapp
 _FAILED: dict[bool | str, str] = {}  # settings whose compilation failed: why (their steps run eagerly)
 
 
-def _device_step(update: FusedUpdate, grads: list[list[Tensor]], skip: Tensor | None, prepared: Any) -> None:
+def _device_step(update: FusedUpdate, grads: list[list[Tensor]], skip: Tensor, prepared: Any) -> None:
     update.device_step(grads, skip, prepared)
 
 
@@ -43,7 +43,7 @@ def compile_failure(setting: bool | str) -> str:
 
 
 def run_device_step(
-    update: FusedUpdate, grads: list[list[Tensor]], skip: Tensor | None, prepared: Any, setting: bool | str
+    update: FusedUpdate, grads: list[list[Tensor]], skip: Tensor, prepared: Any, setting: bool | str
 ) -> None:
     """The update's device work for one step: compiled under ``setting`` (True or "reduce-overhead"), else eager."""
     if not setting or setting in _FAILED:

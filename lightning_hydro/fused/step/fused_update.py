@@ -1,4 +1,4 @@
-"""The fused update: one vectorised SGD / Adam / AdamW step for all B trials of a group.
+"""The fused update: per-row clipping, the rows to skip, and one vectorised SGD / Adam / AdamW step for B trials.
 
 The universal path steps each trial's own optimizer (B optimizer calls, many small kernels each). When every
 trial uses the same one of SGD, Adam or AdamW and groups its parameters the same way, the update runs once on
@@ -14,45 +14,51 @@ row is computed bitwise as without the mask.
 
 The arithmetic follows torch's single-tensor implementations operation by operation (scalars computed in
 double precision, as torch computes them on the host), so rows agree with the universal path to float rounding
-(tested). Per-row counters that torch keeps on the host (Adam's ``step``, SGD's "has a momentum buffer") live
-on the device as ``[P, B]`` tensors, read only when the state is exported to torch's per-trial format for
-checkpoints and slot changes (:meth:`FusedUpdate.export_row` / :meth:`FusedUpdate.import_row`).
+(tested).
+
+This file is the steady step: what runs at every optimizer step, top to bottom in :meth:`FusedUpdate.step`.
+What runs only when something changed lives beside it: the factors' copy to the device
+(:mod:`.row_hyperparameters`), the grouping of parameters into parts (:mod:`.update_plan`), the state's exchange
+with torch's per-trial format (:mod:`.update_rows`), the choice of an update for the trials' optimizers
+(:mod:`.select_update`), compilation (:mod:`.compiled_update`).
+
+Example::
+
+    >>> weight = torch.nn.Parameter(torch.zeros(2, 3))
+    >>> update = FusedSGDUpdate([weight])
+    >>> weight.grad = torch.tensor([[1.0, 1.0, 1.0], [float("nan"), 0.0, 0.0]])
+    >>> groups = [[{"lr": 0.1, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False}]] * 2
+    >>> bad, skipped = update.step(groups)
+    >>> bad.tolist()  # row 1: non-finite gradients, not stepped
+    [False, True]
+    >>> weight.tolist()  # row 0 stepped, row 1 kept as it was
+    [[-0.10000000149011612, -0.10000000149011612, -0.10000000149011612], [0.0, 0.0, 0.0]]
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.optim import SGD, Adam, AdamW, Optimizer
 from typing_extensions import override
 
 from lightning_hydro.fused.step.compiled_update import run_device_step
 from lightning_hydro.fused.step.row_hyperparameters import RowHyperparameters
+from lightning_hydro.fused.step.update_plan import Part, plan_parts
+from lightning_hydro.fused.step.update_rows import AdamRowStates, RowStates, SGDRowStates
 
-__all__ = ["FusedAdamUpdate", "FusedSGDUpdate", "FusedUpdate", "SkipRows", "select_fused_update"]
+__all__ = ["FusedAdamUpdate", "FusedSGDUpdate", "FusedUpdate", "SkipRows"]
 
 # rows not to update: row indices known on the host, or a [B] bool mask on the device (no host sync)
 SkipRows = Sequence[int] | Tensor
+# at most this many elements in all (B rows included): the non-finite check concatenates the gradients
+_CONCATENATED_CHECK = 1 << 16
 
 
-@dataclass
-class _Part:
-    """Parameters updated by the same sequence of foreach calls (one kind of group, with or without decay)."""
-
-    indices: list[int]
-    kind: str
-    decay: bool
-    params: list[Tensor] = field(default_factory=list)
-    views: dict[str, list[Tensor]] = field(default_factory=dict)
-    states: dict[str, list[Tensor]] = field(default_factory=dict)
-
-
-class FusedUpdate(ABC):
+class FusedUpdate(RowStates, ABC):
     """Vectorised optimizer update over stacked parameters; one state tensor ``[B, ...]`` per parameter.
 
     Args:
@@ -74,11 +80,14 @@ class FusedUpdate(ABC):
         self.group_of: list[int | None] = [0] * len(self.params) if group_of is None else list(group_of)
         self._optimized = [i for i, g in enumerate(self.group_of) if g is not None]
         self._factors: RowHyperparameters | None = None
-        self._plan: list[_Part] = []
+        self._plan: list[Part] = []
         self._plan_key: tuple[int, ...] | None = None
         self._indices: dict[tuple[int, ...], Tensor] = {}  # device index of the active parameters, by set
         self._host_rows: list[list[Any]] | None = None  # [P][B] counters read back for export, until the next step
         self._compiled: bool | str = False  # run the device work under torch.compile (True, "reduce-overhead")
+        # per-row gradient norms of the latest clipping, with the gradients (and their versions) they describe
+        self._norms: tuple[Tensor, list[tuple[Tensor, int]]] | None = None
+        self._concatenate = sum(p.numel() for p in self.params) <= _CONCATENATED_CHECK
 
     @property
     def rows(self) -> int:
@@ -95,83 +104,120 @@ class FusedUpdate(ABC):
         """One param group's factors (in :attr:`NEUTRAL` order) from its raw values (in :attr:`KEYS` order)."""
 
     @abstractmethod
-    def export_row(self, row: int) -> list[dict[str, Tensor]]:
-        """Row ``row``'s state in torch's per-parameter format (empty dict: no state yet)."""
-
-    @abstractmethod
-    def import_row(self, row: int, states: Sequence[dict[str, Any]]) -> None:
-        """Load row ``row``'s state from torch's per-parameter format."""
-
-    @abstractmethod
-    def _kind(self, values: Sequence[Sequence[Any]], group: int) -> str:
+    def kind(self, values: Sequence[Sequence[Any]], group: int) -> str:
         """How the parameters of ``group`` are updated, from its factors on the host (``values[row]``)."""
 
     @abstractmethod
-    def _run(self, part: _Part, grads: list[Tensor] | tuple[Tensor, ...]) -> None:
+    def _run(self, part: Part, grads: list[Tensor] | tuple[Tensor, ...]) -> None:
         """The foreach calls of one part of the plan, with this step's factors."""
 
     def _prepare(self, active: list[int]) -> Any:
         """Host-side facts the device work of a step needs (e.g. which counters it touches); no device work."""
         return self._counters(active)
 
-    def _before(self, skip: Tensor | None, prepared: Any) -> None:  # noqa: B027 - optional hook
+    def _before(self, skip: Tensor | None, prepared: Any) -> None:
         """Per-step device work on the ``[P, B]`` counters before the foreach calls (e.g. Adam's bias corrections)."""
 
-    def _finish(self, active: list[int], prepared: Any) -> None:  # noqa: B027 - optional hook
+    def _finish(self, active: list[int], prepared: Any) -> None:
         """Host-side bookkeeping after a step."""
 
-    def _state_keys(self, kind: str) -> tuple[str, ...]:
+    def state_keys(self, kind: str) -> tuple[str, ...]:
         """The per-parameter state tensors a part of ``kind`` needs (created as zeros on first use)."""
         return ()
+
+    def decays(self, values: Sequence[Sequence[Any]]) -> bool:
+        """Whether any row of a group has weight decay (else its foreach call is left out)."""
+        k = list(self.NEUTRAL).index("weight_decay")
+        return any(row[k] != 0 for row in values)
 
     def compile(self, setting: bool | str) -> None:
         """Run the device work of each step under ``torch.compile`` (see :mod:`.compiled_update`); False: eagerly."""
         self._compiled = setting
 
-    @torch.no_grad()
-    def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_rows: SkipRows = ()) -> None:
-        """Update all rows from ``param.grad``; ``param_groups[r]`` are row r's optimizer's param groups.
+    # -- the steady step ------------------------------------------------------------------------------------
 
-        Rows in ``skip_rows`` (diverged trials: indices, or a ``[B]`` bool mask) are left as they were, their
-        parameters and state exactly; their gradients are zeroed where not finite.
+    @torch.no_grad()
+    def clip_norm(self, max_norm: float, norm_type: float = 2.0) -> Tensor:
+        """Scale each row's gradients to a total norm of at most ``max_norm``; returns the ``[B]`` norms before.
+
+        Row b is scaled as ``torch.nn.utils.clip_grad_norm_`` scales trial b's gradients when it trains alone (the
+        same formula, float rounding aside). The norms are kept: they tell :meth:`step` which rows are not finite.
         """
-        skip = self._mask(skip_rows)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if not grads:
+            return torch.zeros(0)
+        per_param = torch.stack([torch.linalg.vector_norm(g.flatten(1), norm_type, dim=1) for g in grads])
+        norms = torch.linalg.vector_norm(per_param, norm_type, dim=0)
+        coef = torch.clamp(max_norm / (norms + 1e-6), max=1.0)
+        torch._foreach_mul_(grads, [coef.to(g.dtype).view(-1, *([1] * (g.dim() - 1))) for g in grads])
+        self._norms = (norms, [(g, g._version) for g in grads])
+        return norms
+
+    @torch.no_grad()
+    def clip_value(self, clip_value: float) -> None:
+        """Clamp every gradient element to ``[-clip_value, clip_value]`` (elementwise: trivially per row)."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if grads:
+            torch._foreach_clamp_min_(grads, -clip_value)
+            torch._foreach_clamp_max_(grads, clip_value)
+
+    @torch.no_grad()
+    def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_rows: SkipRows = ()) -> tuple[Tensor, Tensor]:
+        """Update every row but ``skip_rows``' and those with non-finite gradients; ``param_groups[r]``: row r's.
+
+        Skipped rows (diverged trials: indices, or a ``[B]`` bool mask) are left as they were, their parameters and
+        state exactly; their gradients are zeroed where not finite. Nothing is read back to the host.
+
+        Returns:
+            ``[B]`` bool masks, on the device: the rows with non-finite gradients, and every row not stepped.
+        """
         active, grads = self._gradients()
+        bad = self._non_finite(grads)
+        skip = bad if isinstance(skip_rows, Sequence) and not skip_rows else self._mask(skip_rows) | bad
         if not active:
-            return
-        factors = self._factors_for(param_groups)
-        plan = self._plan_for(active, factors)
+            return bad, skip
+        factors = self._factors
+        if factors is None or factors.device != self.device or factors.rows != self.rows:
+            factors = self._factors = RowHyperparameters(
+                self.KEYS, self.derive, self.NEUTRAL, group_of=self.group_of, params=self.params, doubles=self.DOUBLES
+            )
+            self._plan_key = None
+        read = factors.read
+        if factors.volatile or [read(g) for groups in param_groups for g in groups] != factors.last:
+            factors.refresh(param_groups)  # a scheduler or the user changed a value: one copy to the device
+            self._plan_key = None  # the kinds of update may have changed
+        if tuple(active) != self._plan_key:
+            self._plan, self._plan_key = plan_parts(self, active, factors), tuple(active)
         self._host_rows = None
         prepared = self._prepare(active)
-        if len(plan) == 1:
+        if len(self._plan) == 1:
             by_part = [grads]
         else:
             by_index = dict(zip(active, grads))
-            by_part = [[by_index[i] for i in part.indices] for part in plan]
+            by_part = [[by_index[i] for i in part.indices] for part in self._plan]
         if self._compiled:
             run_device_step(self, by_part, skip, prepared, self._compiled)
         else:
             self.device_step(by_part, skip, prepared)  # what run_device_step does eagerly, without the hop
         self._finish(active, prepared)
+        return bad, skip
 
-    def device_step(self, grads: list[list[Tensor]], skip: Tensor | None, prepared: Any) -> None:
+    def device_step(self, grads: list[list[Tensor]], skip: Tensor, prepared: Any) -> None:
         """A step's device work, pure tensor code (what ``compile`` compiles): the plan's parts' gradients in."""
-        if skip is not None:  # a NaN times a neutral factor is still NaN: zero the skipped rows' gradients
-            for part_grads in grads:
-                for grad in part_grads:
-                    grad.masked_fill_(skip.view(-1, *([1] * (grad.dim() - 1))), 0)
+        for part_grads in grads:  # a NaN times a neutral factor is still NaN: zero the skipped rows' gradients
+            for grad in part_grads:
+                grad.masked_fill_(skip.view(-1, *([1] * (grad.dim() - 1))), 0)
         factors = self._factors
         assert factors is not None
-        factors.select(skip)
+        # this step's factors: every row's, the skipped rows' neutral (an update may then write step-dependent ones)
+        torch.where(skip, factors.neutral, factors.base, out=factors.table)
         self._before(skip, prepared)
         for part, part_grads in zip(self._plan, grads):
             self._run(part, part_grads)
 
-    def _mask(self, skip_rows: SkipRows) -> Tensor | None:
+    def _mask(self, skip_rows: SkipRows) -> Tensor:
         if isinstance(skip_rows, Tensor):
             return skip_rows
-        if not skip_rows:
-            return None
         mask = torch.zeros(self.rows, dtype=torch.bool, device=self.device)
         mask[list(skip_rows)] = True
         return mask
@@ -185,52 +231,23 @@ class FusedUpdate(ABC):
         active = [i for i, g in zip(self._optimized, grads) if g is not None]
         return active, [params[i].grad for i in active]  # type: ignore[misc]
 
-    def _factors_for(self, param_groups: Sequence[Sequence[dict[str, Any]]]) -> RowHyperparameters:
-        factors = self._factors
-        if factors is None or factors.base.device != self.device or factors.rows != self.rows:
-            factors = self._factors = RowHyperparameters(
-                self.KEYS, self.derive, self.NEUTRAL, group_of=self.group_of, params=self.params, doubles=self.DOUBLES
-            )
-            self._plan_key = None
-        if factors.refresh(param_groups):
-            self._plan_key = None  # the kinds of update may have changed
-        return factors
-
-    def _plan_for(self, active: list[int], factors: RowHyperparameters) -> list[_Part]:
-        key = tuple(active)
-        if key == self._plan_key:
-            return self._plan
-        kinds = {}
-        decays = {}
-        for g in {self.group_of[i] for i in active}:
-            assert g is not None
-            values = factors.host_factors(g)
-            kinds[g] = self._kind(values, g)
-            decays[g] = self._decays(values)
-        parts: dict[tuple[str, bool], _Part] = {}
-        for i in active:
-            g = self.group_of[i]
-            assert g is not None
-            part = parts.setdefault((kinds[g], decays[g]), _Part([], kinds[g], decays[g]))
-            part.indices.append(i)
-        for part in parts.values():
-            part.params = [self.params[i] for i in part.indices]
-            part.views = {name: [factors.views(name)[i] for i in part.indices] for name in self.NEUTRAL}
-            for key_name in self._state_keys(part.kind):
-                part.states[key_name] = [self._state(i, key_name) for i in part.indices]
-        self._plan, self._plan_key = list(parts.values()), key
-        return self._plan
-
-    def _decays(self, values: Sequence[Sequence[Any]]) -> bool:
-        """Whether any row of a group has weight decay (else its foreach call is left out)."""
-        k = list(self.NEUTRAL).index("weight_decay")
-        return any(row[k] != 0 for row in values)
-
-    def _state(self, i: int, key: str) -> Tensor:
-        found = self.state[i].get(key)
-        if found is None:
-            found = self.state[i][key] = torch.zeros_like(self.params[i], memory_format=torch.preserve_format)
-        return found
+    def _non_finite(self, grads: list[Tensor]) -> Tensor:
+        """``[B]`` bool: rows with a NaN or inf gradient (or a sum that overflows), on the device."""
+        norms, self._norms = self._norms, None
+        seen = [] if norms is None else norms[1]
+        if (
+            norms is not None
+            and len(seen) == len(grads)
+            and all(g is s and g._version == v for (s, v), g in zip(seen, grads))
+        ):
+            return (norms[0] * 0) != 0  # the gradients are those the clipping norms were taken of
+        if not grads:
+            return torch.zeros(self.rows, dtype=torch.bool, device=self.device)
+        # a NaN or inf anywhere in a row makes that row's sum non-finite (an overflow to inf counts too); small
+        # groups: one concatenation and one sum beat a reduction per parameter (launches, on a GPU)
+        rows = [g.view(g.shape[0], -1) for g in grads]
+        sums = torch.cat(rows, 1).sum(1) if self._concatenate else torch.stack([r.sum(1) for r in rows]).sum(0)
+        return (sums * 0) != 0  # NaN where not finite: two small ops (torch.isfinite takes five)
 
     def _counters(self, active: list[int]) -> Tensor | None:
         """Index of the active parameters' rows of a ``[P, B]`` counter (None: every parameter is active).
@@ -245,18 +262,8 @@ class FusedUpdate(ABC):
             found = self._indices[key] = torch.tensor(active, device=self.device)
         return found
 
-    def _read_counters(self, counters: Tensor) -> list[list[Any]]:
-        """``[P][B]`` values of a device counter, read once per export (one sync) until the next step."""
-        if self._host_rows is None:
-            self._host_rows = counters.tolist()
-        return self._host_rows
 
-    def state_tensors(self) -> list[Tensor]:
-        """Every state tensor the update holds (for memory accounting)."""
-        return [v for state in self.state for v in state.values()]
-
-
-class FusedSGDUpdate(FusedUpdate):
+class FusedSGDUpdate(SGDRowStates, FusedUpdate):
     """The update of ``torch.optim.SGD`` (momentum, dampening, nesterov, weight decay) for all rows at once.
 
     Not a ``torch.optim.Optimizer``: the group optimizer calls it in place of B trials' SGD optimizers.
@@ -293,7 +300,7 @@ class FusedSGDUpdate(FusedUpdate):
         )
 
     @override
-    def _kind(self, values: Sequence[Sequence[Any]], group: int) -> str:
+    def kind(self, values: Sequence[Sequence[Any]], group: int) -> str:
         uses = [row[6] != 0 for row in values]
         if not any(uses):
             return "plain"  # no row has momentum: the gradient is the direction
@@ -302,7 +309,7 @@ class FusedSGDUpdate(FusedUpdate):
         return "mixed"
 
     @override
-    def _state_keys(self, kind: str) -> tuple[str, ...]:
+    def state_keys(self, kind: str) -> tuple[str, ...]:
         return () if kind == "plain" else ("momentum_buffer",)
 
     @override
@@ -333,7 +340,7 @@ class FusedSGDUpdate(FusedUpdate):
             self._fresh.difference_update(active)
 
     @override
-    def _run(self, part: _Part, grads: list[Tensor] | tuple[Tensor, ...]) -> None:
+    def _run(self, part: Part, grads: list[Tensor] | tuple[Tensor, ...]) -> None:
         params, views = part.params, part.views
         if part.decay:
             grads = torch._foreach_addcmul(grads, views["weight_decay"], params)
@@ -349,33 +356,8 @@ class FusedSGDUpdate(FusedUpdate):
                 torch._foreach_addcmul_(direction, views["from_buffer"], buffers)
         torch._foreach_addcmul_(params, views["neg_lr"], direction)
 
-    def _has_buffer(self, row: int) -> list[bool]:
-        flags = self._read_counters(self.initialized)
-        return [bool(flags[i][row]) for i in range(len(self.params))]
 
-    @override
-    def export_row(self, row: int) -> list[dict[str, Tensor]]:
-        has = self._has_buffer(row)
-        return [
-            {"momentum_buffer": state["momentum_buffer"][row].clone()} if has[i] and "momentum_buffer" in state else {}
-            for i, state in enumerate(self.state)
-        ]
-
-    @override
-    @torch.no_grad()
-    def import_row(self, row: int, states: Sequence[dict[str, Any]]) -> None:
-        self._host_rows = None
-        for i, (param, incoming) in enumerate(zip(self.params, states)):
-            buf = incoming.get("momentum_buffer")
-            self.initialized[i, row] = buf is not None
-            if buf is None:
-                self._fresh.add(i)
-                continue
-            self._state(i, "momentum_buffer")[row] = buf.to(param.device, param.dtype)
-            self._plan_key = None
-
-
-class FusedAdamUpdate(FusedUpdate):
+class FusedAdamUpdate(AdamRowStates, FusedUpdate):
     """The update of ``torch.optim.Adam`` / ``AdamW`` (L2 or decoupled weight decay, amsgrad) for all rows at once.
 
     Not a ``torch.optim.Optimizer``: the group optimizer calls it in place of B trials' Adam or AdamW optimizers.
@@ -433,15 +415,15 @@ class FusedAdamUpdate(FusedUpdate):
         )
 
     @override
-    def _kind(self, values: Sequence[Sequence[Any]], group: int) -> str:
+    def kind(self, values: Sequence[Sequence[Any]], group: int) -> str:
         return "adam"
 
     @override
-    def _decays(self, values: Sequence[Sequence[Any]]) -> bool:
+    def decays(self, values: Sequence[Sequence[Any]]) -> bool:
         return any(row[0] != 0 or row[1] != 1 for row in values)
 
     @override
-    def _state_keys(self, kind: str) -> tuple[str, ...]:
+    def state_keys(self, kind: str) -> tuple[str, ...]:
         return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if self.amsgrad else ("exp_avg", "exp_avg_sq")
 
     @override
@@ -457,14 +439,14 @@ class FusedAdamUpdate(FusedUpdate):
         # torch, in doubles on the host: step_size = lr / (1 - beta1 ** step), bias_correction2_sqrt =
         # sqrt(1 - beta2 ** step); here in doubles on the device, both corrections at once
         corrections = 1 - torch.pow(factors.doubles[1:], self.steps)
-        corrections[0] = factors.double("neg_lr") / corrections[0]
+        corrections[0] = factors.doubles[0] / corrections[0]  # DOUBLES' order: neg_lr, beta1, beta2
         corrections[1].sqrt_()
         if skip is not None:  # a skipped row may be at step 0, where these are inf and 0: make it neutral
             torch.where(skip, self._neutral_corrections, corrections, out=corrections)
         factors.table[self._corrections].copy_(corrections)
 
     @override
-    def _run(self, part: _Part, grads: list[Tensor] | tuple[Tensor, ...]) -> None:
+    def _run(self, part: Part, grads: list[Tensor] | tuple[Tensor, ...]) -> None:
         params, views, states = part.params, part.views, part.states
         if part.decay:
             if self.decoupled:
@@ -485,90 +467,3 @@ class FusedAdamUpdate(FusedUpdate):
         update = torch._foreach_mul(exp_avgs, views["neg_step"])
         torch._foreach_div_(update, denom)
         torch._foreach_add_(params, update)
-
-    @override
-    def export_row(self, row: int) -> list[dict[str, Tensor]]:
-        steps = self._read_counters(self.steps)
-        out: list[dict[str, Tensor]] = []
-        for i, state in enumerate(self.state):
-            if steps[i][row] == 0 or "exp_avg" not in state:
-                out.append({})
-                continue
-            entry = {
-                # torch keeps `step` as a float32 scalar on the CPU (its non-capturable default)
-                "step": torch.tensor(float(steps[i][row]), dtype=torch.float32),
-                "exp_avg": state["exp_avg"][row].clone(),
-                "exp_avg_sq": state["exp_avg_sq"][row].clone(),
-            }
-            if self.amsgrad:
-                entry["max_exp_avg_sq"] = state["max_exp_avg_sq"][row].clone()
-            out.append(entry)
-        return out
-
-    @override
-    @torch.no_grad()
-    def import_row(self, row: int, states: Sequence[dict[str, Any]]) -> None:
-        self._host_rows = None
-        for i, (param, incoming) in enumerate(zip(self.params, states)):
-            if not incoming:
-                self.steps[i, row] = 0
-                for value in self.state[i].values():
-                    value[row] = 0
-                continue
-            self.steps[i, row] = float(incoming["step"])
-            for key in self._state_keys("adam"):
-                self._state(i, key)[row] = incoming[key].to(param.device, param.dtype)
-            self._plan_key = None
-
-
-def _group_structure(opt: Optimizer, params: Sequence[nn.Parameter]) -> list[int | None] | str:
-    """The group index of each parameter (None: in no group), or why the optimizer cannot be fused."""
-    index = {id(p): i for i, p in enumerate(params)}
-    group_of: list[int | None] = [None] * len(params)
-    for g, group in enumerate(opt.param_groups):
-        for p in group["params"]:
-            if id(p) not in index:
-                return "an optimizer holds parameters outside the trial"
-            group_of[index[id(p)]] = g
-        if group.get("maximize") or group.get("differentiable"):
-            return "maximize=True or differentiable=True"
-    return group_of
-
-
-def select_fused_update(
-    optimizers: Sequence[Optimizer], trial_params: Sequence[Sequence[nn.Parameter]], stacked: Sequence[nn.Parameter]
-) -> FusedUpdate | str:
-    """A fused update for these trial optimizers, or the reason why they need the universal path.
-
-    The trials' optimizers must be of one class (SGD, Adam or AdamW) and group the parameters the same
-    way (e.g. the per-multiplier groups of muP surrogates); hyperparameters may differ per trial and group.
-
-    Args:
-        optimizers: each trial's optimizer, in row order.
-        trial_params: each trial's parameters in the order of the stacked parameters.
-        stacked: the stacked parameters.
-    """
-    kinds = {type(opt) for opt in optimizers}
-    if len(kinds) != 1:
-        return f"the trials use different optimizer classes ({', '.join(sorted(k.__name__ for k in kinds))})"
-    kind = kinds.pop()
-    if kind not in (SGD, Adam, AdamW):
-        return f"{kind.__name__} has no fused implementation (SGD, Adam and AdamW do)"
-    structures = []
-    for opt, params in zip(optimizers, trial_params):
-        if any(p.is_complex() for p in params):
-            return "complex parameters"
-        structure = _group_structure(opt, params)
-        if isinstance(structure, str):
-            return structure
-        structures.append(structure)
-    if any(s != structures[0] for s in structures[1:]):
-        return "the trials' optimizers group their parameters differently"
-    if kind is SGD:
-        return FusedSGDUpdate(stacked, structures[0])
-    groups = [g for opt in optimizers for g in opt.param_groups]
-    amsgrad = {bool(g["amsgrad"]) for g in groups}
-    decoupled = {bool(g.get("decoupled_weight_decay", kind is AdamW)) for g in groups}
-    if len(amsgrad) != 1 or len(decoupled) != 1:
-        return "the trials differ in amsgrad or decoupled weight decay"
-    return FusedAdamUpdate(stacked, structures[0], amsgrad=amsgrad.pop(), decoupled=decoupled.pop())

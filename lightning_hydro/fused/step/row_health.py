@@ -75,6 +75,8 @@ class RowHealth:
         self._loss_skips: Tensor | None = None
         self._steps: list[int] = []  # the optimizer steps absorbed since the last read-back
         self._absorbed = 0  # optimizer steps seen since the fit started (drives the read-back schedule)
+        self._stepped = False  # an optimizer step ran in the open batch (not only gradient accumulation)
+        self._read_due = False  # the schedule asks for a read-back at the open batch's end
 
     @property
     def pending(self) -> bool:
@@ -110,15 +112,19 @@ class RowHealth:
     def _every(self, device: torch.device) -> int:
         return self.check_every if self.check_every is not None else 1 if device.type == "cpu" else 32
 
-    def absorb(self, report: StepReport, step: int) -> bool:
+    def absorb(self, report: StepReport | None, step: int) -> bool:
         """Record an optimizer step (``step``: its number, e.g. the Trainer's global step after it).
 
         A row once skipped is skipped at every later step until the read-back (:meth:`rows_to_skip` says so), so
         counting its skipped steps tells when it went bad, and its steps skipped for the loss tell why: at its first
-        bad step only its gradients can have been the reason.
+        bad step only its gradients can have been the reason. ``report`` None: the step produced no gradients
+        (nothing was updated, nothing to record).
 
-        Returns whether to read back now: the schedule says so, or the report is on the host already.
+        Returns whether to read back now: the schedule says so, or the report is on the host already (the batch's
+        end does: :meth:`end_batch`).
         """
+        if not isinstance(report, StepReport):
+            return False
         self._rows_for(list(report.trial_ids))
         self._loss_bad = None
         self._absorbed += 1
@@ -129,7 +135,23 @@ class RowHealth:
             self._skips += skipped
             self._loss_skips += report.skipped_loss
         self._steps.append(step)
-        return report.on_host or self._due(skipped.device)
+        due = report.on_host or self._due(skipped.device)
+        self._stepped, self._read_due = True, self._read_due or due
+        return due
+
+    def mark_stepped(self) -> None:
+        """An optimizer step ran in the open batch (manual optimization: Lightning logs step values after each)."""
+        self._stepped = True
+
+    def end_batch(self, last: bool) -> tuple[bool, bool]:
+        """A training batch ended (``last``: the epoch's last); returns (an optimizer step ran in it, read back now).
+
+        The epoch's last batch is always read back: before validation, so that decisions taken after it see every
+        divergence, and so that the epoch is credited to each trial that trained through it.
+        """
+        stepped, read = self._stepped, self._read_due or last
+        self._stepped = self._read_due = False
+        return stepped, read
 
     def _due(self, device: torch.device) -> bool:
         every = self._every(device)
@@ -176,3 +198,4 @@ class RowHealth:
         self._ids, self._loss_bad = [], None
         self._bad = self._skips = self._loss_skips = None
         self._steps = []
+        self._stepped = self._read_due = False

@@ -11,10 +11,11 @@ the host and make it wait for the GPU every step; so here:
   compute their scalars (``1 - dampening``, ``-lr``, ...), and copied to the device in one transfer (from pinned
   memory, ``non_blocking``, on CUDA) into a persistent ``[K, P, B]`` table (K factors, P parameters, B rows),
   in the parameters' dtype (float32 for lower precisions, as torch applies its scalars);
-- every step, :meth:`RowHyperparameters.select` writes this step's factors, with the skipped rows replaced by
-  values that leave those rows untouched, into a second persistent table whose ``[B, 1, ...]`` views
-  (:meth:`RowHyperparameters.views`) the update's ``torch._foreach_*`` calls read. The views never change, so
-  the update is free of per-step Python work per row, and a captured CUDA graph can replay it.
+- every step, the update writes this step's factors (:attr:`~RowHyperparameters.base`, with the skipped rows
+  replaced by :attr:`~RowHyperparameters.neutral` values that leave those rows untouched) into a second
+  persistent table, :attr:`~RowHyperparameters.table`, whose ``[B, 1, ...]`` views
+  (:meth:`RowHyperparameters.views`) its ``torch._foreach_*`` calls read. The views never change, so the update
+  is free of per-step Python work per row, and a captured CUDA graph can replay it.
 
 Example::
 
@@ -26,8 +27,8 @@ Example::
     True
     >>> table.refresh([[{"lr": 0.1}], [{"lr": 0.2}]])  # unchanged: nothing to do
     False
-    >>> table.select(torch.tensor([False, True]))  # row 1 skipped: its factor leaves it as it is
-    >>> table.views("neg_lr")[0].flatten().tolist()
+    >>> _ = torch.where(torch.tensor([False, True]), table.neutral, table.base, out=table.table)  # row 1 skipped
+    >>> table.views("neg_lr")[0].flatten().tolist()  # its factor leaves it as it is
     [-0.10000000149011612, 0.0]
 """
 
@@ -95,9 +96,9 @@ class RowHyperparameters:
         self.derive = derive
         self.names = tuple(neutral)
         self._index = {name: k for k, name in enumerate(self.names)}
-        self._read = operator.itemgetter(*self.keys)
-        self._last: list[Any] | None = None  # the raw values last copied: [(row, group) -> tuple of values]
-        self._volatile = False  # a tensor hyperparameter may change in place: refreshed every step
+        self.read = operator.itemgetter(*self.keys)  # one group's raw values
+        self.last: list[Any] | None = None  # the raw values last copied: [(row, group) -> tuple of values]
+        self.volatile = False  # a tensor hyperparameter may change in place: refreshed every step
         self.rows = params[0].shape[0]
         self.device = device = params[0].device
         dtype = factor_dtype(params)
@@ -106,7 +107,7 @@ class RowHyperparameters:
         count = (len(self.names), len(params), self.rows)
         self.base = torch.zeros(count, dtype=dtype, device=device)  # every row's factors, as last copied
         self.table = torch.zeros(count, dtype=dtype, device=device)  # this step's (skipped rows neutral)
-        self._neutral = torch.tensor(list(neutral.values()), dtype=dtype, device=device).view(-1, 1, 1)
+        self.neutral = torch.tensor(list(neutral.values()), dtype=dtype, device=device).view(-1, 1, 1)
         self._double_index = torch.tensor([self._index[name] for name in doubles], dtype=torch.long, device=device)
         self._doubles = {name: d for d, name in enumerate(doubles)}
         self.doubles = torch.zeros((len(doubles), *count[1:]), dtype=_host_dtype(device), device=device)
@@ -142,11 +143,11 @@ class RowHyperparameters:
         Args:
             param_groups: each row's optimizer's ``param_groups``.
         """
-        read = self._read
+        read = self.read
         raw = [read(group) for groups in param_groups for group in groups]
-        if raw == self._last and not self._volatile:
+        if raw == self.last and not self.volatile:
             return False
-        self._last = raw
+        self.last = raw
         single = len(self.keys) == 1
         rows: list[list[tuple[float, ...]]] = []
         volatile = False
@@ -157,7 +158,7 @@ class RowHyperparameters:
                 volatile = volatile or any(_holds_tensor(v) for v in values)
                 row.append(tuple(self.derive(*(_number(v) for v in values))))
             rows.append(row)
-        self._volatile = volatile
+        self.volatile = volatile
         self._host_values = rows
         # [B, G, K] in doubles on the host (pinned on CUDA), one transfer that does not wait, then each parameter
         # takes its group's values on the device
@@ -168,14 +169,3 @@ class RowHyperparameters:
         if len(self._doubles):
             torch.index_select(by_param, 0, self._double_index, out=self.doubles)
         return True
-
-    def select(self, skip: Tensor | None) -> None:
-        """This step's factors: every row's, but the ``skip`` rows' (a ``[B]`` bool mask) neutral ones.
-
-        An update that derives step-dependent factors (Adam's bias corrections) writes them into :meth:`row`
-        afterwards.
-        """
-        if skip is None:
-            self.table.copy_(self.base)
-        else:
-            torch.where(skip, self._neutral, self.base, out=self.table)

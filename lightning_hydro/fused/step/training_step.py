@@ -2,12 +2,13 @@
 
 Lightning calls the fused module's ``training_step`` inside its closure. For a group of B trials it
 
-1. takes the backend the policy says (on the first batch ``backend="auto"`` times the candidates, and each
-   trial's first batch is verified against its own module: :mod:`lightning_hydro.fused.step.backend_policy`);
-2. runs every trial's own ``training_step`` with its row of the stacked state in one backend call (each trial's
-   Python state swapped in around it: :meth:`~lightning_hydro.fused.step.backend_policy.BackendPolicy.run_training`);
-3. books what the trials logged, per trial, on the device (:mod:`lightning_hydro.fused.logging.publisher`);
-4. records which ``[B]`` losses are finite (:mod:`.row_health`; under DDP a row bad on any rank is bad on all,
+1. runs every trial's own ``training_step`` with its row of the stacked state in one call of the group's backend
+   (each trial's Python state swapped in around it). On the first batches :mod:`.backend_policy` is asked first:
+   ``backend="auto"`` times the candidates, and each trial's first batch is verified against its own module; a
+   fused backend that refuses a later step hands over to the loop there too;
+2. books what the trials logged, per trial, on the device
+   (:meth:`~lightning_hydro.fused.logging.metrics.TrialMetrics.record_step`);
+3. records which ``[B]`` losses are finite (:mod:`.row_health`; under DDP a row bad on any rank is bad on all,
    :mod:`lightning_hydro.fused.rank_sync`) and returns the sum of the finite ones: each trial's gradient is then
    its own (a sum, not a mean), and a non-finite trial adds nothing.
 
@@ -16,14 +17,15 @@ None of this reads a value back to the host (DDP's agreement on bad rows is one 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from lightning_hydro.backends import Backend
-from lightning_hydro.backends.errors import explain_backward_error
-from lightning_hydro.fused.logging.publisher import TrialPublisher
+from lightning_hydro.backends.errors import FusionError, explain_backward_error
+from lightning_hydro.fused.logging.metrics import TrialMetrics
 from lightning_hydro.fused.rank_sync import RankSync
 from lightning_hydro.fused.step.backend_policy import BackendPolicy, Chooser
 from lightning_hydro.fused.step.row_health import RowHealth
@@ -51,44 +53,53 @@ class TrainingStep:
 
     Args:
         policy: the group's backend policy (it holds the slots).
-        publisher: books the trials' logged values per trial.
+        metrics: books the trials' logged values per trial.
         health: records which rows' losses are finite.
         ranks: the processes that train the group (DDP), or one.
         model_name: the trials' class name, for messages.
     """
 
     def __init__(
-        self, policy: BackendPolicy, publisher: TrialPublisher, health: RowHealth, ranks: RankSync, model_name: str
+        self, policy: BackendPolicy, metrics: TrialMetrics, health: RowHealth, ranks: RankSync, model_name: str
     ) -> None:
         self.policy = policy
-        self.publisher = publisher
+        self.metrics = metrics
         self.health = health
         self.ranks = ranks
         self.model_name = model_name
+        self.backend_name = "auto"  # the backend of the latest step (its backward's errors are explained for it)
 
-    def __call__(self, batch: Any, batch_idx: int, choose: Chooser) -> Tensor | None:
+    def __call__(self, batch: Any, batch_idx: int, chooser: Callable[[], Chooser]) -> Tensor | None:
         """The loss Lightning runs backward on (None: every trial has stopped, or the step returned None).
 
         Args:
             batch: Lightning's batch.
             batch_idx: its index.
-            choose: ``backend="auto"``'s chooser (:func:`lightning_hydro.backends.auto.choose_backend`); several
-                processes take rank zero's choice.
+            chooser: gives ``backend="auto"``'s chooser (:func:`lightning_hydro.backends.auto.choose_backend`;
+                several processes take rank zero's choice); asked only while the backend is not settled.
         """
-        group = self.policy.slots.group
+        policy = self.policy
+        group = policy.slots.group
         if not group.trial_ids:
             return None  # every trial has stopped (the module's on_train_batch_start skips such batches)
-        backend = self.policy.for_training(
-            lambda candidate: self.forward_backward(candidate, batch, batch_idx), choose, self.model_name
-        )
-        if self.policy.verify_ids:
-            backend = self.policy.verify(backend, batch, batch_idx)
-        out = self.policy.run_training(backend, batch, batch_idx)
-        self.publisher.record_step("train", "training_step", out.logs, batch)
+        backend = policy.backend
+        if backend is None or policy.verify_ids:  # not settled: auto has not chosen, or a trial is unverified
+            step = lambda candidate: self.forward_backward(candidate, batch, batch_idx)  # noqa: E731
+            backend = policy.for_training(step, chooser(), self.model_name)
+            if policy.verify_ids:
+                backend = policy.verify(backend, batch, batch_idx)
+        try:
+            out = backend.run("training_step", batch, batch_idx)
+        except FusionError as err:
+            out = policy.after_refusal(err, backend, batch, batch_idx)
+        self.backend_name = (policy.backend or backend).name
+        self.metrics.record_step("train", "training_step", out.logs, group.trial_ids, batch)
         loss = out.loss()
         if loss is None:
             return None
-        loss = self.ranks.losses(loss.reshape(group.size))  # a row bad on any rank is skipped on all
+        loss = loss.reshape(group.size)
+        if self.ranks.world_size > 1:
+            loss = self.ranks.losses(loss)  # a row bad on any rank is skipped on all
         bad = self.health.record_losses(group.trial_ids, loss)  # stays on the device: no host sync
         return sum_of_finite(loss, bad)
 
@@ -96,14 +107,15 @@ class TrainingStep:
         """One forward and backward of ``batch`` with a candidate backend (what ``backend="auto"`` times)."""
         loss = backend.run("training_step", batch, batch_idx).loss()
         if loss is not None:
-            self.backward(sum_of_finite(loss, ~torch.isfinite(loss.detach())), backend.name)
+            self.backend_name = backend.name
+            self.backward(sum_of_finite(loss, ~torch.isfinite(loss.detach())))
 
-    def backward(self, loss: Tensor, backend: str, *args: Any, **kwargs: Any) -> None:
+    def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
         """``loss.backward``, a failure a fused backend causes explained (e.g. activation checkpointing)."""
         try:
             loss.backward(*args, **kwargs)
         except RuntimeError as err:  # e.g. activation checkpointing, which recomputes the forward outside vmap
-            explained = explain_backward_error(err, backend=backend, module_name=self.model_name)
+            explained = explain_backward_error(err, backend=self.backend_name, module_name=self.model_name)
             if explained is None:
                 raise
             raise explained from err
