@@ -11,6 +11,7 @@ Choices are cached per (model class, number of trials, parameter shapes, device)
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +43,8 @@ class AutoChoice:
     timed: bool = True
     margin: float = 0.0  # see choose_backend
     order: list[str] = field(default_factory=list)  # the candidates in order of preference
+    trials: int = 0  # the group's size
+    side_by_side: int | None = None  # separate runs the device runs at once at full speed, where known (CPU cores)
 
     def describe(self) -> str:
         """One line saying what was chosen and the measured step times."""
@@ -61,7 +64,29 @@ class AutoChoice:
         )
         for name, why in self.skipped.items():
             text += f"; {name} skipped: {why.splitlines()[0]}"
-        return text
+        return text + self._against_separate_runs()
+
+    def _against_separate_runs(self) -> str:
+        """What the timings say against the alternative of running the trials as separate concurrent processes.
+
+        The loop's time is the trials' steps one after another, so ``loop / chosen`` is what fusing gains over
+        that. Separate processes side by side gain at most the number the device runs at once at full speed:
+        on a CPU its cores (one thread each, for a model this small); on an accelerator it is not known here.
+        """
+        chosen = self.backend.name
+        if self.trials < 2 or "loop" not in self.seconds or chosen not in self.seconds:
+            return ""
+        gain = self.seconds["loop"] / self.seconds[chosen]
+        text = f"; fused, the {self.trials} trials step {gain:.1f}x as fast as one after another"
+        if self.side_by_side is None:
+            return text + f" (separate concurrent runs beat that only where the device runs over {gain:.1f} at once)"
+        at_once = min(self.side_by_side, self.trials)
+        if at_once < 2 or at_once <= gain:
+            return text
+        return text + (
+            f"; this machine's {self.side_by_side} cores could run {at_once} of them side by side, one thread each: "
+            f"separate concurrent runs (e.g. hydra/launcher=joblib with n_jobs={at_once}) would likely be faster"
+        )
 
     def _margin_rule(self) -> str:
         """Why the chosen backend won: the first in order of preference within ``margin`` of the fastest."""
@@ -76,6 +101,13 @@ class AutoChoice:
             slower = self.seconds[chosen] / self.seconds[fastest] - 1.0
             rule += f": {chosen} took {slower:.1%} longer than {fastest}"
         return rule
+
+
+def _cores(device: torch.device) -> int | None:
+    """How many separate single-threaded runs the device runs at once: a CPU's usable cores (else unknown)."""
+    if device.type != "cpu":
+        return None
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def clear_backend_cache() -> None:
@@ -131,7 +163,9 @@ def choose_backend(
     device = group.device
     saved_buffers = {name: b.clone() for name, b in group.buffers.items()}
     python_state = PythonState(group.modules)  # counters, outputs lists...: every candidate starts from them
-    choice = AutoChoice(backend=None, timed=timed, margin=margin, order=list(factories))  # type: ignore[arg-type]
+    choice = AutoChoice(  # type: ignore[arg-type]
+        backend=None, timed=timed, margin=margin, order=list(factories), trials=group.size, side_by_side=_cores(device)
+    )
     last_error: FusionError | None = None
     built: dict[str, Backend] = {}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
