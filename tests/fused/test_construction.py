@@ -94,7 +94,7 @@ def test_unknown_backend_lists_the_choices():
 
 def test_manual_optimization_on_vmap_is_refused_with_the_backend_to_use():
     trial = DigitsMLP()
-    trial.automatic_optimization = False  # it runs on the loop: tests/fused/test_manual_optimization.py
+    trial.automatic_optimization = False  # it runs on the loop: tests/fused/step/test_manual_steps.py
     with pytest.raises(FusionError, match=r"DigitsMLP uses manual optimization .* Use backend='loop', or backend="):
         FusedLightningModule([trial], backend="vmap")
 

@@ -67,7 +67,7 @@ def test_the_probe_measures_the_partition_fused_at_one_and_two_trials():
 def test_the_probe_measures_trials_that_use_manual_optimization_on_the_loop():
     from lightning_hydro.demos import DigitsDataModule
     from lightning_hydro.sweeper import ConfigTrainerFactory
-    from tests.fused.manual_modules import ManualMLP
+    from tests.fused.step.manual_modules import ManualMLP
 
     _, probe = measure_fusion_limit(
         lambda t: ManualMLP(lr=0.1 * (t + 1), accumulate=1),

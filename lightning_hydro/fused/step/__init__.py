@@ -29,7 +29,7 @@ Which backend stage 1 runs, and how ``backend="auto"`` chooses it and the first 
 trial's own ``training_step`` on the loop, stepping its own optimizers.
 
 No stage reads a value back to the host or copies one from it, unless a hyperparameter changed (then one
-non-blocking copy from pinned memory): ``tests/fused/test_host_syncs.py`` counts both on the CPU, and checks
+non-blocking copy from pinned memory): ``tests/fused/step/test_host_syncs.py`` counts both on the CPU, and checks
 the same cases under CUDA's sync debug mode on a GPU.
 
 Nothing here is public API (users meet it through ``FusedLightningModule``): each name stays in its module.

@@ -160,7 +160,7 @@ def test_the_step_reading_its_optimizer_is_refused_under_vmap_with_the_line(back
     fused = FusedLightningModule(modules, backend=backend, summary=False)
     with pytest.raises(
         FusionError,
-        match=r"self\.optimizers\(\) is read in the step at .*test_trial_accessors\.py:\d+ in training_step: "
+        match=r"self\.optimizers\(\) is read in the step at .*test_strategy_view\.py:\d+ in training_step: "
         r"self\.log\(\"lr\", self\.optimizers\(\)\.param_groups\[0\]\[\"lr\"\]\); under vmap and hfta one call runs "
         r"the step of every trial .* Use backend='loop' \(backend='auto' does so by itself\), or read them in a hook",
     ):

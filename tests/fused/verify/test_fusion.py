@@ -57,7 +57,7 @@ def test_ops_vmap_cannot_batch_are_named_with_the_line_and_the_fix():
     with pytest.raises(
         FusionError,
         match=r"backend='vmap' cannot fuse ItemMLP.training_step: it calls .item\(\).*"
-        r"test_verification.py:\d+ in training_step: if loss.item\(\) > 100:.*Use backend='loop'",
+        r"test_fusion.py:\d+ in training_step: if loss.item\(\) > 100:.*Use backend='loop'",
     ):
         fit_digits(make_trainer(max_steps=1), fused)
 

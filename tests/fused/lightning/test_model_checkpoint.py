@@ -41,7 +41,7 @@ def fit_with_user_checkpoint(root: Path) -> tuple[FusedLightningModule, L.Traine
         auto_insert_metric_name=False,
     )  # fmt: skip
     # the loop with each trial's own Adam: bitwise its run alone (on vmap, the biases that feed BatchNorm get no
-    # gradient but rounding, which Adam amplifies: tests/fused/test_trial_callbacks.py compares those runs)
+    # gradient but rounding, which Adam amplifies: tests/fused/lightning/test_callbacks.py compares those runs)
     fused = FusedLightningModule(
         [factory(t) for t in range(3)], backend="loop", optimizer_path="universal", summary=False
     )

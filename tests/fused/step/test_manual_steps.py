@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.backends import FusionError
 from lightning_hydro.demos import DigitsDataModule, DigitsMLP
-from tests.fused.manual_modules import GAN, ManualMLP, NoisyDigits
+from tests.fused.step.manual_modules import GAN, ManualMLP, NoisyDigits
 from tests.helpers import make_trainer, max_state_difference, seeded
 
 GAN_LIMITS = dict(max_epochs=3, limit_train_batches=5, limit_val_batches=1)

@@ -1,4 +1,4 @@
-"""A fused trial's ``self.trainer`` behaves as the Trainer of its unfused run (tests/fused/test_trainer_view.py)."""
+"""A fused trial's ``self.trainer`` behaves as the Trainer of its unfused run."""
 
 from __future__ import annotations
 

@@ -185,7 +185,7 @@ def test_a_rate_read_off_a_config_object_is_caught_in_training_mode_on_the_first
     with pytest.raises(
         FusionMismatchError,
         match=r"in training mode, trial 1's own training_step differs from the fused one: at "
-        r".*test_trial_python_values.py:\d+ it hands dropout other values \(argument p: trial's own 0.9, fused 0.0\)",
+        r".*test_python_arguments.py:\d+ it hands dropout other values \(argument p: trial's own 0.9, fused 0.0\)",
     ):
         make_trainer(max_steps=2).fit(fused)
 
