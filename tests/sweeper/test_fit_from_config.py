@@ -57,6 +57,13 @@ def test_missing_sections(tmp_path, monkeypatch, drop, match):
         fit_from_config(cfg)
 
 
+@pytest.mark.parametrize("key", ["trainer", "callbacks", "logger"])  # `fused` is read in a sweep job only
+def test_a_value_where_a_section_of_settings_belongs_is_refused(tmp_path, monkeypatch, key):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=rf"^fit_from_config: the config's '{key}' must be a section .* got 3\. Fix"):
+        fit_from_config(OmegaConf.create({**CFG, key: 3}))
+
+
 def test_a_group_spec_that_is_missing(tmp_path, monkeypatch):
     from lightning_hydro.sweeper.group_spec import read_group_spec
 
