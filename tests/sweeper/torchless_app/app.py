@@ -1,6 +1,6 @@
 """A Hydra app whose sweep is planned by the ``lightning_hydro`` sweeper and run by :class:`RecordingLauncher`.
 
-Run by ``tests/sweeper/test_import_weight.py`` in a subprocess: ``python app.py -m <overrides>``. The launcher
+Run by ``tests/sweeper/test_sweeper_process.py`` in a subprocess: ``python app.py -m <overrides>``. The launcher
 answers each group job from its spec without running the task function, so the process does only what the
 sweeper's own process does; at exit it prints which of torch and Lightning were loaded.
 """

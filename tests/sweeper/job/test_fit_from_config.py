@@ -120,7 +120,7 @@ def test_a_trainer_target_that_is_not_a_trainer(tmp_path, monkeypatch):
 
 
 def test_a_sweep_with_seed_null_gives_each_trial_a_seed_of_its_own_in_the_results(tmp_path):
-    from .conftest import TINY, read_results, run_sweep
+    from ..conftest import TINY, read_results, run_sweep
 
     run_sweep(tmp_path, [*TINY, "hydra.sweeper.n_trials=2", "hydra.sweeper.fusion_limit=2", "seed=null"])
     seeds = [t["seed"] for t in read_results(tmp_path)["trials"]]
