@@ -76,21 +76,29 @@ class Renamed:
     change: str
 
 
-def renamed_names(module: str, renamed: Mapping[str, Renamed]) -> Callable[[str], Any]:
+def renamed_names(
+    module: str, renamed: Mapping[str, Renamed], *, lazy: Mapping[str, str] | None = None
+) -> Callable[[str], Any]:
     """A module-level ``__getattr__`` (PEP 562) for ``module`` that resolves the old names in ``renamed``.
 
     Each old name raises a ``DeprecationWarning`` (attributed to the importing line) and returns its target;
-    any other name raises Python's usual ``AttributeError``.
+    each name in ``lazy`` is imported from its module when first asked for, without a warning; any other name
+    raises Python's usual ``AttributeError``.
 
     Args:
         module: The module's dotted name (its ``__name__``).
         renamed: Old name -> :class:`Renamed`.
+        lazy: Current name -> the module it is imported from, for a package whose public names would load more
+            than its own import should (``lightning_hydro.sweeper``: torch and Lightning).
 
     Returns:
         The function to assign to the module's ``__getattr__``.
     """
+    lazy = dict(lazy or {})
 
     def __getattr__(name: str) -> Any:
+        if name in lazy:
+            return getattr(importlib.import_module(lazy[name]), name)
         if name not in renamed:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
         entry = renamed[name]

@@ -35,6 +35,18 @@ def test_the_warning_points_at_the_line_that_asked_for_the_old_name():
     assert caught[0].filename == __file__
 
 
+def test_a_lazy_name_is_imported_when_first_asked_for_without_a_warning():
+    getattr_ = renamed_names("pkg.mod", {}, lazy={"OrderedDict": "collections"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resolved = getattr_("OrderedDict")
+    from collections import OrderedDict
+
+    assert resolved is OrderedDict
+    with pytest.raises(AttributeError, match=r"^module 'pkg.mod' has no attribute 'deque'$"):
+        getattr_("deque")  # only the names listed
+
+
 def test_any_other_name_is_the_usual_attribute_error():
     getattr_ = renamed_names("pkg.mod", {})
     with pytest.raises(AttributeError, match=r"^module 'pkg.mod' has no attribute 'New'$"):

@@ -12,22 +12,35 @@ Two sides, and the contract between them:
 - :mod:`~lightning_hydro.sweeper.group_spec`: the contract, what the sweeper tells a job and where the job answers.
 """
 
+from __future__ import annotations
+
 import importlib
+from typing import TYPE_CHECKING
 
 from lightning_hydro._deprecation import Renamed, renamed_names
-from lightning_hydro.sweeper.job.fit_from_config import apply_overrides
-from lightning_hydro.sweeper.job.fit_trials import TrainerFactory
-from lightning_hydro.sweeper.job.metric_history import MetricHistory
-from lightning_hydro.sweeper.job.trainer_factory import ConfigTrainerFactory
-from lightning_hydro.sweeper.json_files import CorruptStateFile
-from lightning_hydro.sweeper.planning.fusion_limit import FusionProbe, fusion_limit_from_probe, measure_fusion_limit
 
-# The old modules of the same names (deprecated stubs) are loaded first: importing a submodule binds it as the
-# package's attribute, which would otherwise hide the functions ``fit_from_config`` and ``fit_trials`` below.
-for _old_module in ("fit_from_config", "fit_trials"):
-    importlib.import_module(f"{__name__}.{_old_module}")
-from lightning_hydro.sweeper.job.fit_from_config import fit_from_config  # noqa: E402  (after the stub, see above)
-from lightning_hydro.sweeper.job.fit_trials import fit_trials  # noqa: E402
+if TYPE_CHECKING:
+    from lightning_hydro.sweeper.job.fit_from_config import apply_overrides, fit_from_config
+    from lightning_hydro.sweeper.job.fit_trials import TrainerFactory, fit_trials
+    from lightning_hydro.sweeper.job.metric_history import MetricHistory
+    from lightning_hydro.sweeper.job.trainer_factory import ConfigTrainerFactory
+    from lightning_hydro.sweeper.json_files import CorruptStateFile
+    from lightning_hydro.sweeper.planning.fusion_limit import FusionProbe, fusion_limit_from_probe, measure_fusion_limit
+
+# Imported when first asked for: Hydra imports this package on its way to the sweeper (``sweeper._impl``), and
+# the sweeper's process plans a sweep without torch or Lightning; the names below are the job's side and the probe.
+_EXPORTS = {
+    "ConfigTrainerFactory": "lightning_hydro.sweeper.job.trainer_factory",
+    "CorruptStateFile": "lightning_hydro.sweeper.json_files",
+    "FusionProbe": "lightning_hydro.sweeper.planning.fusion_limit",
+    "MetricHistory": "lightning_hydro.sweeper.job.metric_history",
+    "TrainerFactory": "lightning_hydro.sweeper.job.fit_trials",
+    "apply_overrides": "lightning_hydro.sweeper.job.fit_from_config",
+    "fit_from_config": "lightning_hydro.sweeper.job.fit_from_config",
+    "fit_trials": "lightning_hydro.sweeper.job.fit_trials",
+    "fusion_limit_from_probe": "lightning_hydro.sweeper.planning.fusion_limit",
+    "measure_fusion_limit": "lightning_hydro.sweeper.planning.fusion_limit",
+}
 
 __all__ = [
     "ConfigTrainerFactory",
@@ -42,6 +55,14 @@ __all__ = [
     "measure_fusion_limit",
 ]
 
+# The old modules ``fit_from_config`` and ``fit_trials`` (deprecated stubs) share their names with two functions
+# above. Importing a submodule binds it as the package's attribute, which would hide the function: the stubs are
+# imported now (they import nothing heavy) and their bindings dropped, so that both names resolve through
+# ``__getattr__`` to the functions; a later import of a stub finds it in ``sys.modules`` and binds nothing.
+for _old_module in ("fit_from_config", "fit_trials"):
+    importlib.import_module(f"{__name__}.{_old_module}")
+    del globals()[_old_module]
+
 # Exported from lightning_hydro.stopping now (each public name from one package), kept here for one release.
 __getattr__ = renamed_names(
     __name__,
@@ -52,4 +73,9 @@ __getattr__ = renamed_names(
             "import lightning_hydro.stopping.TrialResult instead",
         )
     },
+    lazy=_EXPORTS,
 )
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -45,6 +45,7 @@ __all__ = [
     "SEED_KEY",
     "TRAINER_KEY",
     "check_sweep_keys",
+    "config_section",
     "has_key",
     "similar_keys",
 ]
@@ -57,6 +58,42 @@ LOGGER_KEY = "logger"
 FUSED_KEY = "fused"
 SCALING_KEY = "scaling"
 SEED_KEY = "seed"
+
+
+def config_section(node: Any, *, what: str) -> dict[str, Any]:
+    """A config section as a plain dict (values resolved, keys strings); an absent or ``null`` section is empty.
+
+    The one reader of a section as settings: the app config's ``trainer``, ``callbacks``, ``logger`` and ``fused``,
+    and the sections of ``hydra.sweeper``.
+
+    Args:
+        node: the section: a ``DictConfig``, a plain mapping (settings given in code), or ``None``.
+        what: how the error names the section, with its owner, e.g. ``"fit_from_config: the config's 'trainer'"``.
+
+    Raises:
+        ValueError: ``node`` is a value rather than a section (neither a mapping nor ``None``).
+
+    Example::
+
+        >>> config_section(OmegaConf.create({"width": 8, "double": "${width}"}), what="model")
+        {'width': 8, 'double': 8}
+        >>> config_section(None, what="fused")
+        {}
+        >>> config_section(True, what="the config's 'fused'")
+        Traceback (most recent call last):
+        ...
+        ValueError: the config's 'fused' must be a section (key: value entries) or null, got True. ...
+    """
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=True)  # None for a section set to null
+    if node is None:
+        return {}
+    if not isinstance(node, Mapping):
+        raise ValueError(
+            f"{what} must be a section (key: value entries) or null, got {node!r}. Fix: write it as key: value "
+            "entries (e.g. trainer: {max_epochs: 10}), or leave it out."
+        )
+    return {str(key): value for key, value in node.items()}
 
 
 def has_key(cfg: DictConfig, key: str) -> bool:

@@ -9,7 +9,6 @@ _NAMES = (
     "Partition",
     "Trial",
     "TrialGroup",
-    "WidthPaddingError",
     "fused_options",
     "group_by_padded_cost",
     "is_width_refusal",
@@ -28,5 +27,11 @@ _RENAMED = {
     )
     for name in _NAMES
 }
+# Imported by planning/grouping.py when it moved, and no longer (its module loads torch); it resolves to where it is
+# defined.
+_RENAMED["WidthPaddingError"] = Renamed(
+    "lightning_hydro.stacking.width_plan:WidthPaddingError",
+    "moved to lightning_hydro.stacking.width_plan.WidthPaddingError; import it from there",
+)
 
 __getattr__ = renamed_names(__name__, _RENAMED)

@@ -14,8 +14,8 @@ from hydra.test_utils.test_utils import SweepTaskFunction
 
 from lightning_hydro.sweeper import fit_from_config
 
-# The fixture project is a user's code, run by the tests in subprocesses; not a test module (nor doctests).
-collect_ignore = ["template_project"]
+# The fixture projects are apps run by the tests in subprocesses; not test modules (nor doctests).
+collect_ignore = ["template_project", "torchless_app"]
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "train.py"

@@ -50,7 +50,7 @@ MOVED = {
 # names the new modules gained after the move (they never lived at the old path)
 NAMES_ADDED_SINCE = {
     "lightning_hydro.sweeper.planning.grouping": {"GroupPlanner", "padded_in"},
-    "lightning_hydro.sweeper.planning.launch_rules": {"plan_sweep_devices"},
+    "lightning_hydro.sweeper.planning.launch_rules": {"gpus_matter", "plan_sweep_devices"},
 }
 
 
@@ -65,6 +65,23 @@ def test_an_old_module_path_resolves_every_public_name_with_a_warning(old, new):
             assert getattr(old_module, name) is getattr(new_module, name)
     with pytest.raises(AttributeError, match=r"has no attribute 'no_such_name'"):
         old_module.__getattr__("no_such_name")
+
+
+@pytest.mark.parametrize(
+    ("old", "name", "home"),
+    [
+        # imported by the new modules when they moved, no longer at their top (they load torch or Lightning)
+        ("lightning_hydro.sweeper.width_partitions", "WidthPaddingError", "lightning_hydro.stacking.width_plan"),
+        ("lightning_hydro.sweeper.group_task", "MonitorNotLoggedError", "lightning_hydro.callbacks.callback_arguments"),
+        ("lightning_hydro.sweeper.group_task", "built_groups", "lightning_hydro.sweeper.job.group_model"),
+        ("lightning_hydro.sweeper.group_task", "describe_trials", "lightning_hydro.sweeper.job.group_model"),
+        ("lightning_hydro.sweeper.group_task", "rewrite_model_node", "lightning_hydro.sweeper.job.group_model"),
+    ],
+)
+def test_an_old_path_resolves_a_name_it_imported_to_where_it_is_defined(old, name, home):
+    with pytest.warns(DeprecationWarning, match=rf"{old}\.{name} moved to {home}\.{name}; import it from there"):
+        value = getattr(importlib.import_module(old), name)
+    assert value is getattr(importlib.import_module(home), name)
 
 
 def test_from_import_through_an_old_path_warns():

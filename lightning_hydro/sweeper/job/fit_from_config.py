@@ -27,7 +27,7 @@ from typing import Any
 import lightning as L
 from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from lightning_hydro.stopping import TrialResult
 from lightning_hydro.sweeper.app_config import (
@@ -39,6 +39,7 @@ from lightning_hydro.sweeper.app_config import (
     SCALING_KEY,
     SEED_KEY,
     TRAINER_KEY,
+    config_section,
 )
 from lightning_hydro.sweeper.group_spec import (
     STATE_DIR,
@@ -102,11 +103,11 @@ def fit_from_config(cfg: DictConfig) -> dict[int, TrialResult]:
         L.seed_everything(seeds[trial_id], verbose=False)
         return scaling.build(trial_cfgs[trial_id][MODEL_KEY])
 
-    trainer_kwargs = _plain(cfg.get(TRAINER_KEY))
+    trainer_kwargs = _settings(cfg, TRAINER_KEY)
     root = trainer_kwargs.pop("default_root_dir", None)  # the template's ${paths.output_dir}: the runs go there
     workdir = Path(root) if root else job_dir
     trainer_factory = ConfigTrainerFactory(
-        trainer_kwargs, _plain(cfg.get(CALLBACKS_KEY)), loggers=_plain(cfg.get(LOGGER_KEY))
+        trainer_kwargs, _settings(cfg, CALLBACKS_KEY), loggers=_settings(cfg, LOGGER_KEY)
     )
     trial_ids = [t.trial_id for t in spec.trials]
     if spec.kind == "probe":
@@ -123,7 +124,7 @@ def fit_from_config(cfg: DictConfig) -> dict[int, TrialResult]:
         trainer_factory=trainer_factory,
         workdir=workdir,
         early_stopping=spec.early_stopping,
-        fused=FusedSettings(**{**spec.fused, **_plain(cfg.get(FUSED_KEY))}) if in_group else None,
+        fused=FusedSettings(**{**spec.fused, **_settings(cfg, FUSED_KEY)}) if in_group else None,
         search=search,
         backend_cache=BackendCache(sweep_dir / STATE_DIR / BACKEND_FILE) if in_group and sweep_dir else None,
     )
@@ -177,10 +178,6 @@ def _section(cfg: DictConfig, key: str, what: str) -> DictConfig:
     return node
 
 
-def _plain(node: Any) -> dict[str, Any]:
-    if node is None:
-        return {}
-    container = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-    if not isinstance(container, dict):
-        raise ValueError(f"fit_from_config: expected a mapping for trainer/callbacks, got {node!r}.")
-    return {str(k): v for k, v in container.items()}
+def _settings(cfg: DictConfig, key: str) -> dict[str, Any]:
+    """A section of keyword arguments (``trainer``, ``callbacks``, ``logger``, ``fused``) as a plain dict."""
+    return config_section(cfg.get(key), what=f"fit_from_config: the config's '{key}'")

@@ -17,6 +17,9 @@ function, so joblib and submitit run it in their workers). In a group job it:
 7. runs the task function in a :func:`~lightning_hydro.sweeper.job.rank_relaunch.job_scope`: DDP ranks that Lightning
    re-launches find their group, and the process is left without DDP's traces for the next job. Only global
    rank zero checks that the results were written (it writes them).
+
+The sweeper's process imports this module to wrap the task function, and plans the sweep without torch or
+Lightning: what a job needs of them (the group's model, Lightning's rank) is imported when a job runs.
 """
 
 from __future__ import annotations
@@ -28,13 +31,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lightning_hydro.callbacks.callback_arguments import MonitorNotLoggedError
 from lightning_hydro.sweeper.app_config import TRAINER_KEY
 from lightning_hydro.sweeper.group_spec import ERROR_FILE, RESULT_FILE, GroupSpec, job_dirs, read_group_spec
-from lightning_hydro.sweeper.job.group_model import built_groups, describe_trials, rewrite_model_node
 from lightning_hydro.sweeper.job.rank_relaunch import job_scope
 from lightning_hydro.sweeper.planning.device_plan import assigned_trainer_devices
 
@@ -65,6 +65,11 @@ class GroupTask:
         spec = read_group_spec(sweep_dir) if sweep_dir is not None else None
         if spec is None or sweep_dir is None:
             return self.task_function(cfg)
+        # In the job, not at import (see the module docstring): these load Lightning and torch.
+        from lightning.pytorch.utilities import rank_zero_only
+
+        from lightning_hydro.sweeper.job.group_model import built_groups, describe_trials, rewrite_model_node
+
         (job_dir / ERROR_FILE).unlink(missing_ok=True)  # from an earlier attempt of this group
         try:
             rewrite_model_node(cfg)
@@ -95,6 +100,8 @@ class SweepMetricNotLogged(ValueError):
 
 def _in_sweep_terms(err: Exception, spec: GroupSpec) -> Exception:
     """``err``, or, where the early stopping the sweeper built misses ``hydra.sweeper.metric``, an error saying so."""
+    from lightning_hydro.callbacks.callback_arguments import MonitorNotLoggedError  # loads Lightning: in the job
+
     if not isinstance(err, MonitorNotLoggedError) or err.monitor != spec.early_stopping.metric:
         return err
     logged = ", ".join(repr(name) for name in err.logged) if err.logged else "nothing"

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from lightning_hydro.stacking.width_plan import WidthPaddingError
 from lightning_hydro.sweeper.planning.fusion_report import warn_if_nothing_fuses
 from lightning_hydro.sweeper.planning.settings import SweepSettings
 from lightning_hydro.sweeper.planning.sweep_search import partition_quotas
@@ -149,7 +149,11 @@ _REFUSAL = "zero-padding would not compute exactly"
 
 def is_width_refusal(err: BaseException) -> bool:
     """Whether a group job failed because the width plan refused to pad its trials (any launcher)."""
-    return isinstance(err, WidthPaddingError) or _REFUSAL in str(err)
+    # A WidthPaddingError exists only where its module is loaded (by the job's width plan, or by unpickling the
+    # error a job sent back): looking it up there keeps torch, which that module needs, out of the sweeper's process.
+    width_plan = sys.modules.get("lightning_hydro.stacking.width_plan")
+    refused = width_plan is not None and isinstance(err, width_plan.WidthPaddingError)
+    return refused or _REFUSAL in str(err)
 
 
 def split_refused(group: TrialGroup, trials: Sequence[Trial], widths: Sequence[str]) -> list[TrialGroup]:

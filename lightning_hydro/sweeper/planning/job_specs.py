@@ -12,9 +12,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from lightning_hydro.sweeper.app_config import SEED_KEY
+from lightning_hydro.sweeper.app_config import FUSED_KEY, SEED_KEY, config_section
 from lightning_hydro.sweeper.group_spec import (
     EarlyStoppingSpec,
     GroupSpec,
@@ -145,14 +145,10 @@ class JobSpecs:
 
     def _fused_options(self) -> dict[str, Any]:
         """The app config's ``fused`` section, with ``hydra.sweeper.compile`` where that section does not set it."""
-        fused = _plain_dict(self.config.get("fused") if self.config is not None else None)
+        fused = config_section(
+            self.config.get(FUSED_KEY) if self.config is not None else None,
+            what=f"lightning_hydro sweeper: the config's '{FUSED_KEY}'",
+        )
         if self.settings.compile and "compile" not in fused:
             fused["compile"] = self.settings.compile
         return fused
-
-
-def _plain_dict(node: Any) -> dict[str, Any]:
-    if node is None:
-        return {}
-    container = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-    return {str(k): v for k, v in container.items()} if isinstance(container, dict) else {}

@@ -42,6 +42,7 @@ __all__ = [
     "LauncherKind",
     "TrainerPlacement",
     "check_launch",
+    "gpus_matter",
     "launcher_kind",
     "plan_devices",
     "plan_sweep_devices",
@@ -116,6 +117,31 @@ def _device_count(devices: Any) -> int | None:
     if devices is None or devices == -1:
         return None
     return int(devices)
+
+
+def gpus_matter(kind: LauncherKind, placement: TrainerPlacement, *, devices_per_group: int | None) -> bool:
+    """Whether the GPUs this machine shows can change the jobs' devices or :func:`check_launch`'s verdict.
+
+    They are dealt to the jobs by :func:`plan_devices` (joblib, submitit_local; basic with ``devices_per_group``),
+    and otherwise read only as the processes of a Trainer whose ``devices`` is ``auto``/``-1``, which matter to a
+    spawning strategy, Ray and SLURM. Elsewhere (the Trainer names an accelerator other than a GPU, the basic
+    launcher without ``devices_per_group``, a launcher of another kind) :func:`plan_sweep_devices` does not count
+    them: counting loads torch, and the default ``python train.py -m`` plans its sweep without it.
+
+    Example::
+
+        >>> gpus_matter("basic", TrainerPlacement(), devices_per_group=None)
+        False
+        >>> gpus_matter("joblib", TrainerPlacement(), devices_per_group=None)
+        True
+        >>> gpus_matter("joblib", TrainerPlacement(accelerator="cpu"), devices_per_group=1)
+        False
+    """
+    if placement.accelerator not in ("auto", "gpu", "cuda"):
+        return False  # the jobs use no GPU, whatever the machine shows
+    if kind in ("joblib", "submitit_local") or (kind == "basic" and devices_per_group is not None):
+        return True  # plan_devices deals them
+    return _device_count(placement.devices) is None and (placement.spawns or kind in ("ray", "submitit_slurm"))
 
 
 def plan_devices(
@@ -206,7 +232,7 @@ def plan_sweep_devices(
     launcher = config.hydra.launcher
     kind = launcher_kind(str(launcher.get("_target_", "")))
     placement = TrainerPlacement.from_config(_trainer_placement(config))
-    gpus = visible_gpus()
+    gpus = visible_gpus() if gpus_matter(kind, placement, devices_per_group=devices_per_group) else []
     plan = plan_devices(
         kind,
         placement,

@@ -23,8 +23,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
-from omegaconf import DictConfig, OmegaConf
-
 from hydra_plugins.lightning_hydro_sweeper.config import (
     FusionProbeConf,
     LightningHydroSweeperConf,
@@ -32,6 +30,7 @@ from hydra_plugins.lightning_hydro_sweeper.config import (
     SchedulerConf,
 )
 from lightning_hydro._deprecation import removal_version
+from lightning_hydro.sweeper.app_config import config_section
 from lightning_hydro.sweeper.planning.samplers import SAMPLERS
 from lightning_hydro.sweeper.planning.study_channel import is_learning_sampler
 
@@ -197,9 +196,9 @@ class SweepSettings:
             fusion_limit=_fusion_limit(fusion_limit),
             round_size=round_size,
             params=_param_lines(params),
-            scheduler=_scheduler(_plain(given.get("scheduler"))),
-            probe=_probe(_plain(given.get("probe"))),
-            retrain=_retrain(_plain(given.get("retrain"))),
+            scheduler=_scheduler(_section(given, "scheduler")),
+            probe=_probe(_section(given, "probe")),
+            retrain=_retrain(_section(given, "retrain")),
             compile=compile,
             storage=storage,
             plots=plots,
@@ -238,13 +237,9 @@ def _defaults(conf: Any) -> dict[str, Any]:
     return {f.name: getattr(conf, f.name) for f in fields(conf) if f.name != "_target_"}
 
 
-def _plain(node: Mapping[str, Any] | None) -> dict[str, Any]:
-    if node is None:
-        return {}
-    if isinstance(node, DictConfig):
-        container = OmegaConf.to_container(node, resolve=True)
-        return {str(k): v for k, v in container.items()} if isinstance(container, dict) else {}
-    return dict(node)
+def _section(given: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The section ``hydra.sweeper.<name>`` as given (the defaults of its fields not given are added by the caller)."""
+    return config_section(given.get(name), what=f"{_P}: hydra.sweeper.{name}")
 
 
 def _fusion_limit(value: Any) -> int | Literal["auto"]:
@@ -268,7 +263,7 @@ def _fusion_limit(value: Any) -> int | Literal["auto"]:
 def _param_lines(params: Mapping[str, Any] | None) -> tuple[str, ...]:
     """``key=value`` lines; nested mappings give dotted keys, and a ``null`` value drops its key."""
     lines = []
-    for key, value in _flatten(_plain(params), "").items():
+    for key, value in _flatten(config_section(params, what=f"{_P}: hydra.sweeper.params"), "").items():
         if isinstance(value, list):
             raise ValueError(
                 f"{_P}: hydra.sweeper.params.{key} must be an override string in Hydra's grammar, got "

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from omegaconf import OmegaConf
 
+from lightning_hydro.sweeper.planning import launch_rules
 from lightning_hydro.sweeper.planning.launch_rules import TrainerPlacement, check_launch, launcher_kind, plan_devices
 
 GPUS = [str(i) for i in range(8)]  # a faked 8-GPU node
@@ -94,3 +96,62 @@ def test_ddp_spawn_in_a_sweep_is_refused_and_slurm_needs_a_task_per_device():
     with pytest.raises(ValueError, match=r"tasks_per_node=1: on SLURM each rank is a task .*tasks_per_node=4"):
         check_launch("submitit_slurm", ddp, gpus=0, processes=4, tasks_per_node=1)
     check_launch("submitit_slurm", ddp, gpus=0, processes=4, tasks_per_node=4)
+
+
+def test_the_default_sweep_does_not_count_gpus(monkeypatch):
+    # Counting them loads torch; with the basic launcher and no devices_per_group they change nothing.
+    def no_count() -> list[str]:
+        raise AssertionError("visible_gpus() was called")
+
+    monkeypatch.setattr(launch_rules, "visible_gpus", no_count)
+    config = launcher_config("hydra._internal.core_plugins.basic_launcher.BasicLauncher", {"accelerator": "auto"})
+    assert launch_rules.plan_sweep_devices(config, devices_per_group=None, groups_per_device=1) is None
+
+
+def launcher_config(target: str, trainer: dict[str, object], **launcher: object):
+    return OmegaConf.create({"hydra": {"launcher": {"_target_": target, **launcher}}, "trainer": trainer})
+
+
+TARGETS = {
+    "basic": "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
+    "joblib": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",
+    "submitit_local": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher",
+    "submitit_slurm": "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher",
+    "ray": "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher",
+    "other": "my_launchers.Cloud",
+}
+TRAINERS = [
+    {"accelerator": accelerator, "devices": devices, "strategy": strategy}
+    for accelerator in ("auto", "gpu", "cpu", "mps")
+    for devices in ("auto", -1, 1, 2, [0, 1])
+    for strategy in ("auto", "ddp", "ddp_spawn")
+]
+
+
+def outcome(config, devices_per_group, gpus, *, count_always, monkeypatch):
+    """What plan_sweep_devices decides on a machine with ``gpus`` GPUs: the plan, or the refusal's text."""
+    monkeypatch.setattr(launch_rules, "visible_gpus", lambda: list(gpus))
+    if count_always:
+        monkeypatch.setattr(launch_rules, "gpus_matter", lambda *args, **kwargs: True)
+    try:
+        return launch_rules.plan_sweep_devices(config, devices_per_group=devices_per_group, groups_per_device=2)
+    except ValueError as err:
+        return str(err)
+    finally:
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("kind", sorted(TARGETS))
+def test_not_counting_gpus_where_they_do_not_matter_changes_no_plan_and_no_refusal(kind, monkeypatch):
+    skipped = 0
+    for trainer in TRAINERS:
+        for devices_per_group in (None, 1, 2):
+            for tasks_per_node in (None, 2):
+                config = launcher_config(TARGETS[kind], trainer, tasks_per_node=tasks_per_node)
+                for gpus in ([], ["0"], [str(i) for i in range(8)]):
+                    counted = outcome(config, devices_per_group, gpus, count_always=True, monkeypatch=monkeypatch)
+                    planned = outcome(config, devices_per_group, gpus, count_always=False, monkeypatch=monkeypatch)
+                    assert planned == counted, (kind, trainer, devices_per_group, tasks_per_node, gpus)
+                placement = launch_rules.TrainerPlacement.from_config(trainer)
+                skipped += not launch_rules.gpus_matter(kind, placement, devices_per_group=devices_per_group)
+    assert skipped > 0  # the comparison covered cases where the count is skipped

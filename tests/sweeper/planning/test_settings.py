@@ -103,6 +103,15 @@ def test_the_request_ignores_ranking_and_retrain():
         ({"n_trials": 4, "probe": {"max_limit": 0}}, r"probe.max_limit must be >= 1, got 0"),
         ({"n_trials": 4, "retrain": {"top_k": -1}}, r"retrain.top_k must be >= 0, got -1"),
         (
+            {"n_trials": 4, "scheduler": "asha"},
+            r"hydra.sweeper.scheduler must be a section \(key: value entries\) or null, got 'asha'\. Fix",
+        ),
+        ({"n_trials": 4, "retrain": 2}, r"hydra.sweeper.retrain must be a section .* got 2\. Fix"),
+        (
+            {"n_trials": 4, "params": ["model.lr=choice(0.1, 0.2)"]},
+            r"hydra.sweeper.params must be a section .* got \['model.lr=choice\(0.1, 0.2\)'\]\. Fix",
+        ),
+        (
             {"n_trials": 4, "params": {"data.batch_size": [32, 64]}},
             (
                 r"params.data.batch_size must be an override string .* Fix: e\.g\. 'data\.batch_size: "

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from lightning_hydro.sweeper.group_spec import ERROR_FILE
 from lightning_hydro.sweeper.job.group_model import GROUP_MODEL_TARGET
 
-from .conftest import TINY, TRAIN, KeptSweep
+from ..conftest import TINY, TRAIN, KeptSweep
 
 
 def sweep_with(task_function: Callable[[DictConfig], Any], sweep_dir: Path, overrides: list[str]) -> Any:

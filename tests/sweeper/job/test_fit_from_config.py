@@ -57,6 +57,13 @@ def test_missing_sections(tmp_path, monkeypatch, drop, match):
         fit_from_config(cfg)
 
 
+@pytest.mark.parametrize("key", ["trainer", "callbacks", "logger"])  # `fused` is read in a sweep job only
+def test_a_value_where_a_section_of_settings_belongs_is_refused(tmp_path, monkeypatch, key):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=rf"^fit_from_config: the config's '{key}' must be a section .* got 3\. Fix"):
+        fit_from_config(OmegaConf.create({**CFG, key: 3}))
+
+
 def test_a_group_spec_that_is_missing(tmp_path, monkeypatch):
     from lightning_hydro.sweeper.group_spec import read_group_spec
 
@@ -113,7 +120,7 @@ def test_a_trainer_target_that_is_not_a_trainer(tmp_path, monkeypatch):
 
 
 def test_a_sweep_with_seed_null_gives_each_trial_a_seed_of_its_own_in_the_results(tmp_path):
-    from .conftest import TINY, read_results, run_sweep
+    from ..conftest import TINY, read_results, run_sweep
 
     run_sweep(tmp_path, [*TINY, "hydra.sweeper.n_trials=2", "hydra.sweeper.fusion_limit=2", "seed=null"])
     seeds = [t["seed"] for t in read_results(tmp_path)["trials"]]

@@ -18,7 +18,7 @@ from lightning_hydro.sweeper.group_spec import GROUP_ENV, GroupSpec, TrialSpec, 
 from lightning_hydro.sweeper.job.rank_relaunch import SWEEP_DIR_ENV, job_scope, relaunched_job
 from lightning_hydro.sweeper.json_files import write_json_atomic
 
-from .conftest import TINY, read_results, run_sweep, train_subprocess
+from ..conftest import TINY, read_results, run_sweep, train_subprocess
 
 TWO_GROUPS = [
     *TINY,
