@@ -163,8 +163,13 @@ def choose_backend(
     device = group.device
     saved_buffers = {name: b.clone() for name, b in group.buffers.items()}
     python_state = PythonState(group.modules)  # counters, outputs lists...: every candidate starts from them
-    choice = AutoChoice(  # type: ignore[arg-type]
-        backend=None, timed=timed, margin=margin, order=list(factories), trials=group.size, side_by_side=_cores(device)
+    choice = AutoChoice(
+        backend=None,  # type: ignore[arg-type]  # set below, once the fastest is known
+        timed=timed,
+        margin=margin,
+        order=list(factories),
+        trials=group.size,
+        side_by_side=_cores(device),
     )
     last_error: FusionError | None = None
     built: dict[str, Backend] = {}

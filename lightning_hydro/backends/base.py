@@ -49,11 +49,25 @@ class StepOutputs:
     logs: list[StackedLog] = field(default_factory=list)
     per_row: list[Any] | None = None  # the raw per-row return values, where the backend has them
 
+    def detached(self) -> StepOutputs:
+        """The outputs without their autograd graph (and without the logs, which are booked already)."""
+        return StepOutputs(
+            output=_detach(self.output), per_row=None if self.per_row is None else [_detach(v) for v in self.per_row]
+        )
+
     def loss(self) -> Tensor | None:
         """The ``[B]`` losses of a ``training_step`` (its tensor, or the dict's ``"loss"``), or None."""
         if self.output is None or isinstance(self.output, Tensor):
             return self.output
         return self.output.get("loss")
+
+
+def _detach(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        return value.detach()
+    if isinstance(value, dict):
+        return {k: _detach(v) for k, v in value.items()}
+    return value
 
 
 class Backend(ABC):

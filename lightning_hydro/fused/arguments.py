@@ -39,6 +39,13 @@ def check_fused_arguments(
             "scheduler (a warm-up: LambdaLR with 'interval': 'step'), which steps per trial, or use manual "
             "optimization (self.automatic_optimization = False), whose training_step runs per trial."
         )
+    if not manual and is_overridden("optimizer_zero_grad", trials[0], L.LightningModule):
+        raise ValueError(
+            f"FusedLightningModule: {type(trials[0]).__name__} overrides optimizer_zero_grad, which a fused group does "
+            "not call per trial: the group optimizer clears every trial's gradients at once (it sets them to None), "
+            "so the override would be skipped. Remove it, or, to accumulate gradients over batches, use "
+            "Trainer(accumulate_grad_batches=...), which a fused group honours."
+        )
     if manual and backend in ("vmap", "hfta"):
         raise FusionError(
             f"FusedLightningModule(backend={backend!r}): {type(trials[0]).__name__} uses manual optimization "

@@ -30,7 +30,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor, nn
 from typing_extensions import override
 
-from lightning_hydro.backends import BackendName
+from lightning_hydro.backends import BackendName, StepOutputs
 from lightning_hydro.backends.auto import choose_backend
 from lightning_hydro.backends.compiled_step import CompileSetting, check_compile_setting
 from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments, check_precision
@@ -39,6 +39,7 @@ from lightning_hydro.fused.evaluation.steps import EvaluationSteps, predictions_
 from lightning_hydro.fused.group.slots import TrialSlots
 from lightning_hydro.fused.group.specs import trials_from_configs
 from lightning_hydro.fused.group.width_padding import width_optimizer_path
+from lightning_hydro.fused.lightning.batch_hooks import TrialBatchHooks
 from lightning_hydro.fused.lightning.callbacks import per_trial_callbacks, refuse_module_callbacks
 from lightning_hydro.fused.lightning.group_checkpoint import (
     CHECKPOINT_KEY,
@@ -179,6 +180,8 @@ class FusedLightningModule(L.LightningModule):
         self._training_step = TrainingStep(
             self._policy, self._metrics, self._health, self._ranks, model_name=type(trials[0]).__name__
         )
+        self._batch_hooks = TrialBatchHooks(self._slots, self._metrics, self._trial_optimizer)
+        self._step_out: StepOutputs | None = None  # the latest manual or evaluation step's outputs (batch hooks)
         self._diverged_on_resume: dict[int, str] = {}
         self._open_batch: int | None = None
         self.summary = summary
@@ -340,7 +343,13 @@ class FusedLightningModule(L.LightningModule):
         """Put a new trial into a free slot, with fresh optimizer state; returns its id."""
         if isinstance(module, L.LightningModule):  # anything else is refused by its type first, at any stage
             self._eval_steps.refuse_slot_change("add_trial", self._trainer)
-        return self._roster.add(self._trainer, self, module, trial_id)
+        tid = self._roster.add(self._trainer, self, module, trial_id)
+        self._batch_hooks.refresh(self._group.modules)
+        return tid
+
+    def _trial_optimizer(self, trial_id: int) -> Any:
+        optimization = self._optimizers.optimization(trial_id)
+        return None if optimization is None else optimization.optimizer
 
     def _running(self) -> list[tuple[int, L.LightningModule]]:
         return self._slots.running()  # type: ignore[return-value]
@@ -509,6 +518,7 @@ class FusedLightningModule(L.LightningModule):
         self._policy.for_training(lambda backend: None, choose_loop_for_manual, type(self._first()).__name__)
         assert self._manual is not None
         result = self._manual.run(batch, batch_idx)
+        self._step_out = result.outputs.detached()  # for the trials' on_train_batch_end (no graph kept: see step/)
         self._metrics.record_step("train", "training_step", result.outputs.logs, self._group.trial_ids, batch)
         group_optimizer = self.optimizers()
         for _ in range(result.steps):
@@ -548,18 +558,18 @@ class FusedLightningModule(L.LightningModule):
 
     @override
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
-        out = self._eval_steps.step("validation_step", self._first(), batch, batch_idx, dataloader_idx)
+        out = self._step_out = self._eval_steps.step("validation_step", self._first(), batch, batch_idx, dataloader_idx)
         self._metrics.record_step("validate", "validation_step", out.logs, self._group.trial_ids, batch)
 
     @override
     def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
-        out = self._eval_steps.step("test_step", self._first(), batch, batch_idx, dataloader_idx)
+        out = self._step_out = self._eval_steps.step("test_step", self._first(), batch, batch_idx, dataloader_idx)
         self._metrics.record_step("test", "test_step", out.logs, self._group.trial_ids, batch)
 
     @override
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> dict[int, Any]:
         """Each running trial's prediction for the batch, by trial id."""
-        out = self._eval_steps.step("predict_step", self._first(), batch, batch_idx, dataloader_idx)
+        out = self._step_out = self._eval_steps.step("predict_step", self._first(), batch, batch_idx, dataloader_idx)
         return predictions_by_trial(out, self._group.trial_ids)
 
     # -- per-batch and per-epoch bookkeeping ----------------------------------------------------------------------
@@ -572,10 +582,15 @@ class FusedLightningModule(L.LightningModule):
         if self._ranks.rows_changed:
             self._ranks.rewrap(self.trainer)  # DDP's wrapper holds the rows it was built with
         self._open_batch = batch_idx  # a checkpoint written before on_train_batch_end must settle the batch
+        if "on_train_batch_start" in self._batch_hooks.overridden:  # the trials' own hooks: lightning/batch_hooks.py
+            return self._batch_hooks.train_batch_start(batch, batch_idx)
         return None
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if "on_train_batch_end" in self._batch_hooks.overridden:
+            out = self._training_step.outputs if self._manual is None else self._step_out
+            self._batch_hooks.train_batch_end(out, batch, batch_idx)
         self._open_batch = None
         stepped, read = self._health.end_batch(last=batch_idx + 1 >= self.trainer.num_training_batches)
         if read:  # due by the health's schedule, and at the epoch's last batch (before validation)
@@ -583,6 +598,60 @@ class FusedLightningModule(L.LightningModule):
         if stepped:  # not while accumulating gradients
             self._publisher.publish_step(self.trainer, self.log)
         self._end_fit_if_empty()
+
+    @override
+    def on_before_backward(self, loss: Tensor) -> None:
+        if "on_before_backward" in self._batch_hooks.overridden:  # each trial with its own loss
+            self._batch_hooks.before_backward(self._training_step.losses, self._training_step.batch)
+
+    @override
+    def on_after_backward(self) -> None:
+        if "on_after_backward" in self._batch_hooks.overridden:  # each trial with its own gradients
+            self._batch_hooks.around_the_update("on_after_backward", self._training_step.batch)
+
+    @override
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        if "on_before_optimizer_step" in self._batch_hooks.overridden:  # each trial with its own optimizer
+            self._batch_hooks.around_the_update("on_before_optimizer_step", self._training_step.batch)
+
+    @override
+    def on_before_zero_grad(self, optimizer: Any) -> None:
+        if "on_before_zero_grad" in self._batch_hooks.overridden:
+            self._batch_hooks.around_the_update("on_before_zero_grad", self._training_step.batch)
+
+    @override
+    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
+        self._eval_batch_hook("on_validation_batch_start", None, batch, batch_idx, dataloader_idx)
+
+    @override
+    def on_validation_batch_end(
+        self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int | None = None
+    ) -> None:
+        self._eval_batch_hook("on_validation_batch_end", self._step_out, batch, batch_idx, dataloader_idx)
+
+    @override
+    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
+        self._eval_batch_hook("on_test_batch_start", None, batch, batch_idx, dataloader_idx)
+
+    @override
+    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
+        self._eval_batch_hook("on_test_batch_end", self._step_out, batch, batch_idx, dataloader_idx)
+
+    @override
+    def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
+        self._eval_batch_hook("on_predict_batch_start", None, batch, batch_idx, dataloader_idx)
+
+    @override
+    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
+        self._eval_batch_hook("on_predict_batch_end", self._step_out, batch, batch_idx, dataloader_idx)
+
+    def _eval_batch_hook(
+        self, hook: str, out: StepOutputs | None, batch: Any, batch_idx: int, dataloader_idx: int | None
+    ) -> None:
+        # Lightning passes dataloader_idx only with several dataloaders; the trials get what it passed
+        if hook in self._batch_hooks.overridden:
+            rest = () if dataloader_idx is None else (dataloader_idx,)
+            self._batch_hooks.eval_batch(hook, out, batch, batch_idx, *rest)
 
     @override
     def on_fit_start(self) -> None:

@@ -46,7 +46,18 @@ ReduceFx = Literal["mean", "sum", "max", "min"]
 Reducer = Callable[[Tensor, ReduceFx], Tensor]
 
 # Lightning's defaults for on_step / on_epoch depend on the hook that logs.
-_STEP_HOOKS = {"training_step": (True, False)}
+_STEP_HOOKS = dict.fromkeys(
+    (
+        "training_step",
+        "on_train_batch_start",
+        "on_train_batch_end",
+        "on_before_backward",
+        "on_after_backward",
+        "on_before_optimizer_step",
+        "on_before_zero_grad",
+    ),
+    (True, False),
+)
 _EPOCH_DEFAULT = (False, True)
 
 

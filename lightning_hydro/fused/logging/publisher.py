@@ -56,7 +56,8 @@ class TrialPublisher:
 
     def publish_step(self, trainer: L.Trainer, log: LogFunction) -> None:
         """After an optimizer step: the step values to the loggers when due, the trial counts to the progress bar."""
-        if trainer.loggers and _should_log_step(trainer):
+        step = _logging_step(trainer)
+        if trainer.loggers and _should_log_step(trainer, step):
             flat = {
                 f"{name}/trial_{tid}": value
                 for tid, values in self.metrics.step_values(logger_only=True).items()
@@ -64,7 +65,7 @@ class TrialPublisher:
             }
             if flat:
                 for logger in trainer.loggers:
-                    logger.log_metrics(flat, step=trainer.global_step)
+                    logger.log_metrics(flat, step=step)
         if trainer.progress_bar_callback is not None:
             book = self.slots.book
             if self._counts is None or self._counts[0] != book.changes:  # counted again only after a change
@@ -184,6 +185,15 @@ def _warn_unsynced(metrics: TrialMetrics) -> None:
 _WARNED_UNSYNCED: set[str] = set()
 
 
-def _should_log_step(trainer: L.Trainer) -> bool:
+def _logging_step(trainer: L.Trainer) -> int:
+    """The step a batch's values are logged at, as Lightning numbers it: the batches that stepped before this one.
+
+    (Lightning's own step logging reads the same counter, at the same point: the training batch's end.)
+    """
+    return int(getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step))
+
+
+def _should_log_step(trainer: L.Trainer, step: int) -> bool:
+    """Lightning's rule: every ``log_every_n_steps`` batches that stepped, counting this one."""
     every = getattr(trainer, "log_every_n_steps", 50)  # set by Lightning's logger connector
-    return bool(every) and trainer.global_step % every == 0
+    return bool(every) and (step + 1) % every == 0

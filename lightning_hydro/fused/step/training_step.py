@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_hydro.backends import Backend
+from lightning_hydro.backends import Backend, StepOutputs
 from lightning_hydro.backends.errors import FusionError, explain_backward_error
 from lightning_hydro.fused.logging.metrics import TrialMetrics
 from lightning_hydro.fused.rank_sync import RankSync
@@ -68,6 +68,10 @@ class TrainingStep:
         self.ranks = ranks
         self.model_name = model_name
         self.backend_name = "auto"  # the backend of the latest step (its backward's errors are explained for it)
+        # the latest step's batch, outputs and [B] losses (the trials' own batch hooks get their shares)
+        self.batch: Any = None
+        self.outputs: StepOutputs | None = None
+        self.losses: Tensor | None = None
 
     def __call__(self, batch: Any, batch_idx: int, chooser: Callable[[], Chooser]) -> Tensor | None:
         """The loss Lightning runs backward on (None: every trial has stopped, or the step returned None).
@@ -78,6 +82,7 @@ class TrainingStep:
             chooser: gives ``backend="auto"``'s chooser (:func:`lightning_hydro.backends.auto.choose_backend`;
                 several processes take rank zero's choice); asked only while the backend is not settled.
         """
+        self._drop_graph()
         policy = self.policy
         group = policy.slots.group
         if not group.trial_ids:
@@ -94,14 +99,25 @@ class TrainingStep:
             out = policy.after_refusal(err, backend, batch, batch_idx)
         self.backend_name = (policy.backend or backend).name
         self.metrics.record_step("train", "training_step", out.logs, group.trial_ids, batch)
+        self.batch, self.outputs, self.losses = batch, out, None
         loss = out.loss()
         if loss is None:
             return None
-        loss = loss.reshape(group.size)
+        loss = self.losses = loss.reshape(group.size)
         if self.ranks.world_size > 1:
             loss = self.ranks.losses(loss)  # a row bad on any rank is skipped on all
         bad = self.health.record_losses(group.trial_ids, loss)  # stays on the device: no host sync
         return sum_of_finite(loss, bad)
+
+    def _drop_graph(self) -> None:
+        """Keep the latest outputs without their autograd graph, and forget the losses.
+
+        A graph kept past its step would keep the stacked parameters' gradient accumulators of that step alive; once
+        a slot change has resized the parameters, the next backward would reuse them and fail on the old shape.
+        """
+        self.losses = None
+        if self.outputs is not None:
+            self.outputs = self.outputs.detached()
 
     def forward_backward(self, backend: Backend, batch: Any, batch_idx: int) -> None:
         """One forward and backward of ``batch`` with a candidate backend (what ``backend="auto"`` times)."""
@@ -114,6 +130,7 @@ class TrainingStep:
         """``loss.backward``, a failure a fused backend causes explained (e.g. activation checkpointing)."""
         try:
             loss.backward(*args, **kwargs)
+            self._drop_graph()
         except RuntimeError as err:  # e.g. activation checkpointing, which recomputes the forward outside vmap
             explained = explain_backward_error(err, backend=self.backend_name, module_name=self.model_name)
             if explained is None:

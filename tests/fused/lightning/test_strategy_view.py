@@ -249,3 +249,19 @@ def test_an_overridden_optimizer_step_is_refused_rather_than_skipped() -> None:
         r"with 'interval': 'step'\), which steps per trial, or use manual optimization",
     ):
         FusedLightningModule([WarmsUpInOptimizerStep(), WarmsUpInOptimizerStep()])
+
+
+class ZeroesItsOwnWay(ReadsItsOptimizer):
+    """The LightningModule docs' ``optimizer_zero_grad`` override (``set_to_none``)."""
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+        optimizer.zero_grad(set_to_none=False)
+
+
+def test_an_overridden_optimizer_zero_grad_is_refused_rather_than_skipped() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"ZeroesItsOwnWay overrides optimizer_zero_grad, which a fused group does not call per trial.*"
+        r"Trainer\(accumulate_grad_batches=\.\.\.\)",
+    ):
+        FusedLightningModule([ZeroesItsOwnWay(), ZeroesItsOwnWay()])
