@@ -34,8 +34,9 @@ from lightning_hydro.backends import BackendName, StepOutputs
 from lightning_hydro.backends.auto import choose_backend
 from lightning_hydro.backends.compiled_step import CompileSetting, check_compile_setting
 from lightning_hydro.fused.arguments import check_deterministic, check_fused_arguments, check_precision
+from lightning_hydro.fused.evaluation.hooks import EvaluationHooks
 from lightning_hydro.fused.evaluation.modes import TrialModes
-from lightning_hydro.fused.evaluation.steps import EvaluationSteps, predictions_by_trial
+from lightning_hydro.fused.evaluation.steps import EvaluationSteps
 from lightning_hydro.fused.group.slots import TrialSlots
 from lightning_hydro.fused.group.specs import trials_from_configs
 from lightning_hydro.fused.group.width_padding import width_optimizer_path
@@ -72,7 +73,7 @@ from lightning_hydro.stopping.trial_record import (
 __all__ = ["FusedLightningModule"]
 
 
-class FusedLightningModule(L.LightningModule):
+class FusedLightningModule(EvaluationHooks):
     """Train B trials of one architecture (different hyperparameters) as one vectorised model.
 
     Each trial is the user's own, unmodified LightningModule. Their parameters and buffers are stacked
@@ -398,39 +399,6 @@ class FusedLightningModule(L.LightningModule):
         return next(iter(self._slots.retired.values()))  # type: ignore[return-value]
 
     @override
-    def on_validation_model_eval(self) -> None:
-        self._eval_steps.enter(self.trainer)
-        self._modes.capture(self, self._group.modules)
-        super().on_validation_model_eval()
-
-    @override
-    def on_validation_model_train(self) -> None:
-        self._modes.restore()
-        self._eval_steps.leave()
-
-    @override
-    def on_test_model_eval(self) -> None:
-        self._eval_steps.enter(self.trainer)
-        self._modes.capture(self, self._group.modules)
-        super().on_test_model_eval()
-
-    @override
-    def on_test_model_train(self) -> None:
-        self._modes.restore()
-        self._eval_steps.leave()
-
-    @override
-    def on_predict_model_eval(self) -> None:
-        self._eval_steps.enter(self.trainer)
-        self._modes.capture(self, self._group.modules)
-        super().on_predict_model_eval()
-
-    @override
-    def on_predict_end(self) -> None:
-        self._modes.restore()
-        self._eval_steps.leave()
-
-    @override
     def configure_callbacks(self) -> list[Callback]:
         """Lightning's callbacks configured for an unfused run act per trial: see :mod:`.lightning.callbacks`."""
         refuse_module_callbacks(self._first())
@@ -457,18 +425,6 @@ class FusedLightningModule(L.LightningModule):
     @override
     def train_dataloader(self) -> Any:
         return self._first().train_dataloader()
-
-    @override
-    def val_dataloader(self) -> Any:
-        return self._first().val_dataloader()
-
-    @override
-    def test_dataloader(self) -> Any:
-        return self._first().test_dataloader()
-
-    @override
-    def predict_dataloader(self) -> Any:
-        return self._first().predict_dataloader()
 
     def _forward_hook(self, hook: str) -> None:
         forward_hook(hook, self._running(), self._metrics)
@@ -551,27 +507,6 @@ class FusedLightningModule(L.LightningModule):
         else:
             self._training_step.backward(loss, *args, **kwargs)
 
-    @override
-    def forward(self, *args: Any) -> Any:
-        """Every running trial's forward on the same input, stacked along a leading trial dimension."""
-        return self._eval_steps.run("forward", *args).output
-
-    @override
-    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
-        out = self._step_out = self._eval_steps.step("validation_step", self._first(), batch, batch_idx, dataloader_idx)
-        self._metrics.record_step("validate", "validation_step", out.logs, self._group.trial_ids, batch)
-
-    @override
-    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
-        out = self._step_out = self._eval_steps.step("test_step", self._first(), batch, batch_idx, dataloader_idx)
-        self._metrics.record_step("test", "test_step", out.logs, self._group.trial_ids, batch)
-
-    @override
-    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> dict[int, Any]:
-        """Each running trial's prediction for the batch, by trial id."""
-        out = self._step_out = self._eval_steps.step("predict_step", self._first(), batch, batch_idx, dataloader_idx)
-        return predictions_by_trial(out, self._group.trial_ids)
-
     # -- per-batch and per-epoch bookkeeping ----------------------------------------------------------------------
 
     @override
@@ -620,40 +555,6 @@ class FusedLightningModule(L.LightningModule):
             self._batch_hooks.around_the_update("on_before_zero_grad", self._training_step.batch)
 
     @override
-    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
-        self._eval_batch_hook("on_validation_batch_start", None, batch, batch_idx, dataloader_idx)
-
-    @override
-    def on_validation_batch_end(
-        self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int | None = None
-    ) -> None:
-        self._eval_batch_hook("on_validation_batch_end", self._step_out, batch, batch_idx, dataloader_idx)
-
-    @override
-    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
-        self._eval_batch_hook("on_test_batch_start", None, batch, batch_idx, dataloader_idx)
-
-    @override
-    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
-        self._eval_batch_hook("on_test_batch_end", self._step_out, batch, batch_idx, dataloader_idx)
-
-    @override
-    def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
-        self._eval_batch_hook("on_predict_batch_start", None, batch, batch_idx, dataloader_idx)
-
-    @override
-    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
-        self._eval_batch_hook("on_predict_batch_end", self._step_out, batch, batch_idx, dataloader_idx)
-
-    def _eval_batch_hook(
-        self, hook: str, out: StepOutputs | None, batch: Any, batch_idx: int, dataloader_idx: int | None
-    ) -> None:
-        # Lightning passes dataloader_idx only with several dataloaders; the trials get what it passed
-        if hook in self._batch_hooks.overridden:
-            rest = () if dataloader_idx is None else (dataloader_idx,)
-            self._batch_hooks.eval_batch(hook, out, batch, batch_idx, *rest)
-
-    @override
     def on_fit_start(self) -> None:
         self._slots.book.set_status(self._group.trial_ids, "running")
         self._forward_hook("on_fit_start")
@@ -679,38 +580,6 @@ class FusedLightningModule(L.LightningModule):
         self._forward_hook("on_train_epoch_end")
         self._publisher.end_training_epoch(self.current_epoch, self.log, sanity_checking=self.trainer.sanity_checking)
         self._end_fit_if_empty()
-
-    @override
-    def on_validation_epoch_start(self) -> None:
-        fitting = self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
-        if fitting and not self.trainer.sanity_checking:
-            self.read_health()  # validation inside an epoch: its decisions must see every divergence so far
-        self._forward_hook("on_validation_epoch_start")
-
-    @override
-    def on_validation_epoch_end(self) -> None:
-        self._forward_hook("on_validation_epoch_end")
-        self._publisher.publish_epoch("validate", self.log, sanity_checking=self.trainer.sanity_checking)
-
-    @override
-    def on_validation_end(self) -> None:
-        if self.trainer.state.fn == TrainerFn.FITTING and not self.trainer.sanity_checking:
-            self._end_fit_if_empty()  # after the callbacks' on_validation_end, where early stopping decides
-        elif self.trainer.state.fn == TrainerFn.VALIDATING:
-            self._publish_chosen_trial("validate")
-
-    @override
-    def on_test_epoch_start(self) -> None:
-        self._forward_hook("on_test_epoch_start")
-
-    @override
-    def on_test_epoch_end(self) -> None:
-        self._forward_hook("on_test_epoch_end")
-        self._publisher.publish_epoch("test", self.log, sanity_checking=self.trainer.sanity_checking)
-
-    @override
-    def on_test_end(self) -> None:
-        self._publish_chosen_trial("test")
 
     @override
     def on_train_end(self) -> None:
