@@ -13,6 +13,23 @@ from lightning_hydro.backends import BACKEND_NAMES, FusionError
 __all__ = ["check_deterministic", "check_fused_arguments", "check_precision"]
 
 
+# Hooks of the optimizer step that a fused group runs once for every trial (so a trial's override would be skipped),
+# with what the refusal says after the hook's name
+_GROUP_OPTIMIZER_HOOKS = {
+    "optimizer_step": (
+        " (e.g. a learning-rate warm-up written there), which a fused group does not call per trial: the group steps "
+        "every trial's optimizer after one fused backward, so the override would be skipped. Express the change as "
+        "an LR scheduler (a warm-up: LambdaLR with 'interval': 'step'), which steps per trial, or use manual "
+        "optimization (self.automatic_optimization = False), whose training_step runs per trial."
+    ),
+    "optimizer_zero_grad": (
+        ", which a fused group does not call per trial: the group optimizer clears every trial's gradients at once "
+        "(it sets them to None), so the override would be skipped. Remove it, or, to accumulate gradients over "
+        "batches, use Trainer(accumulate_grad_batches=...), which a fused group honours."
+    ),
+}
+
+
 def check_fused_arguments(
     trials: Sequence[Any], ids: Sequence[int], backend: str, max_slots: int | None, optimizer_path: str, mode: str
 ) -> None:
@@ -31,20 +48,13 @@ def check_fused_arguments(
             f"FusedLightningModule: trials {manual} use manual optimization (automatic_optimization = False) and the "
             "others automatic optimization; a group runs one kind of training step. Fuse them in separate groups."
         )
-    if not manual and is_overridden("optimizer_step", trials[0], L.LightningModule):
+    skipped = [
+        hook for hook in _GROUP_OPTIMIZER_HOOKS if not manual and is_overridden(hook, trials[0], L.LightningModule)
+    ]
+    if skipped:
+        hook = skipped[0]
         raise ValueError(
-            f"FusedLightningModule: {type(trials[0]).__name__} overrides optimizer_step (e.g. a learning-rate "
-            "warm-up written there), which a fused group does not call per trial: the group steps every trial's "
-            "optimizer after one fused backward, so the override would be skipped. Express the change as an LR "
-            "scheduler (a warm-up: LambdaLR with 'interval': 'step'), which steps per trial, or use manual "
-            "optimization (self.automatic_optimization = False), whose training_step runs per trial."
-        )
-    if not manual and is_overridden("optimizer_zero_grad", trials[0], L.LightningModule):
-        raise ValueError(
-            f"FusedLightningModule: {type(trials[0]).__name__} overrides optimizer_zero_grad, which a fused group does "
-            "not call per trial: the group optimizer clears every trial's gradients at once (it sets them to None), "
-            "so the override would be skipped. Remove it, or, to accumulate gradients over batches, use "
-            "Trainer(accumulate_grad_batches=...), which a fused group honours."
+            f"FusedLightningModule: {type(trials[0]).__name__} overrides {hook}{_GROUP_OPTIMIZER_HOOKS[hook]}"
         )
     if manual and backend in ("vmap", "hfta"):
         raise FusionError(

@@ -6,11 +6,13 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hydra.test_utils.test_utils import SweepTaskFunction
+from omegaconf import DictConfig
 
 from lightning_hydro.sweeper import fit_from_config
 
@@ -38,12 +40,15 @@ class KeptSweep(SweepTaskFunction):
         pass
 
 
-def run_sweep(sweep_dir: Path, overrides: list[str]) -> Any:
-    """Run ``examples/train.py -m <overrides>`` in this process; return what the sweeper returned."""
+def run_sweep(sweep_dir: Path, overrides: list[str], task_function: Callable[[DictConfig], Any] | None = None) -> Any:
+    """Run ``examples/train.py -m <overrides>`` in this process; return what the sweeper returned.
+
+    ``task_function``: the job's task (default: ``fit_from_config``, what ``examples/train.py`` runs).
+    """
     sweep = KeptSweep()
     sweep.calling_file = str(TRAIN)
     sweep.calling_module = None
-    sweep.task_function = fit_from_config
+    sweep.task_function = fit_from_config if task_function is None else task_function
     sweep.config_path = "../conf"
     sweep.config_name = "train"
     sweep.overrides = overrides

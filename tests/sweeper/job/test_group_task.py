@@ -17,20 +17,11 @@ from omegaconf import DictConfig
 from lightning_hydro.sweeper.group_spec import ERROR_FILE
 from lightning_hydro.sweeper.job.group_model import GROUP_MODEL_TARGET
 
-from ..conftest import TINY, TRAIN, KeptSweep
+from ..conftest import TINY, run_sweep
 
 
 def sweep_with(task_function: Callable[[DictConfig], Any], sweep_dir: Path, overrides: list[str]) -> Any:
-    sweep = KeptSweep()
-    sweep.calling_file = str(TRAIN)
-    sweep.calling_module = None
-    sweep.task_function = task_function
-    sweep.config_path = "../conf"
-    sweep.config_name = "train"
-    sweep.overrides = overrides
-    sweep.temp_dir = str(sweep_dir)
-    with sweep:
-        return sweep.returns
+    return run_sweep(sweep_dir, overrides, task_function)
 
 
 FOUR_IN_TWO_JOBS = [*TINY, "hydra.sweeper.n_trials=4", "hydra.sweeper.fusion_limit=2"]
