@@ -47,6 +47,8 @@ from lightning_hydro.backends.python_state import CONTAINER_TYPES, tracked_modul
 
 __all__ = [
     "DifferingAttribute",
+    "SettingsReader",
+    "same_settings",
     "scan_attributes",
     "settings_fingerprint",
     "state_writes",
@@ -223,6 +225,44 @@ def settings_fingerprint(modules: Sequence[nn.Module]) -> list[dict[tuple[str, s
         }
         for module in modules
     ]
+
+
+class SettingsReader:
+    """Reads the trials' settings (what :func:`settings_fingerprint` compares) at the cost of attribute reads.
+
+    The settings' names are found once, by the full walk; each :meth:`read` then reads only their values. A backend
+    checks the settings after every hook the trials ran (:func:`~lightning_hydro.backends.python_state.trial_code_ran`),
+    and runs its full check only when a read differs from the last: after a batch-level hook that changed nothing,
+    that is the whole cost. A setting a hook adds as a new attribute is not read (the walk found the names).
+    """
+
+    def __init__(self, modules: Sequence[nn.Module]) -> None:
+        names: dict[str, dict[str, None]] = {}
+        for fingerprint in settings_fingerprint(modules):
+            for path, name in fingerprint:
+                names.setdefault(path, {})[name] = None
+        self._hparams = tuple(n.removeprefix("hparams.") for n in names.get("", {}) if n.startswith("hparams."))
+        self._by_path = {path: tuple(n for n in found if not n.startswith("hparams.")) for path, found in names.items()}
+
+    def read(self, modules: Sequence[nn.Module]) -> tuple[Any, ...]:
+        """Every trial's values of the settings, in one tuple (compare two with :func:`same_settings`)."""
+        values: list[Any] = []
+        for module in modules:
+            for path, names in self._by_path.items():
+                sub = _submodule(module, path)
+                values.append(tuple(getattr(sub, name, _MISSING) for name in names))
+            hparams = getattr(module, "hparams", None)
+            hparams = hparams if isinstance(hparams, dict) else {}
+            values.append(tuple(hparams.get(name, _MISSING) for name in self._hparams))
+        return tuple(values)
+
+
+def same_settings(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """Whether two :meth:`SettingsReader.read` results are equal (a value that cannot be compared: not equal)."""
+    try:
+        return bool(a == b)
+    except Exception:  # e.g. a hook set a setting to a tensor of several elements
+        return False
 
 
 def _holds_tensor(value: Any) -> bool:

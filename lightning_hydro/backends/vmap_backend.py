@@ -37,7 +37,13 @@ from lightning_hydro.backends.errors import FusionError, FusionMismatchError, ex
 from lightning_hydro.backends.per_trial_values import PerTrialValue
 from lightning_hydro.backends.python_state import state_generation
 from lightning_hydro.backends.step_state import ActiveCall, StepState
-from lightning_hydro.backends.trial_attributes import state_writes, unfusible_attributes, unfusible_error_text
+from lightning_hydro.backends.trial_attributes import (
+    SettingsReader,
+    same_settings,
+    state_writes,
+    unfusible_attributes,
+    unfusible_error_text,
+)
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
 from lightning_hydro.backends.trial_ops.functional_patch import trial_functional
 
@@ -110,6 +116,8 @@ class VmapBackend(Backend):
         self._state = StepState(self.name)
         self._active: ActiveCall | None = None  # the running call's Python state, read inside the mapped function
         self._checked_generation = state_generation()  # the trials' settings are checked just below
+        self._settings: SettingsReader | None = None  # reads the trials' settings cheaply (check_settings)
+        self._settings_seen: tuple[Any, ...] | None = None  # what it read at the last full check
         refusal = self.refusal(group.modules, group.trial_ids)
         if refusal is not None:
             try:
@@ -157,11 +165,12 @@ class VmapBackend(Backend):
         self._recorder = None
         self._state.forget()
         self._checked_generation = -1
+        self._settings = self._settings_seen = None
 
     def check_settings(self) -> bool:
         """After the trials' own code ran (a hook, a loop step): refuse settings that have come to differ.
 
-        Returns whether it checked (False: nothing ran since the last check).
+        Returns whether it checked (False: nothing ran since the last check, or what ran changed no setting).
 
         A hook may set a torch module's setting per trial (a dropout schedule: ``self.drop.p = ...``); the
         template's would then silently stand for all. The user's own attributes are checked where a step uses
@@ -173,6 +182,12 @@ class VmapBackend(Backend):
         if self._checked_generation == state_generation():
             return False
         self._checked_generation = state_generation()
+        if self._settings is None:
+            self._settings = SettingsReader(self.group.modules)
+        seen = self._settings.read(self.group.modules)
+        if self._settings_seen is not None and same_settings(seen, self._settings_seen):
+            return False  # the trials' code ran (a batch hook) but changed no setting: nothing to check
+        self._settings_seen = seen
         refusal = self.refusal(self.group.modules, self.group.trial_ids, settings_only=True)
         if refusal is not None:
             try:

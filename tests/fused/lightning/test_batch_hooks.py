@@ -11,12 +11,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import grad_norm
+from torch import nn
 
+from lightning_hydro.backends.errors import FusionMismatchError
 from lightning_hydro.demos import DigitsMLP
 from tests.helpers import fit_digits, seeded, train_fused, train_separately
 
@@ -197,3 +200,38 @@ def test_validation_batch_end_gets_each_trials_own_outputs_and_logs_as_its_own(b
         metrics = fused.results[tid]["metrics"]
         assert metrics["val_seen"] == pytest.approx(own.trainer.callback_metrics["val_seen"].item())
         assert metrics["val_loss"] == pytest.approx(own.trainer.callback_metrics["val_loss"].item(), rel=1e-4)
+
+
+class DropoutWarmUp(L.LightningModule):
+    """A batch hook sets the dropout rate each step, reaching the trial's own rate after two steps."""
+
+    def __init__(self, final_p: float = 0.0) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.0), nn.Linear(32, 10))
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self.net[2].p = self.hparams["final_p"] * min(1.0, self.global_step / 2)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def test_a_setting_a_batch_hook_makes_differ_is_still_refused_on_vmap():
+    # the settings are re-read after every batch hook: the step where they come to differ is refused, not run
+    # with the template's rate for all (the fast path skips the full check only while nothing changed)
+    trials = [DropoutWarmUp(0.0), DropoutWarmUp(0.5)]
+    with pytest.raises(FusionMismatchError, match=r"net.2.p \(trial 0: 0.0, trial 1: 0.25\)"):
+        train_fused(trials, fit_digits, fused_kwargs={"backend": "vmap"}, max_steps=4)
+
+
+def test_hfta_runs_a_setting_a_batch_hook_changes_with_each_trials_own_value():
+    trials = [seeded(lambda p=p: DropoutWarmUp(p), [0])[0] for p in (0.0, 0.5)]
+    fused = train_fused(trials, fit_digits, fused_kwargs={"backend": "hfta"}, max_steps=4)
+    assert [fused.trial_module(t).net[2].p for t in (0, 1)] == [0.0, 0.5]
+    moved = max((a - b).abs().max().item() for a, b in zip(fused.unfuse(0).parameters(), fused.unfuse(1).parameters()))
+    assert moved > 1e-4  # same weights and data: only their own dropout rates set them apart
