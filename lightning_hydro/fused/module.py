@@ -524,8 +524,12 @@ class FusedLightningModule(EvaluationHooks):
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if "on_train_batch_end" in self._batch_hooks.overridden:
-            out = self._training_step.outputs if self._manual is None else self._step_out
-            self._batch_hooks.train_batch_end(out, batch, batch_idx)
+            if self._manual is None:  # Lightning divides the loss under gradient accumulation
+                self._batch_hooks.train_batch_end(
+                    self._training_step.outputs, batch, batch_idx, self.trainer.accumulate_grad_batches
+                )
+            else:
+                self._batch_hooks.train_batch_end(self._step_out, batch, batch_idx)
         self._open_batch = None
         stepped, read = self._health.end_batch(last=batch_idx + 1 >= self.trainer.num_training_batches)
         if read:  # due by the health's schedule, and at the epoch's last batch (before validation)
@@ -537,7 +541,8 @@ class FusedLightningModule(EvaluationHooks):
     @override
     def on_before_backward(self, loss: Tensor) -> None:
         if "on_before_backward" in self._batch_hooks.overridden:  # each trial with its own loss
-            self._batch_hooks.before_backward(self._training_step.losses, self._training_step.batch)
+            step = self._training_step
+            self._batch_hooks.before_backward(step.losses, step.batch, self.trainer.accumulate_grad_batches)
 
     @override
     def on_after_backward(self) -> None:

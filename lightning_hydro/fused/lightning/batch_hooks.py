@@ -125,16 +125,25 @@ class TrialBatchHooks:
             "from every trial, or stop a trial (FusedLightningModule.stop_trial) instead."
         )
 
-    def train_batch_end(self, out: StepOutputs | None, batch: Any, batch_idx: int) -> None:
-        """Each trial's ``on_train_batch_end`` with its own outputs (None: the step returned None)."""
+    def train_batch_end(self, out: StepOutputs | None, batch: Any, batch_idx: int, accumulate: int = 1) -> None:
+        """Each trial's ``on_train_batch_end`` with its own outputs (None: the step returned None).
+
+        ``accumulate``: ``Trainer(accumulate_grad_batches=...)``; Lightning hands on the loss divided by it.
+        """
         rows = self.slots.group.size
         outputs = [None] * rows if out is None else outputs_by_row(out, rows, training=True)
+        if accumulate > 1:
+            outputs = [_normalized(output, accumulate) for output in outputs]
         self.run("on_train_batch_end", lambda tid, row: (outputs[row], batch, batch_idx), batch)
 
-    def before_backward(self, losses: Tensor | None, batch: Any) -> None:
-        """Each trial's ``on_before_backward`` with its own loss (its row of the ``[B]`` losses)."""
+    def before_backward(self, losses: Tensor | None, batch: Any, accumulate: int = 1) -> None:
+        """Each trial's ``on_before_backward`` with its own loss (its row of the ``[B]`` losses).
+
+        ``accumulate``: ``Trainer(accumulate_grad_batches=...)``; Lightning runs backward on the loss divided by it.
+        """
         if losses is not None:
-            self.run("on_before_backward", lambda tid, row: (losses[row],), batch)
+            rows = losses / accumulate if accumulate > 1 else losses
+            self.run("on_before_backward", lambda tid, row: (rows[row],), batch)
 
     def around_the_update(self, hook: str, batch: Any) -> None:
         """``on_after_backward``, or ``on_before_optimizer_step`` / ``on_before_zero_grad`` with each one's optimizer.
@@ -194,6 +203,13 @@ class TrialBatchHooks:
             for name, (ids, values, options) in logged.items():
                 self.metrics.record_step(phase, hook, [_stacked_log(name, values, options)], ids, batch)
         return answers
+
+
+def _normalized(output: Any, accumulate: int) -> Any:
+    """A training step's outputs with the loss divided as Lightning divides it under gradient accumulation."""
+    if isinstance(output, dict) and isinstance(output.get("loss"), Tensor):
+        return {**output, "loss": output["loss"] / accumulate}
+    return output
 
 
 def _stacked_log(name: str, values: list[Any], options: dict[str, Any]) -> StackedLog:

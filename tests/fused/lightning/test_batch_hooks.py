@@ -159,6 +159,19 @@ def test_each_trial_sees_its_own_loss_gradients_optimizer_and_outputs(backend):
         assert _close(mine.outputs, mine.losses_before_backward)  # the outputs hold the step's own loss
 
 
+@pytest.mark.parametrize("backend", ["vmap", "loop"])
+def test_under_gradient_accumulation_the_hooks_see_the_divided_loss_as_alone(backend):
+    trials = _trials(WatchesItsSteps)
+    alone = train_separately(trials, fit_digits, max_steps=3, accumulate_grad_batches=2)
+    fused = train_fused(trials, fit_digits, fused_kwargs={"backend": backend}, max_steps=3, accumulate_grad_batches=2)
+    for tid, own in enumerate(alone):
+        mine = fused.trial_module(tid)
+        assert mine.starts == own.starts == list(range(6))
+        assert len(own.learning_rates) == len(own.head_gradient_norms) // 2 == 3  # zeroed once per optimizer step
+        for field in ("losses_before_backward", "head_gradient_norms", "outputs", "learning_rates"):
+            assert _close(getattr(mine, field), getattr(own, field)), (backend, tid, field)
+
+
 def test_hooks_no_trial_overrides_are_not_run_and_gradients_stay_with_the_group():
     fused = train_fused(_trials(DigitsMLP), fit_digits, fused_kwargs={"backend": "vmap"}, max_steps=2)
     assert fused._batch_hooks.overridden == frozenset()
