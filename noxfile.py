@@ -42,6 +42,7 @@ BENCHMARKS = {
         ["python", "benchmarks/width_padding.py", "--repeats", "2", "--model", "tensors"],
     ],
     "first_batch_check": [["python", "benchmarks/first_batch_check.py"]],
+    "batch_hooks": [["python", "benchmarks/batch_hooks_overhead.py", "--repeats", "3"]],
     "trial_rules": [
         ["python", "benchmarks/trial_rules.py"],
         ["python", "benchmarks/trial_rules.py", "--precision", "bf16-mixed"],

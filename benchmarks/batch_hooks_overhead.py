@@ -1,0 +1,90 @@
+"""What the trials' own batch-level hooks cost a fused step (lightning_hydro/fused/lightning/batch_hooks.py).
+
+Times training batches of one fused group of digits MLPs on vmap, one thread, with a trial class that overrides
+``on_train_batch_end`` (it keeps the step's loss, as research code keeps outputs) and with the plain class, in
+separate fits run alternately. A batch is timed from the Trainer's ``on_train_batch_start`` to a callback's
+``on_train_batch_end`` (which Lightning runs before the module's, so the hook's own calls fall outside; what
+they leave to the next step, such as checking the trials' settings again, falls inside). The figure is the median
+of the batches after warm-up, in this thread's CPU time (less disturbed by other processes than wall time).
+
+Run::
+
+    PYTHONPATH=. python benchmarks/batch_hooks_overhead.py --trials 16 --steps 300 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import lightning as L
+import torch
+
+from lightning_hydro import FusedLightningModule
+from lightning_hydro.demos import DigitsDataModule, DigitsMLP
+
+
+class KeepsItsLosses(DigitsMLP):
+    """Keeps each step's loss from ``on_train_batch_end``."""
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.last_loss = outputs["loss"]
+
+
+class BatchTimer(L.Callback):
+    def __init__(self, warmup: int) -> None:
+        self.warmup = warmup
+        self.times: list[float] = []
+        self._start = 0.0
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
+        self._start = time.thread_time()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if trainer.global_step > self.warmup:
+            self.times.append(time.thread_time() - self._start)
+
+
+def time_batches(cls: type[DigitsMLP], trials: int, steps: int, warmup: int) -> float:
+    """Median thread CPU seconds of a training batch of ``trials`` fused ``cls`` modules."""
+    timer = BatchTimer(warmup)
+    modules = [cls(hidden_dim=8, lr=0.01 * (1 + i), momentum=0.9) for i in range(trials)]
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[timer],
+    )
+    trainer.fit(FusedLightningModule(modules, backend="vmap", summary=False, verify=False), DigitsDataModule())
+    return statistics.median(timer.times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    rows: dict[str, list[float]] = {"plain": [], "on_train_batch_end": []}
+    for _ in range(args.repeats):  # alternately, so that a drift of the machine's speed touches both
+        rows["plain"].append(time_batches(DigitsMLP, args.trials, args.steps, args.warmup))
+        rows["on_train_batch_end"].append(time_batches(KeepsItsLosses, args.trials, args.steps, args.warmup))
+    print(f"{args.trials} digits MLPs (width 8) on vmap, one thread; ms per batch, median (thread CPU time)")
+    print("| trial class | each repeat | median |")
+    print("|---|---|---|")
+    for name, values in rows.items():
+        each = ", ".join(f"{1000 * v:.2f}" for v in values)
+        print(f"| {name} | {each} | {1000 * statistics.median(values):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
