@@ -5,7 +5,8 @@ Times training batches of one fused group of digits MLPs on vmap, one thread, wi
 separate fits run alternately. A batch is timed from the Trainer's ``on_train_batch_start`` to a callback's
 ``on_train_batch_end`` (which Lightning runs before the module's, so the hook's own calls fall outside; what
 they leave to the next step, such as checking the trials' settings again, falls inside). The figure is the median
-of the batches after warm-up, in this thread's CPU time (less disturbed by other processes than wall time).
+of the batches after warm-up, in this thread's CPU time (less disturbed by other processes than wall time), timed by
+``fusion_throughput.py``'s ``StepTimer``.
 
 Run::
 
@@ -19,8 +20,8 @@ import statistics
 import time
 from typing import Any
 
-import lightning as L
 import torch
+from fusion_throughput import CLOCK, StepTimer, trainer_for  # next to this file (on sys.path when run as a script)
 
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsDataModule, DigitsMLP
@@ -33,36 +34,12 @@ class KeepsItsLosses(DigitsMLP):
         self.last_loss = outputs["loss"]
 
 
-class BatchTimer(L.Callback):
-    def __init__(self, warmup: int) -> None:
-        self.warmup = warmup
-        self.times: list[float] = []
-        self._start = 0.0
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
-        self._start = time.thread_time()
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        if trainer.global_step > self.warmup:
-            self.times.append(time.thread_time() - self._start)
-
-
 def time_batches(cls: type[DigitsMLP], trials: int, steps: int, warmup: int) -> float:
     """Median thread CPU seconds of a training batch of ``trials`` fused ``cls`` modules."""
-    timer = BatchTimer(warmup)
+    timer = StepTimer(warmup, steps)
     modules = [cls(hidden_dim=8, lr=0.01 * (1 + i), momentum=0.9) for i in range(trials)]
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_steps=steps,
-        limit_val_batches=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        callbacks=[timer],
-    )
-    trainer.fit(FusedLightningModule(modules, backend="vmap", summary=False, verify=False), DigitsDataModule())
+    fused = FusedLightningModule(modules, backend="vmap", summary=False, verify=False)
+    trainer_for(steps, "cpu", [timer]).fit(fused, DigitsDataModule())
     return statistics.median(timer.times)
 
 
@@ -74,6 +51,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    CLOCK["now"] = time.thread_time
     rows: dict[str, list[float]] = {"plain": [], "on_train_batch_end": []}
     for _ in range(args.repeats):  # alternately, so that a drift of the machine's speed touches both
         rows["plain"].append(time_batches(DigitsMLP, args.trials, args.steps, args.warmup))

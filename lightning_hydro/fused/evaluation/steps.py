@@ -29,10 +29,11 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.trainer.states import TrainerFn
-from torch import Tensor, nn
+from torch import nn
 
 from lightning_hydro.backends import Backend, FusionError, LoopBackend, StepOutputs
 from lightning_hydro.fused.evaluation.layout import EvaluationLayout
+from lightning_hydro.fused.lightning.batch_hooks import outputs_by_row
 from lightning_hydro.fused.lightning.strategy_view import TrialOptimizerSource
 from lightning_hydro.fused.lightning.trainer_view import attach_trainer
 from lightning_hydro.fused.step.backend_policy import BackendPolicy
@@ -107,10 +108,4 @@ class EvaluationSteps:
 
 def predictions_by_trial(out: StepOutputs, trial_ids: Sequence[int]) -> dict[int, Any]:
     """Each trial's share of a fused predict step's output, by trial id (row i belongs to ``trial_ids[i]``)."""
-    if out.per_row is not None:
-        return dict(zip(trial_ids, out.per_row))
-    if isinstance(out.output, Tensor):
-        return {tid: out.output[row] for row, tid in enumerate(trial_ids)}
-    if isinstance(out.output, dict):
-        return {tid: {k: v[row] for k, v in out.output.items()} for row, tid in enumerate(trial_ids)}
-    return dict.fromkeys(trial_ids)
+    return dict(zip(trial_ids, outputs_by_row(out, len(trial_ids), training=False)))

@@ -30,9 +30,10 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor, nn
 
 from lightning_hydro.backends import StackedLog, StepOutputs
+from lightning_hydro.backends.deferred_metrics import stack_values
 from lightning_hydro.backends.python_state import trial_code_ran
-from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.fused.group.slots import TrialSlots
+from lightning_hydro.fused.lightning.hooks import call_trial_hook
 from lightning_hydro.fused.logging.metrics import TrialMetrics
 
 __all__ = ["BATCH_HOOKS", "TrialBatchHooks", "outputs_by_row"]
@@ -189,8 +190,7 @@ class TrialBatchHooks:
             for row, (tid, module) in enumerate(zip(group.trial_ids, group.modules)):
                 if not is_overridden(hook, module, L.LightningModule):
                     continue
-                with capture_logs(module) as calls:
-                    answers[tid] = getattr(module, hook)(*arguments(tid, row))
+                answers[tid], calls = call_trial_hook(hook, tid, module, *arguments(tid, row))
                 for call in calls:
                     ids, values, _ = logged.setdefault(call.name, ([], [], call.options))
                     ids.append(tid)
@@ -201,7 +201,8 @@ class TrialBatchHooks:
         phase = BATCH_HOOKS[hook]
         if phase is not None:
             for name, (ids, values, options) in logged.items():
-                self.metrics.record_step(phase, hook, [_stacked_log(name, values, options)], ids, batch)
+                logs = [_stacked_log(name, values, options, group.device)]
+                self.metrics.record_step(phase, hook, logs, ids, batch)
         return answers
 
 
@@ -212,9 +213,8 @@ def _normalized(output: Any, accumulate: int) -> Any:
     return output
 
 
-def _stacked_log(name: str, values: list[Any], options: dict[str, Any]) -> StackedLog:
+def _stacked_log(name: str, values: list[Any], options: dict[str, Any], device: torch.device) -> StackedLog:
     """The trials' values of one name, as a fused step's log: ``[n]`` numbers, or per-trial metric objects."""
     if all(hasattr(v, "compute") and hasattr(v, "reset") for v in values):  # torchmetrics metrics: at epoch end
         return StackedLog(name, values, options)
-    numbers = [v.detach().reshape(()).float() if isinstance(v, Tensor) else torch.tensor(float(v)) for v in values]
-    return StackedLog(name, torch.stack([n.to(numbers[0].device) for n in numbers]), options)
+    return StackedLog(name, stack_values(values, device), options)

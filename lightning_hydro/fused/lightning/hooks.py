@@ -20,7 +20,7 @@ from lightning_hydro.backends.python_state import trial_code_ran
 from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.fused.logging.metrics import TrialMetrics, resolve_options
 
-__all__ = ["FORWARDED_HOOKS", "OPTIONAL_HOOKS", "forward_hook", "hide_absent_hooks"]
+__all__ = ["FORWARDED_HOOKS", "OPTIONAL_HOOKS", "call_trial_hook", "forward_hook", "hide_absent_hooks"]
 
 # Epoch- and fit-level hooks forwarded to every running trial that overrides them (with its logging captured).
 FORWARDED_HOOKS = {
@@ -61,6 +61,23 @@ def _as_float(value: Any) -> float:
     return float(value.detach().float().reshape(()) if isinstance(value, Tensor) else value)
 
 
+def call_trial_hook(hook: str, trial_id: int, module: Any, *args: Any) -> tuple[Any, list[Any]]:
+    """``module.hook(*args)`` with its ``self.log`` calls captured; returns (its answer, the calls).
+
+    A vmap/hfta tensor the trial kept from a fused step and uses here is explained (``FusionError``), not left as
+    torch's internal error.
+    """
+    with capture_logs(module) as calls:
+        try:
+            answer = getattr(module, hook)(*args)
+        except RuntimeError as err:
+            if not any(needle in str(err) for needle in ESCAPED_TENSOR_MESSAGES):
+                raise
+            where = f"{type(module).__name__}.{hook} of trial {trial_id}"
+            raise escaped_tensor_error(err, backend="vmap'/'hfta", where=where) from err
+    return answer, calls
+
+
 def forward_hook(hook: str, running: Sequence[tuple[int, Any]], metrics: TrialMetrics) -> None:
     """Run ``hook`` of every running trial that overrides it; record what it logs as the trial's epoch values."""
     phase = FORWARDED_HOOKS[hook]
@@ -68,14 +85,7 @@ def forward_hook(hook: str, running: Sequence[tuple[int, Any]], metrics: TrialMe
     for tid, module in running:
         if not is_overridden(hook, module, L.LightningModule):
             continue
-        with capture_logs(module) as calls:
-            try:
-                getattr(module, hook)()
-            except RuntimeError as err:
-                if not any(needle in str(err) for needle in ESCAPED_TENSOR_MESSAGES):
-                    raise
-                where = f"{type(module).__name__}.{hook} of trial {tid}"
-                raise escaped_tensor_error(err, backend="vmap'/'hfta", where=where) from err
+        _, calls = call_trial_hook(hook, tid, module)
         if phase is not None:
             for call in calls:
                 options = resolve_options(hook, call.options) if call.options.get("sync_dist") else None
