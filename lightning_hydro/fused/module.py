@@ -531,9 +531,10 @@ class FusedLightningModule(EvaluationHooks):
             else:
                 self._batch_hooks.train_batch_end(self._step_out, batch, batch_idx)
         self._open_batch = None
-        stepped, read = self._health.end_batch(last=batch_idx + 1 >= self.trainer.num_training_batches)
+        last = batch_idx + 1 >= self.trainer.num_training_batches
+        stepped, read = self._health.end_batch(last=last)
         if read:  # due by the health's schedule, and at the epoch's last batch (before validation)
-            self._roster.settle_health(self.trainer, credit_epoch=batch_idx + 1 >= self.trainer.num_training_batches)
+            self._roster.settle_health(self.trainer, credit_epoch=last)
         if stepped:  # not while accumulating gradients
             self._publisher.publish_step(self.trainer, self.log)
         self._end_fit_if_empty()
