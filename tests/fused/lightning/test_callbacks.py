@@ -26,7 +26,7 @@ from lightning_hydro.callbacks import ASHA
 from lightning_hydro.demos import DigitsMLP
 from lightning_hydro.demos.template_mnist import DigitsMNISTDataModule, MNISTLitModule, SimpleDenseNet
 from lightning_hydro.fused.lightning.callbacks import CallbackNotPerTrialError, per_trial_callbacks
-from tests.helpers import fit_digits, learned_state_difference, make_trainer
+from tests.helpers import fit_digits, make_trainer, max_state_difference
 
 NET = dict(lin1_size=32, lin2_size=32, lin3_size=16)
 
@@ -65,6 +65,7 @@ def fit_template(module: L.LightningModule, root: Path) -> L.Trainer:
     trainer = L.Trainer(
         max_epochs=5,
         accelerator="cpu",
+        precision="64-true",  # the weights' comparison tests the fusion, not a CPU's float32 kernels (see below)
         logger=CSVLogger(str(root), name="", version=""),
         callbacks=template_callbacks(root / "checkpoints"),
         enable_progress_bar=False,
@@ -91,7 +92,7 @@ def test_template_callbacks_act_per_trial_as_in_separate_runs(tmp_path: Path, ba
     """On loop (each trial's own torch optimizer) a trial is bitwise its separate run; on vmap, whose kernels round
     differently, the template's torchmetrics (val/acc, which the callbacks monitor) are replayed per trial and
     the decisions are the same, the weights equal to float rounding. The Trainers run on the CPU
-    (``accelerator="cpu"``, pinned): the bitwise claims are about CPU kernels."""
+    (``accelerator="cpu"``, pinned) in float64: the bitwise claims are about CPU kernels."""
     trials = template_trials()
     separate = [fit_template(copy.deepcopy(m), tmp_path / f"alone_{i}") for i, m in enumerate(trials)]
     fused = FusedLightningModule(
@@ -130,11 +131,12 @@ def test_template_callbacks_act_per_trial_as_in_separate_runs(tmp_path: Path, ba
                 for key, value in expected.state_dict().items():
                     assert torch.equal(loaded.state_dict()[key], value), (tid, name, key)
             else:
-                # every weight and statistic that training moves, at once, to float rounding (measured 1.4e-7).
-                # Not the Linear biases feeding BatchNorm and those BatchNorms' running means: their gradient is
-                # zero, its rounding noise Adam-amplified; that noise depends on the CPU's kernels (up to 2e-1
-                # here; over all weights 6.8e-3 here, beyond 1e-2 on the H100 host's CPU).
-                assert learned_state_difference(loaded, expected) <= 1e-5, (tid, name)
+                # every weight and statistic, trained in float64, loaded back into the template's float32 net: equal
+                # to float64 rounding (measured 1.1e-8 relative, worst entry). In float32 the vmap kernels round
+                # otherwise than the unfused ones, and Adam amplifies that noise through 5 epochs (most in the
+                # biases feeding BatchNorm, whose gradient is zero but for rounding) by an amount that depends on
+                # the CPU's kernels: 1.4e-7 over the learned weights on one CPU, 1.6e-4 on an AVX-512 AMD EPYC.
+                assert max_state_difference(loaded, expected) <= 1e-6, (tid, name)
         # LearningRateMonitor: the trial's own learning rates (ReduceLROnPlateau on its own val/loss)
         assert logged_column(tmp_path / "fused", f"lr-Adam/trial_{tid}") == logged_column(
             tmp_path / f"alone_{tid}", "lr-Adam"
