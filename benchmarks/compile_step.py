@@ -1,7 +1,8 @@
 """Eager versus ``compile=True`` fused training steps, side by side (``fusion_throughput.py --model compile``).
 
 For each case, one process times the same FusedLightningModule (backend vmap, fused SGD/AdamW update) in a
-Lightning Trainer twice, eager and compiled, and reports:
+Lightning Trainer three times: eager, compiled as a split step (forward and backward, then the update, with
+Lightning between them) and compiled as one whole step (``lightning_hydro/fused/step/whole_step.py``), and reports:
 
 - ms per optimizer step of the whole group (median of the per-step intervals after the warm-up steps);
 - the first step's time (with ``compile=True`` it includes tracing and inductor's compilation; inductor keeps
@@ -92,14 +93,19 @@ def _data(case: str) -> L.LightningDataModule:
     return DigitsDataModule()
 
 
-def time_case(
-    case: str, count: int, width: int, compile: bool, steps: int, warmup: int, device: str
-) -> dict[str, float]:
-    """Seconds: ``step`` (steady median), ``first`` (first step), ``change1``/``change2`` (after slot changes)."""
+def time_case(case: str, count: int, width: int, mode: str, steps: int, warmup: int, device: str) -> dict[str, float]:
+    """Seconds: ``step`` (steady median), ``first`` (first step), ``change1``/``change2`` (after slot changes).
+
+    ``mode``: ``"eager"`` (compile=False), ``"split"`` (compile=True with the whole step turned off: forward and
+    backward, then the update, compiled apart with Lightning between them) or ``"whole"`` (compile=True: a steady
+    step is one compiled function). ``whole`` also counts the steps that ran whole.
+    """
     first_stop, second_stop = warmup + (steps - warmup) // 3, warmup + 2 * (steps - warmup) // 3
-    torch.compiler.reset()  # each case compiles from scratch (dynamo keeps at most 8 graphs per function)
+    torch.compiler.reset()  # each case compiles from scratch
     probe = Probe(steps, {first_stop: 1, second_stop: 2})
-    fused = FusedLightningModule(_trials(case, count, width), backend="vmap", compile=compile, summary=False)
+    fused = FusedLightningModule(_trials(case, count, width), backend="vmap", compile=mode != "eager", summary=False)
+    if mode == "split":  # the benchmark's switch (not an option): the step as before the whole step existed
+        fused._training_step.whole.setting = False
     trainer = trainer_for(steps, device, [probe])
     trainer.fit(fused, datamodule=_data(case))
     times = probe.times
@@ -110,30 +116,32 @@ def time_case(
         "first": times[0],
         "change1": times[first_stop] - step,
         "change2": times[second_stop] - step,
+        "whole": fused._training_step.whole.whole_steps,
     }
 
 
 def compile_table(cases: list[tuple[str, int, int]], steps: int, warmup: int, repeats: int, device: str) -> list[str]:
-    """Markdown rows: eager and compiled ms/step, speed-up, first step and recompilation costs."""
+    """Markdown rows: eager, split-compiled and whole-compiled ms/step, speed-ups, first step and recompile costs."""
     header = (
-        "| model | width | B | eager ms/step | compiled ms/step | speed-up | eager first step s | compiled first step s"
-        " | recompile after 1st slot change s | after 2nd s |"
+        "| model | width | B | eager ms/step | compiled, split ms/step | compiled, whole ms/step | whole vs eager |"
+        " whole vs split | steps run whole | whole: first step s | recompile after 1st slot change s | after 2nd s |"
     )
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     print("\n".join(lines), flush=True)
     for case, width, count in cases:
-        eager, compiled = [], []
-        for _ in range(repeats):  # side by side: each repeat times both
-            eager.append(time_case(case, count, width, False, steps, warmup, device))
-            compiled.append(time_case(case, count, width, True, steps, warmup, device))
+        runs: dict[str, list[dict[str, float]]] = {"eager": [], "split": [], "whole": []}
+        for _ in range(repeats):  # side by side: each repeat times all three
+            for mode, found in runs.items():
+                found.append(time_case(case, count, width, mode, steps, warmup, device))
 
-        def med(runs: list[dict[str, float]], key: str) -> float:
-            return statistics.median(r[key] for r in runs)
+        def med(mode: str, key: str, runs: dict[str, list[dict[str, float]]] = runs) -> float:
+            return statistics.median(r[key] for r in runs[mode])
 
-        e, c = 1000 * med(eager, "step"), 1000 * med(compiled, "step")
+        e, p, w = (1000 * med(mode, "step") for mode in ("eager", "split", "whole"))
         row = (
-            f"| {case} | {width} | {count} | {e:.2f} | {c:.2f} | {e / c:.2f}x | {eager[0]['first']:.2f} | "
-            f"{compiled[0]['first']:.1f} | {med(compiled, 'change1'):.1f} | {med(compiled, 'change2'):.1f} |"
+            f"| {case} | {width} | {count} | {e:.2f} | {p:.2f} | {w:.2f} | {e / w:.2f}x | {p / w:.2f}x | "
+            f"{int(med('whole', 'whole'))}/{steps} | {runs['whole'][0]['first']:.1f} | {med('whole', 'change1'):.1f} | "
+            f"{med('whole', 'change2'):.1f} |"
         )
         lines.append(row)
         print(row, flush=True)

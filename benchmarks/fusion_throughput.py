@@ -367,7 +367,8 @@ def _model_report(args: argparse.Namespace) -> str:
         cases += [("template", 64, 16), ("transformer", 64, 4)]
         lines = [
             f"Device: {args.device}, torch threads: {args.threads}, torch {torch.__version__}, {args.steps} steps "
-            f"({args.warmup} warm-up), median of {args.repeats} repeats; backend vmap, eager vs compile=True.",
+            f"({args.warmup} warm-up), median of {args.repeats} repeats; backend vmap, eager vs compile=True (split "
+            "and whole step).",
             "",
             *compile_table(cases, args.steps, args.warmup, args.repeats, args.device),
         ]

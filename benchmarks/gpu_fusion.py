@@ -72,7 +72,17 @@ ROWS = (
     "raw-compile",
     "raw-graphs",
 )
-DEFAULT_ROWS = ("sequential", "concurrent", "fused-vmap", "fused-hfta", "raw-eager", "raw-compile", "raw-graphs")
+DEFAULT_ROWS = (
+    "sequential",
+    "concurrent",
+    "fused-vmap",
+    "fused-hfta",
+    "fused-vmap-compile",
+    "fused-vmap-graphs",
+    "raw-eager",
+    "raw-compile",
+    "raw-graphs",
+)
 
 
 # -- the trials ------------------------------------------------------------------------------------------------
@@ -376,7 +386,11 @@ def measure_fused(args: argparse.Namespace, count: int, precision: str, row: str
         compile=compile_setting,  # type: ignore[arg-type]
     )
     window = lightning_run(args, fused, precision)
-    return Measurement(window.ms, window.peak, window.kernels, window.syncs)
+    note = ""
+    if compile_setting:  # did the steady steps run as one compiled function (fused/step/whole_step.py)?
+        whole = fused._training_step.whole
+        note = f"{whole.whole_steps} steps whole" if not whole.reason else f"split: {whole.reason}"
+    return Measurement(window.ms, window.peak, window.kernels, window.syncs, note)
 
 
 def _concurrent_worker(args: argparse.Namespace, index: int, precision: str, barrier: Any, results: Any) -> None:

@@ -17,12 +17,22 @@ benchmarks/compile_step.py (docs/fused.md).
 from __future__ import annotations
 
 import logging
+import types
 from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
 
-__all__ = ["COMPILE_SETTINGS", "CompileSetting", "CompiledStep", "check_compile_setting"]
+__all__ = [
+    "COMPILE_SETTINGS",
+    "COUNTERS_DYNAMIC",
+    "NOT_COMPILED",
+    "CompileSetting",
+    "CompiledStep",
+    "check_compile_setting",
+    "own_code",
+    "under_function_mode",
+]
 
 CompileSetting = bool | Literal["reduce-overhead"]
 COMPILE_SETTINGS: tuple[CompileSetting, ...] = (False, True, "reduce-overhead")
@@ -44,6 +54,39 @@ def check_compile_setting(compile: Any) -> CompileSetting:
     )
 
 
+# what torch.compile raises before anything has run: tracing or compiling failed, or the recompile limit was hit
+NOT_COMPILED = (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit)
+# a step that reads a Lightning counter (self.global_step, self.current_epoch) compiles once, not once per value (to
+# the recompile limit, then eagerly): torch.compile traces such integers as numbers that vary
+COUNTERS_DYNAMIC = torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True)
+
+
+def own_code(function: Callable[..., Any]) -> Callable[..., Any]:
+    """A copy of ``function`` (or of a bound method) with a code object of its own, for ``torch.compile``.
+
+    Dynamo keeps its compiled graphs, and counts them against ``recompile_limit`` (8), per code object: compiled
+    as it is, every group in a process would share one cache (each new group recompiling into it, until the limit
+    makes the rest run eagerly). A copy per group gives each group its own, which goes with the group.
+    """
+    bound = getattr(function, "__self__", None)
+    plain = getattr(function, "__func__", function)
+    copy = types.FunctionType(
+        plain.__code__.replace(), plain.__globals__, plain.__name__, plain.__defaults__, plain.__closure__
+    )
+    copy.__kwdefaults__ = plain.__kwdefaults__
+    copy.__qualname__ = plain.__qualname__
+    return types.MethodType(copy, bound) if bound is not None else copy
+
+
+def under_function_mode() -> bool:
+    """Whether a ``TorchFunctionMode`` is on (the first batch's check records the step's torch calls with one).
+
+    Such a call runs eagerly, without counting as a compile failure: dynamo cannot trace the mode's own Python (it
+    reads frames), and the mode is there for one call only.
+    """
+    return bool(torch._C._is_torch_function_mode_enabled())
+
+
 class CompiledStep:
     """One function under ``torch.compile``, falling back to eager for good on its first failure.
 
@@ -58,7 +101,7 @@ class CompiledStep:
         self.where = where
         self.failure = ""  # why it runs eagerly (empty while compiled)
         mode = "reduce-overhead" if setting == "reduce-overhead" else None
-        self._compiled = torch.compile(function, fullgraph=True, mode=mode)
+        self._compiled = torch.compile(own_code(function), fullgraph=True, mode=mode)
 
     def fall_back(self, reason: str) -> None:
         """Run eagerly from now on, said in one log line."""
@@ -67,10 +110,11 @@ class CompiledStep:
 
     def __call__(self, *args: Any) -> Any:
         """The compiled call, or the eager one once compiling has failed."""
-        if self.failure:
+        if self.failure or under_function_mode():
             return self.function(*args)
         try:
-            return self._compiled(*args)
+            with COUNTERS_DYNAMIC:
+                return self._compiled(*args)
         except Exception as err:
             first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
             self.fall_back(f"torch.compile failed ({type(err).__name__}: {first_line})")

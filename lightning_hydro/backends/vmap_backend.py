@@ -198,6 +198,20 @@ class VmapBackend(Backend):
 
     @override
     def run(self, method: str, *args: Any) -> StepOutputs:
+        return self._call(method, args, None)[0]
+
+    def run_within(self, step: Callable[..., tuple[Any, Any]], method: str, *args: Any) -> tuple[StepOutputs, Any]:
+        """``method`` for every row inside ``step``, which does more with it (the whole step: backward, update).
+
+        ``step(caller, recorder, method, params, buffers, args)`` must call :meth:`vmapped` with these arguments
+        (any number of times, e.g. under ``torch.func.grad``) and return what that returned and its own result,
+        which comes back beside the step's outputs. It is called as it is (compile it yourself).
+        """
+        return self._call(method, args, step)
+
+    def _call(
+        self, method: str, args: tuple[Any, ...], step: Callable[..., tuple[Any, Any]] | None
+    ) -> tuple[StepOutputs, Any]:
         self.check_settings()
         template = self.template()  # every call: subclasses keep their template in step with the trials
         if self._caller is None or self._caller.module is not template:
@@ -209,7 +223,9 @@ class VmapBackend(Backend):
         buffers = {f"module.{name}": b for name, b in self.group.buffers.items()}
         buffers.update({f"module.{name}": b for name, b in self.extra_buffers().items()})
         call: Callable[..., Any] = self.vmapped
-        if self.compile and method == "training_step":
+        if step is not None:
+            call = step
+        elif self.compile and method == "training_step":
             if self._compiled is None:
                 where = f"backend={self.name!r}, {type(template).__name__}.{method}"
                 self._compiled = CompiledStep(self.vmapped, self.compile, where)
@@ -221,9 +237,11 @@ class VmapBackend(Backend):
         active = self._active = self._state.begin(template, self.group.modules, self.group.trial_ids, method)
         try:
             with _without_mha_fast_path(), trial_functional(reduced_precision=self._reduced_precision()):
-                encoded, logged, metric_args, stored, calls, kind = call(
-                    caller, recorder, method, params, buffers, args
-                )
+                result = call(caller, recorder, method, params, buffers, args)
+            extra = None
+            if step is not None:
+                result, extra = result
+            encoded, logged, metric_args, stored, calls, kind = result
         except BaseException as err:
             active.abort()
             if isinstance(err, FusionError) or not isinstance(err, (RuntimeError, ValueError, TypeError, IndexError)):
@@ -246,7 +264,7 @@ class VmapBackend(Backend):
         logs = self._stack_logs(
             calls, list(logged), method, lambda value: recorder.per_row_value(value, replayed, self.group.modules)
         )
-        return StepOutputs(output=output, logs=logs)
+        return StepOutputs(output=output, logs=logs), extra
 
     def _reduced_precision(self) -> bool:
         """Whether this step may compute in half or mixed precision (autocast on, or half parameters)."""

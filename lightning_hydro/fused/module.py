@@ -579,6 +579,8 @@ class FusedLightningModule(EvaluationHooks):
     def on_train_epoch_start(self) -> None:
         self._slots.book.start_epoch(self._group.trial_ids, self.current_epoch)
         self._forward_hook("on_train_epoch_start")
+        # compile=: may a steady step run as one compiled function under this trainer? (step/whole_step.py)
+        self._training_step.whole.configure(self.trainer, self._batch_hooks.overridden)
 
     @override
     def on_train_epoch_end(self) -> None:

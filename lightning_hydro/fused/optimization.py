@@ -33,6 +33,7 @@ from lightning.pytorch.utilities.types import LRSchedulerConfig
 
 from lightning_hydro.backends.compiled_step import CompileSetting
 from lightning_hydro.fused.group.slots import TrialSlots
+from lightning_hydro.fused.step.compiled_update import CompiledUpdate
 from lightning_hydro.fused.step.manual_steps import ManualSteps
 from lightning_hydro.fused.step.select_update import select_fused_update
 from lightning_hydro.optim.group_optimizer import OptimizerPath, TrialGroupOptimizer, TrialScheduler
@@ -65,6 +66,8 @@ class TrialOptimizers:
         self.path: OptimizerPath = path
         self._manual_steps = manual_steps
         self.compile: CompileSetting = compile
+        # the group's compiled update, shared by the updates rebuilt at its slot changes (one cache per group)
+        self._compiled_update = CompiledUpdate(compile) if compile else None
 
     @property
     def manual_steps(self) -> ManualSteps | None:
@@ -91,7 +94,7 @@ class TrialOptimizers:
         if self._manual_steps is not None:
             optimizer = ManualGroupOptimizer(self.slots.group, trials)
         else:
-            fast_path = partial(select_fused_update, compile=self.compile)
+            fast_path = partial(select_fused_update, compile=self._compiled_update or False)
             optimizer = TrialGroupOptimizer(
                 self.slots.group, trials, path=self.path, fast_path=fast_path, clipping=self
             )

@@ -212,6 +212,7 @@ class TrialGroupOptimizer(Optimizer):
         self._stacked = list(group.params.values())  # the stacked Parameters keep their identity (see StackedState)
         self._unflagged: list[Optimizer] = []  # optimizers whose schedulers have not heard of a fused step yet
         self._no_rows: Tensor | None = None  # an all-False [B] mask, kept for steps that skip no row
+        self._within: StepReport | None = None  # the latest step's update ran within training_step (a whole step)
         self.rebuild()
 
     # -- slot changes (the rows of ``group`` change between materialize() and the call that follows) --------
@@ -291,6 +292,8 @@ class TrialGroupOptimizer(Optimizer):
             value: ``Trainer(gradient_clip_val=...)`` (None or 0: no clipping, unless a trial clips its own way).
             algorithm: ``Trainer(gradient_clip_algorithm=...)`` ("norm" or "value", or Lightning's enum of them).
         """
+        if self._within is not None:
+            return  # a whole step clipped within training_step
         if self.fused is not None and not self._own_clipping:
             if value:
                 if str(getattr(algorithm, "value", algorithm)) == "value":
@@ -342,18 +345,19 @@ class TrialGroupOptimizer(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 closure()
+        if self._within is not None:  # the whole step updated every row within the closure: report it
+            report, self._within = self._within, None
+            self._flag_stepped()
+            return report
         if all(p.grad is None for p in self._stacked):
             return None  # the step returned None: nothing to update, as for any torch optimizer
         ids = self.group.trial_ids
         by_loss = None if skip is None else skip.rows_to_skip(ids)
         if by_loss is None:
-            by_loss = self._skip_none()
+            by_loss = self.no_rows()
         if self.fused is not None:  # one update of every row on the device; nothing read back
             by_grads, skipped = self.fused.step([self.trials[tid].optimizer.param_groups for tid in ids], by_loss)
-            if self._unflagged:
-                for optimizer in self._unflagged:
-                    _record_step(optimizer)
-                self._unflagged = []
+            self._flag_stepped()
             return StepReport(tuple(ids), by_loss, by_grads, skipped=skipped)
         report = StepReport(tuple(ids), by_loss, self._non_finite_gradients() & ~by_loss, on_host=True)
         stepped, _ = report.read()  # the universal path steps trial by trial: it must know which on the host
@@ -362,7 +366,18 @@ class TrialGroupOptimizer(Optimizer):
             self.trials[tid].optimizer.step()
         return report
 
-    def _skip_none(self) -> Tensor:
+    def stepped_within(self, report: StepReport) -> None:
+        """The fused update ran within ``training_step`` (a whole step): ``step`` reports it, clipping passes."""
+        self._within = report
+
+    def _flag_stepped(self) -> None:
+        """Tell the trials' schedulers, once, that their optimizers have stepped (else torch warns of the order)."""
+        if self._unflagged:
+            for optimizer in self._unflagged:
+                _record_step(optimizer)
+            self._unflagged = []
+
+    def no_rows(self) -> Tensor:
         """An all-False ``[B]`` mask on the group's device (made once per group size)."""
         mask = self._no_rows
         if mask is None or mask.shape[0] != self.group.size or mask.device != self.group.device:

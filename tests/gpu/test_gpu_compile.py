@@ -56,3 +56,33 @@ def test_the_compiled_step_on_cuda_gives_the_eager_gradients(model):
     assert eager.keys() == compiled.keys()
     for name, g in eager.items():
         assert (compiled[name] - g).norm() / g.norm() <= 1e-5, name
+
+
+@pytest.mark.parametrize("compile", [True, "reduce-overhead"])
+def test_a_whole_step_on_cuda_trains_each_trial_as_the_eager_fit(compile):
+    """The steady step as one compiled function (fused/step/whole_step.py); "reduce-overhead": one CUDA graph."""
+    from torch._dynamo.utils import counters
+
+    from lightning_hydro import FusedLightningModule
+    from tests.helpers import fit_digits, make_trainer, max_state_difference
+
+    def fit(setting: bool | str) -> FusedLightningModule:
+        trials = [
+            seeded(lambda lr=lr: DigitsMLP(hidden_dim=64, lr=lr, optimizer="adamw"), [i])[0]
+            for i, lr in enumerate([1e-3, 3e-3, 1e-2, 3e-2])
+        ]
+        fused = FusedLightningModule(trials, backend="vmap", compile=setting, summary=False)  # type: ignore[arg-type]
+        fit_digits(make_trainer(accelerator="gpu", max_steps=20, limit_val_batches=0, gradient_clip_val=1.0), fused)
+        return fused
+
+    eager = fit(False)
+    counters.clear()
+    compiled = fit(compile)
+    whole = compiled._training_step.whole
+    print(f"compile={compile!r}: {whole.whole_steps} whole steps; cudagraph skips {dict(counters['inductor'])}")
+    assert whole.reason == ""
+    assert whole.whole_steps == 19
+    if compile == "reduce-overhead":
+        assert counters["inductor"]["cudagraph_skips"] == 0  # every compiled graph ran as a CUDA graph
+    for tid in range(4):
+        assert max_state_difference(compiled.unfuse(tid).cpu(), eager.unfuse(tid).cpu()) <= 1e-5

@@ -21,8 +21,11 @@ Lightning's automatic optimization drives the step; the fused module's hooks han
    whether to read it back: on a schedule (optimizer steps 1, 2, 4, ..., then every 32 on an accelerator, every
    step on the CPU), at epoch ends and before slot changes; the fused module's roster frees diverged trials' slots
    then (:mod:`lightning_hydro.fused.roster`).
-5. :mod:`.compiled_update`: with ``compile=True`` stage 3's device work runs under ``torch.compile`` (the
-   forward and backward of stage 1 already do: :mod:`lightning_hydro.backends.compiled_step`).
+5. With ``compile=``: a steady step runs stages 1-3 as one compiled function, :mod:`.whole_step` (``"reduce-overhead"``:
+   one CUDA graph on a GPU): stage 1 hands it the backend's call, and stages 2 and 3 only report what it did. Where
+   it would not compute the same (its ``why_not`` says why), the stages run apart, each compiled:
+   :mod:`lightning_hydro.backends.compiled_step` (stage 1's forward and backward) and :mod:`.compiled_update`
+   (stage 3's device work).
 
 Which backend stage 1 runs, and how ``backend="auto"`` chooses it and the first batch is verified, is
 :mod:`.backend_policy`'s business. Trials that use manual optimization run :mod:`.manual_steps` instead: each

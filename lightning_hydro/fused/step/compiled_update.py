@@ -4,13 +4,16 @@ A fused update's step (:mod:`.fused_update`) splits into host work (has a hyperp
 parameters have gradients?) and device work: zeroing the skipped rows' gradients, selecting this step's
 factors, the counters (Adam's bias corrections) and the foreach calls. The device work is pure tensor code,
 :meth:`~lightning_hydro.fused.step.fused_update.FusedUpdate.device_step`; with ``compile=True`` it runs under
-``torch.compile`` (``fullgraph=True``), so inductor fuses the update's elementwise passes into a few kernels,
-and with ``compile="reduce-overhead"`` on a GPU inductor may replay them as a CUDA graph (not measured here:
-no GPU was at hand when this was written).
+``torch.compile`` (``fullgraph=True``), so inductor fuses the update's elementwise passes into a few kernels.
+This is the update of a split step (the first steps, and steps that cannot run whole); a steady step runs the
+device work inside the whole step (:mod:`.whole_step`).
 
-One compiled function serves every group: dynamo guards on the structure of what it is given (how many
-parameters, their shapes and dtypes), so a group of the same size after a slot change reuses the compiled code,
-and each new group size compiles once. A compile error makes every later step run eagerly, said in one log line.
+One :class:`CompiledUpdate` serves a fused module's group for its life: dynamo guards on the structure of what it
+is given (how many parameters, their shapes and dtypes), so the update rebuilt after a slot change reuses the
+compiled code when the group has the same size, and each new group size compiles once. Its code object is its own
+(:func:`~lightning_hydro.backends.compiled_step.own_code`): other groups in the process neither share its graphs
+nor count against its recompile limit. A compile error, or that limit, makes its later steps run eagerly, said in
+one log line.
 """
 
 from __future__ import annotations
@@ -22,45 +25,51 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from lightning_hydro.backends.compiled_step import NOT_COMPILED, CompileSetting, own_code
+
 if TYPE_CHECKING:
     from lightning_hydro.fused.step.fused_update import FusedUpdate
 
-__all__ = ["compile_failure", "run_device_step"]
+__all__ = ["CompiledUpdate"]
 
 log = logging.getLogger("lightning_hydro")
-
-_COMPILED: dict[bool | str, Callable[..., None]] = {}  # one torch.compile wrapper per setting, for every group
-_FAILED: dict[bool | str, str] = {}  # settings whose compilation failed: why (their steps run eagerly)
 
 
 def _device_step(update: FusedUpdate, grads: list[list[Tensor]], skip: Tensor, prepared: Any) -> None:
     update.device_step(grads, skip, prepared)
 
 
-def compile_failure(setting: bool | str) -> str:
-    """Why the update runs eagerly under ``setting`` (empty if it compiled, or was never tried)."""
-    return _FAILED.get(setting, "")
+class CompiledUpdate:
+    """A group's fused update's device work under ``torch.compile``, eager for good after its first failure.
 
+    Args:
+        setting: True or ``"reduce-overhead"``.
+    """
 
-def run_device_step(
-    update: FusedUpdate, grads: list[list[Tensor]], skip: Tensor, prepared: Any, setting: bool | str
-) -> None:
-    """The update's device work for one step: compiled under ``setting`` (True or "reduce-overhead"), else eager."""
-    if not setting or setting in _FAILED:
-        update.device_step(grads, skip, prepared)
-        return
-    compiled = _COMPILED.get(setting)
-    if compiled is None:
-        mode = "reduce-overhead" if setting == "reduce-overhead" else None
-        compiled = _COMPILED[setting] = torch.compile(_device_step, fullgraph=True, mode=mode)
-    try:
-        compiled(update, grads, skip, prepared)
-    except torch._dynamo.exc.TorchDynamoException as err:  # raised while tracing or compiling: nothing ran yet
-        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        _FAILED[setting] = f"{type(err).__name__}: {first_line}"
-        log.warning(
-            "lightning_hydro: compile=%r runs the fused optimizer update eagerly: torch.compile failed (%s).",
-            setting,
-            _FAILED[setting],
-        )
-        update.device_step(grads, skip, prepared)
+    def __init__(self, setting: CompileSetting) -> None:
+        self.setting = setting
+        self.failure = ""  # why the update runs eagerly (empty while compiled)
+        self.calls = 0  # compiled calls that ran (tests)
+        self._compiled: Callable[..., None] | None = None
+
+    def __call__(self, update: FusedUpdate, grads: list[list[Tensor]], skip: Tensor, prepared: Any) -> None:
+        """The update's device work for one step: compiled, else eager."""
+        if self.failure:
+            update.device_step(grads, skip, prepared)
+            return
+        if self._compiled is None:
+            mode = "reduce-overhead" if self.setting == "reduce-overhead" else None
+            self._compiled = torch.compile(own_code(_device_step), fullgraph=True, mode=mode)
+        try:
+            self._compiled(update, grads, skip, prepared)
+        except NOT_COMPILED as err:  # raised while tracing or compiling, or by the recompile limit: nothing ran
+            first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            self.failure = f"{type(err).__name__}: {first_line}"
+            log.warning(
+                "lightning_hydro: compile=%r runs the fused optimizer update eagerly: torch.compile failed (%s).",
+                self.setting,
+                self.failure,
+            )
+            update.device_step(grads, skip, prepared)
+            return
+        self.calls += 1

@@ -45,17 +45,55 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
-from lightning_hydro.fused.step.compiled_update import run_device_step
+from lightning_hydro.backends.compiled_step import CompileSetting
+from lightning_hydro.fused.step.compiled_update import CompiledUpdate
 from lightning_hydro.fused.step.row_hyperparameters import RowHyperparameters
 from lightning_hydro.fused.step.update_plan import Part, plan_parts
 from lightning_hydro.fused.step.update_rows import AdamRowStates, RowStates, SGDRowStates
 
-__all__ = ["FusedAdamUpdate", "FusedSGDUpdate", "FusedUpdate", "SkipRows"]
+__all__ = [
+    "FusedAdamUpdate",
+    "FusedSGDUpdate",
+    "FusedUpdate",
+    "SkipRows",
+    "clip_rows_by_norm",
+    "clip_rows_by_value",
+    "non_finite_rows",
+]
 
 # rows not to update: row indices known on the host, or a [B] bool mask on the device (no host sync)
 SkipRows = Sequence[int] | Tensor
 # at most this many elements in all (B rows included): the non-finite check concatenates the gradients
 _CONCATENATED_CHECK = 1 << 16
+
+
+def clip_rows_by_norm(grads: Sequence[Tensor], max_norm: float, norm_type: float = 2.0) -> Tensor:
+    """Scale each row of the ``[B, ...]`` gradients to a total norm of at most ``max_norm``; the ``[B]`` norms before.
+
+    Row b as ``torch.nn.utils.clip_grad_norm_`` scales trial b's gradients when it trains alone.
+    """
+    per_param = torch.stack([torch.linalg.vector_norm(g.flatten(1), norm_type, dim=1) for g in grads])
+    norms = torch.linalg.vector_norm(per_param, norm_type, dim=0)
+    coef = torch.clamp(max_norm / (norms + 1e-6), max=1.0)
+    torch._foreach_mul_(list(grads), [coef.to(g.dtype).view(-1, *([1] * (g.dim() - 1))) for g in grads])
+    return norms
+
+
+def clip_rows_by_value(grads: Sequence[Tensor], clip_value: float) -> None:
+    """Clamp every gradient element to ``[-clip_value, clip_value]``."""
+    torch._foreach_clamp_min_(list(grads), -clip_value)
+    torch._foreach_clamp_max_(list(grads), clip_value)
+
+
+def non_finite_rows(grads: Sequence[Tensor], *, concatenate: bool) -> Tensor:
+    """``[B]`` bool: rows of the ``[B, ...]`` gradients with a NaN or inf (or a sum that overflows), on the device.
+
+    A NaN or inf anywhere in a row makes that row's sum non-finite; ``concatenate`` (small groups): one
+    concatenation and one sum, which beat a reduction per parameter (launches, on a GPU).
+    """
+    rows = [g.reshape(g.shape[0], -1) for g in grads]
+    sums = torch.cat(rows, 1).sum(1) if concatenate else torch.stack([r.sum(1) for r in rows]).sum(0)
+    return (sums * 0) != 0  # NaN where not finite: two small ops (torch.isfinite takes five)
 
 
 class FusedUpdate(RowStates, ABC):
@@ -84,10 +122,11 @@ class FusedUpdate(RowStates, ABC):
         self._plan_key: tuple[int, ...] | None = None
         self._indices: dict[tuple[int, ...], Tensor] = {}  # device index of the active parameters, by set
         self._host_rows: list[list[Any]] | None = None  # [P][B] counters read back for export, until the next step
-        self._compiled: bool | str = False  # run the device work under torch.compile (True, "reduce-overhead")
+        self._compiled: CompiledUpdate | None = None  # runs the device work under torch.compile
         # per-row gradient norms of the latest clipping, with the gradients (and their versions) they describe
         self._norms: tuple[Tensor, list[tuple[Tensor, int]]] | None = None
-        self._concatenate = sum(p.numel() for p in self.params) <= _CONCATENATED_CHECK
+        self.last_active: list[int] | None = None  # the parameters the latest step updated
+        self.concatenate = sum(p.numel() for p in self.params) <= _CONCATENATED_CHECK
 
     @property
     def rows(self) -> int:
@@ -130,9 +169,16 @@ class FusedUpdate(RowStates, ABC):
         k = list(self.NEUTRAL).index("weight_decay")
         return any(row[k] != 0 for row in values)
 
-    def compile(self, setting: bool | str) -> None:
-        """Run the device work of each step under ``torch.compile`` (see :mod:`.compiled_update`); False: eagerly."""
-        self._compiled = setting
+    def compile(self, setting: CompileSetting | CompiledUpdate) -> None:
+        """Run the device work of each step under ``torch.compile`` (see :mod:`.compiled_update`); False: eagerly.
+
+        ``setting``: True or ``"reduce-overhead"``, or the :class:`CompiledUpdate` of the group (shared by the updates
+        that follow one another through its slot changes).
+        """
+        if isinstance(setting, CompiledUpdate):
+            self._compiled = setting
+        else:
+            self._compiled = CompiledUpdate(setting) if setting else None
 
     # -- the steady step ------------------------------------------------------------------------------------
 
@@ -146,10 +192,7 @@ class FusedUpdate(RowStates, ABC):
         grads = [p.grad for p in self.params if p.grad is not None]
         if not grads:
             return torch.zeros(0)
-        per_param = torch.stack([torch.linalg.vector_norm(g.flatten(1), norm_type, dim=1) for g in grads])
-        norms = torch.linalg.vector_norm(per_param, norm_type, dim=0)
-        coef = torch.clamp(max_norm / (norms + 1e-6), max=1.0)
-        torch._foreach_mul_(grads, [coef.to(g.dtype).view(-1, *([1] * (g.dim() - 1))) for g in grads])
+        norms = clip_rows_by_norm(grads, max_norm, norm_type)
         self._norms = (norms, [(g, g._version) for g in grads])
         return norms
 
@@ -158,8 +201,7 @@ class FusedUpdate(RowStates, ABC):
         """Clamp every gradient element to ``[-clip_value, clip_value]`` (elementwise: trivially per row)."""
         grads = [p.grad for p in self.params if p.grad is not None]
         if grads:
-            torch._foreach_clamp_min_(grads, -clip_value)
-            torch._foreach_clamp_max_(grads, clip_value)
+            clip_rows_by_value(grads, clip_value)
 
     @torch.no_grad()
     def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_rows: SkipRows = ()) -> tuple[Tensor, Tensor]:
@@ -176,6 +218,20 @@ class FusedUpdate(RowStates, ABC):
         skip = bad if isinstance(skip_rows, Sequence) and not skip_rows else self._mask(skip_rows) | bad
         if not active:
             return bad, skip
+        prepared = self.prepare(param_groups, active)
+        by_part = self.by_part(active, grads)
+        if self._compiled is not None:
+            self._compiled(self, by_part, skip, prepared)
+        else:
+            self.device_step(by_part, skip, prepared)
+        self._finish(active, prepared)
+        return bad, skip
+
+    def prepare(self, param_groups: Sequence[Sequence[dict[str, Any]]], active: list[int]) -> Any:
+        """A step's host half, before its device work: the factors copied if a value changed, the plan, the facts.
+
+        ``active``: the parameters this step updates. Returns what :meth:`device_step` and :meth:`finish` take.
+        """
         factors = self._factors
         if factors is None or factors.device != self.device or factors.rows != self.rows:
             factors = self._factors = RowHyperparameters(
@@ -189,18 +245,19 @@ class FusedUpdate(RowStates, ABC):
         if tuple(active) != self._plan_key:
             self._plan, self._plan_key = plan_parts(self, active, factors), tuple(active)
         self._host_rows = None
-        prepared = self._prepare(active)
+        self.last_active = active
+        return self._prepare(active)
+
+    def by_part(self, active: list[int], grads: list[Tensor]) -> list[list[Tensor]]:
+        """``grads`` (of the parameters ``active``, in order) grouped by the parts of the plan."""
         if len(self._plan) == 1:
-            by_part = [grads]
-        else:
-            by_index = dict(zip(active, grads))
-            by_part = [[by_index[i] for i in part.indices] for part in self._plan]
-        if self._compiled:
-            run_device_step(self, by_part, skip, prepared, self._compiled)
-        else:
-            self.device_step(by_part, skip, prepared)  # what run_device_step does eagerly, without the hop
+            return [grads]
+        by_index = dict(zip(active, grads))
+        return [[by_index[i] for i in part.indices] for part in self._plan]
+
+    def finish(self, active: list[int], prepared: Any) -> None:
+        """A step's host bookkeeping after its device work."""
         self._finish(active, prepared)
-        return bad, skip
 
     def device_step(self, grads: list[list[Tensor]], skip: Tensor, prepared: Any) -> None:
         """A step's device work, pure tensor code (what ``compile`` compiles): the plan's parts' gradients in."""
@@ -243,11 +300,7 @@ class FusedUpdate(RowStates, ABC):
             return (norms[0] * 0) != 0  # the gradients are those the clipping norms were taken of
         if not grads:
             return torch.zeros(self.rows, dtype=torch.bool, device=self.device)
-        # a NaN or inf anywhere in a row makes that row's sum non-finite (an overflow to inf counts too); small
-        # groups: one concatenation and one sum beat a reduction per parameter (launches, on a GPU)
-        rows = [g.view(g.shape[0], -1) for g in grads]
-        sums = torch.cat(rows, 1).sum(1) if self._concatenate else torch.stack([r.sum(1) for r in rows]).sum(0)
-        return (sums * 0) != 0  # NaN where not finite: two small ops (torch.isfinite takes five)
+        return non_finite_rows(grads, concatenate=self.concatenate)
 
     def _counters(self, active: list[int]) -> Tensor | None:
         """Index of the active parameters' rows of a ``[P, B]`` counter (None: every parameter is active).

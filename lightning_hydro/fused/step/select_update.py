@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from torch import nn
 from torch.optim import SGD, Adam, AdamW, Optimizer
 
+from lightning_hydro.backends.compiled_step import CompileSetting
+from lightning_hydro.fused.step.compiled_update import CompiledUpdate
 from lightning_hydro.fused.step.fused_update import FusedAdamUpdate, FusedSGDUpdate, FusedUpdate
 
 __all__ = ["select_fused_update"]
@@ -31,7 +33,7 @@ def select_fused_update(
     trial_params: Sequence[Sequence[nn.Parameter]],
     stacked: Sequence[nn.Parameter],
     *,
-    compile: bool | str = False,
+    compile: CompileSetting | CompiledUpdate = False,
 ) -> FusedUpdate | str:
     """A fused update for these trial optimizers, or the reason why they need the universal path.
 
@@ -42,7 +44,8 @@ def select_fused_update(
         optimizers: each trial's optimizer, in row order.
         trial_params: each trial's parameters in the order of the stacked parameters.
         stacked: the stacked parameters.
-        compile: run the update's device work under ``torch.compile`` (see :mod:`.compiled_update`).
+        compile: run the update's device work under ``torch.compile`` (see :mod:`.compiled_update`): True,
+            ``"reduce-overhead"``, or the group's :class:`~.compiled_update.CompiledUpdate`.
     """
     kinds = {type(opt) for opt in optimizers}
     if len(kinds) != 1:

@@ -29,6 +29,7 @@ from lightning_hydro.fused.logging.metrics import TrialMetrics
 from lightning_hydro.fused.rank_sync import RankSync
 from lightning_hydro.fused.step.backend_policy import BackendPolicy, Chooser
 from lightning_hydro.fused.step.row_health import RowHealth
+from lightning_hydro.fused.step.whole_step import WholeStep
 
 __all__ = ["TrainingStep", "sum_of_finite"]
 
@@ -72,6 +73,9 @@ class TrainingStep:
         self.batch: Any = None
         self.outputs: StepOutputs | None = None
         self.losses: Tensor | None = None
+        # with compile=: a steady step's forward, backward, clipping and update as one compiled function
+        self.whole = WholeStep(policy.compile)
+        self._whole_ran = False  # the latest step ran whole: Lightning's backward has nothing left to do
 
     def __call__(self, batch: Any, batch_idx: int, chooser: Callable[[], Chooser]) -> Tensor | None:
         """The loss Lightning runs backward on (None: every trial has stopped, or the step returned None).
@@ -83,6 +87,7 @@ class TrainingStep:
                 several processes take rank zero's choice); asked only while the backend is not settled.
         """
         self._drop_graph()
+        self._whole_ran = False
         policy = self.policy
         group = policy.slots.group
         if not group.trial_ids:
@@ -93,6 +98,10 @@ class TrainingStep:
             backend = policy.for_training(step, chooser(), self.model_name)
             if policy.verify_ids:
                 backend = policy.verify(backend, batch, batch_idx)
+        if self.whole.setting and self.whole.usable(backend, policy.slots.optimizer):
+            loss = self._run_whole(backend, batch, batch_idx)
+            if loss is not None:
+                return loss
         try:
             out = backend.run("training_step", batch, batch_idx)
         except FusionError as err:
@@ -108,6 +117,24 @@ class TrainingStep:
             loss = self.ranks.losses(loss)  # a row bad on any rank is skipped on all
         bad = self.health.record_losses(group.trial_ids, loss)  # stays on the device: no host sync
         return sum_of_finite(loss, bad)
+
+    def _run_whole(self, backend: Any, batch: Any, batch_idx: int) -> Tensor | None:
+        """The step as one compiled function (:mod:`.whole_step`); None: it could not compile (run it split)."""
+        optimizer = self.policy.slots.optimizer
+        assert optimizer is not None
+        ids = self.policy.slots.group.trial_ids
+        prior = self.health.rows_to_skip(ids)
+        out, report = self.whole.run(
+            backend, optimizer, batch, batch_idx, optimizer.no_rows() if prior is None else prior
+        )
+        if report is None:
+            return None
+        self.backend_name = backend.name
+        self.metrics.record_step("train", "training_step", out.logs, ids, batch)
+        self.batch, self.outputs, self.losses = batch, out, self.whole.losses
+        optimizer.stepped_within(report)  # the group optimizer reports it; Lightning's backward and clipping pass
+        self._whole_ran = True
+        return self.whole.total
 
     def _drop_graph(self) -> None:
         """Keep the latest outputs without their autograd graph, and forget the losses.
@@ -127,7 +154,13 @@ class TrainingStep:
             self.backward(sum_of_finite(loss, ~torch.isfinite(loss.detach())))
 
     def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
-        """``loss.backward``, a failure a fused backend causes explained (e.g. activation checkpointing)."""
+        """``loss.backward``, a failure a fused backend causes explained (e.g. activation checkpointing).
+
+        After a whole step (its gradients taken and applied already) there is nothing to do.
+        """
+        if self._whole_ran:
+            self._whole_ran = False
+            return
         try:
             loss.backward(*args, **kwargs)
             self._drop_graph()

@@ -89,7 +89,7 @@ def test_compile_argument_is_checked():
         FusedLightningModule([DigitsMLP(hidden_dim=8)], compile="max-autotune")  # type: ignore[arg-type]
 
 
-def _update_steps(compile: bool | str, steps: int = 3) -> list[torch.Tensor]:
+def _update_steps(compile: Any, steps: int = 3) -> list[torch.Tensor]:
     """A fused AdamW update of 3 rows stepped ``steps`` times on fixed gradients; the parameters after."""
     from lightning_hydro.fused.step.select_update import select_fused_update
 
@@ -111,7 +111,7 @@ def _update_steps(compile: bool | str, steps: int = 3) -> list[torch.Tensor]:
 
 
 def test_a_fused_update_that_cannot_compile_runs_eagerly_with_one_log_line(monkeypatch, caplog):
-    from lightning_hydro.fused.step import compiled_update
+    from lightning_hydro.fused.step.compiled_update import CompiledUpdate
 
     def cannot_compile(function: Any, **kwargs: Any) -> Any:
         def fails(*args: Any) -> None:
@@ -119,16 +119,15 @@ def test_a_fused_update_that_cannot_compile_runs_eagerly_with_one_log_line(monke
 
         return fails
 
-    monkeypatch.setattr(compiled_update, "_COMPILED", {})
-    monkeypatch.setattr(compiled_update, "_FAILED", {})
-    monkeypatch.setattr(compiled_update.torch, "compile", cannot_compile)
+    monkeypatch.setattr(torch, "compile", cannot_compile)
     eager = _update_steps(False)
+    compiled = CompiledUpdate(True)
     with caplog.at_level(logging.WARNING, logger="lightning_hydro"):
-        fallen_back = _update_steps(True)
+        fallen_back = _update_steps(compiled)
     lines = [r.getMessage() for r in caplog.records if "runs the fused optimizer update eagerly" in r.getMessage()]
     assert len(lines) == 1
     assert "a stand-in for what dynamo cannot trace" in lines[0]
-    assert compiled_update.compile_failure(True).startswith("Unsupported")
+    assert compiled.failure.startswith("Unsupported")
     for a, b in zip(eager, fallen_back):
         assert torch.equal(a, b)
 
@@ -137,24 +136,24 @@ def test_a_fused_update_that_cannot_compile_runs_eagerly_with_one_log_line(monke
 def test_the_compiled_fused_update_gives_the_eager_numbers_and_compiles_once_per_group_size():
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-    from lightning_hydro.fused.step import compiled_update
+    from lightning_hydro.fused.step.compiled_update import CompiledUpdate
 
-    torch._dynamo.reset()
-    eager, compiled = _update_steps(False), _update_steps(True)
-    assert compiled_update.compile_failure(True) == ""
-    for a, b in zip(eager, compiled):
+    compiled = CompiledUpdate(True)
+    eager, stepped = _update_steps(False), _update_steps(compiled)
+    assert compiled.failure == ""
+    assert compiled.calls == 3
+    for a, b in zip(eager, stepped):
         torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)  # inductor fuses the ops: float rounding
-    code = compiled_update._device_step.__code__
+    code = compiled._compiled._torchdynamo_orig_callable.__code__  # type: ignore[union-attr]
     assert len(_debug_get_cache_entry_list(code)) == 1
-    _update_steps(True)  # a new group of the same size: the same compiled code
+    _update_steps(compiled)  # the group's next update (after a slot change), of the same size: the same compiled code
     assert len(_debug_get_cache_entry_list(code)) == 1
+    assert compiled.calls == 6
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_a_compiled_fit_runs_the_fused_update_compiled_like_the_eager_fit(optimizer):
-    from lightning_hydro.fused.step import compiled_update
-
     def fit(compile: bool) -> FusedLightningModule:
         trials = [
             seeded(lambda lr=lr: DigitsMLP(hidden_dim=32, lr=lr, optimizer=optimizer, weight_decay=0.01), [i])[0]
@@ -165,7 +164,9 @@ def test_a_compiled_fit_runs_the_fused_update_compiled_like_the_eager_fit(optimi
         return fused
 
     eager, compiled = fit(False), fit(True)
-    assert compiled_update.compile_failure(True) == ""
-    assert compiled_update._COMPILED  # the update went through torch.compile
+    update = compiled._optimizers._compiled_update
+    assert update is not None
+    assert update.failure == ""
+    assert update.calls >= 1  # the update went through torch.compile (the first, split step; then the whole step)
     for tid in range(3):
         assert max_state_difference(compiled.unfuse(tid), eager.unfuse(tid)) <= 1e-5

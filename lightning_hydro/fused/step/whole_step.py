@@ -1,0 +1,284 @@
+"""``WholeStep``: with ``compile=``, a steady step's forward, backward, clipping and update as ONE compiled function.
+
+The split step runs three pieces with Lightning between them: the vmapped ``training_step`` (compiled, forward
+and backward through AOTAutograd), Lightning's backward, its clipping hook, then the fused optimizer update
+(compiled on its own). Each piece returns to Python, and the backward and the hooks run eagerly between them.
+Once a group's step is steady, :class:`WholeStep` runs all of it in one function under ``torch.compile``
+(``fullgraph=True``): ``torch.func.grad_and_value`` of the sum of the finite losses over the stacked
+parameters (the same sum Lightning would run backward on), each row's clipping as the trainer asks, the
+non-finite check, and the fused update's device work (:meth:`~.fused_update.FusedUpdate.device_step`). With
+``compile="reduce-overhead"`` on a GPU, inductor records that one function as a CUDA graph and replays it
+(static inputs: the parameters, the optimizer state, the factors; each new batch is copied in).
+
+Lightning still drives the step: ``training_step`` returns the (detached) loss, the module's ``backward`` and
+the group optimizer's clipping and ``step`` see that the whole step has run and only report it; what the
+trials logged, their outputs and the rows' health are booked as after a split step.
+
+It runs only where it computes what the split step computes (:meth:`WholeStep.why_not`, else the split step
+runs, said once per reason): the vmap or hfta backend, settled; the fused optimizer path (one update for all
+rows); the parameters that took gradients at the latest split step (a parameter the loss does not reach
+takes no step, as with torch's optimizers); no gradient accumulation; 32- or 64-bit precision; one process;
+no trial or callback hook that sees the gradients between backward and the update; no Python state written by
+the step. What torch.compile cannot capture in one graph falls back to the split step for good, in one log line.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+from torch.func import grad_and_value
+
+from lightning_hydro.backends.compiled_step import COUNTERS_DYNAMIC, NOT_COMPILED, CompileSetting, own_code
+from lightning_hydro.backends.trial_attributes import state_writes
+from lightning_hydro.backends.vmap_backend import VmapBackend
+from lightning_hydro.fused.step.fused_update import FusedUpdate, clip_rows_by_norm, clip_rows_by_value, non_finite_rows
+from lightning_hydro.optim.group_optimizer import StepReport
+
+if TYPE_CHECKING:
+    from lightning_hydro.backends import Backend, StepOutputs
+    from lightning_hydro.optim.group_optimizer import TrialGroupOptimizer
+
+__all__ = ["WholeStep", "compile_whole_step", "whole_step_blocker"]
+
+log = logging.getLogger("lightning_hydro")
+
+# the hooks that see a step's loss or gradients between the backward and the update: a whole step has no "between"
+_BETWEEN_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
+_PRECISIONS = ("32-true", "64-true", "32", "64")
+
+
+def whole_step_blocker(trainer: Any, trial_hooks: Iterable[str]) -> str:
+    """Why this trainer's set-up needs the split step ("" if a whole step may run).
+
+    Args:
+        trainer: the Lightning Trainer.
+        trial_hooks: the batch hooks the trials override (run per trial between the pieces of a split step).
+    """
+    between = sorted(set(trial_hooks).intersection(_BETWEEN_HOOKS))
+    if between:
+        return f"the trials override {', '.join(between)}, which runs between the backward and the update"
+    if trainer.accumulate_grad_batches != 1:
+        return f"gradients are accumulated over {trainer.accumulate_grad_batches} batches"
+    if str(trainer.precision) not in _PRECISIONS:
+        return f"precision={trainer.precision!r} (the whole step runs in 32- or 64-bit precision only)"
+    if trainer.world_size > 1:
+        return f"{trainer.world_size} processes train the group (DDP reduces the gradients during the backward)"
+    for callback in trainer.callbacks:
+        hooks = [h for h in _BETWEEN_HOOKS if h in type(callback).__dict__]
+        if hooks:
+            return f"callback {type(callback).__name__} implements {', '.join(hooks)}"
+    return ""
+
+
+def _clip_setting(trainer: Any) -> tuple[str, float]:
+    """The trainer's gradient clipping: ("norm" or "value", its value), or ("", 0.0) for none."""
+    value = trainer.gradient_clip_val
+    if not value:
+        return "", 0.0
+    algorithm = trainer.gradient_clip_algorithm
+    return ("value" if str(getattr(algorithm, "value", algorithm)) == "value" else "norm"), float(value)
+
+
+def _whole_step(
+    backend: VmapBackend,
+    caller: Any,
+    recorder: Any,
+    method: str,
+    params: dict[str, Tensor],
+    buffers: dict[str, Tensor],
+    args: Any,
+    update: FusedUpdate,
+    active: list[int],
+    names: list[str],
+    prior: Tensor,
+    clip: tuple[str, float],
+    prepared: Any,
+) -> tuple[tuple[Any, ...], tuple[Tensor, ...]]:
+    """One step, pure tensor code (what torch.compile compiles): the backend's outputs and the step's masks."""
+    rows = prior.shape[0]
+    side: dict[str, Any] = {}
+
+    def total(p: dict[str, Tensor]) -> tuple[Tensor, tuple[Any, ...]]:
+        encoded, logged, metric_args, stored, calls, kind = backend.vmapped(caller, recorder, method, p, buffers, args)
+        side["calls"], side["kind"] = calls, kind
+        losses = (encoded if kind == "tensor" else encoded["loss"]).reshape(rows)
+        bad = (losses * 0) != 0  # the rows whose loss is not finite add nothing (sum_of_finite)
+        return torch.where(bad, 0.0, losses).sum(), (encoded, logged, metric_args, stored, losses, bad)
+
+    with torch.no_grad():  # the gradients come from grad_and_value; the update is in place
+        grads, (summed, (encoded, logged, metric_args, stored, losses, bad)) = grad_and_value(total, has_aux=True)(
+            params
+        )
+        grad_list = [grads[name] for name in names]
+        kind, value = clip
+        if kind == "norm":
+            by_grads = (clip_rows_by_norm(grad_list, value) * 0) != 0
+        else:
+            if kind == "value":
+                clip_rows_by_value(grad_list, value)
+            by_grads = non_finite_rows(grad_list, concatenate=update.concatenate)
+        by_loss = bad | prior
+        skip = by_loss | by_grads
+        update.device_step(update.by_part(active, grad_list), skip, prepared)
+    result = (encoded, logged, metric_args, stored, side["calls"], side["kind"])
+    return result, (losses, summed, by_loss, by_grads, skip)
+
+
+def compile_whole_step(setting: CompileSetting) -> Callable[..., Any]:
+    """The whole step under ``torch.compile`` (one graph; ``"reduce-overhead"``: CUDA graphs on a GPU).
+
+    Each call compiles a copy with a code object of its own (:func:`~lightning_hydro.backends.compiled_step.own_code`):
+    one group's graphs (one per group size) neither count against another's recompile limit nor outlive it.
+    """
+    mode = "reduce-overhead" if setting == "reduce-overhead" else None
+    return torch.compile(own_code(_whole_step), fullgraph=True, mode=mode)
+
+
+class WholeStep:
+    """Runs a steady fused step as one compiled function where it computes what the split step does.
+
+    Args:
+        setting: the module's ``compile`` (False: never).
+    """
+
+    def __init__(self, setting: CompileSetting) -> None:
+        self.setting = setting
+        self.blocker = ""  # why the trainer's set-up needs the split step (the module sets it for each fit)
+        self.clip: tuple[str, float] = ("", 0.0)  # the trainer's clipping
+        self.failure = ""  # compiling the whole step failed: every later step is split
+        self.reason = "compile is off" if not setting else ""  # why the latest step was split ("" if whole)
+        self.whole_steps = 0  # steps run whole (for tests and the report)
+        self.losses: Tensor | None = None  # the latest whole step's [B] losses
+        self.total: Tensor | None = None  # and the sum of the finite ones (what Lightning sees as the loss)
+        self._said: set[str] = set()
+        self._compiled: Callable[..., Any] | None = None
+        self._names: tuple[int, list[str]] | None = None  # the update's parameters' names in the backend's call
+        self._static: set[int] = set()  # tensors marked static for CUDA graphs
+
+    def configure(self, trainer: Any, trial_hooks: Iterable[str]) -> None:
+        """Take the trainer's set-up (at the start of each training epoch: gradient accumulation may change)."""
+        self.blocker = whole_step_blocker(trainer, trial_hooks) if self.setting else ""
+        self.clip = _clip_setting(trainer)
+
+    def why_not(self, backend: Backend, optimizer: TrialGroupOptimizer | None) -> str:
+        """Why the next step must be split ("" if it may run whole)."""
+        if not self.setting:
+            return "compile is off"
+        if self.failure or self.blocker:
+            return self.failure or self.blocker
+        if not isinstance(backend, VmapBackend):
+            return f"backend={backend.name!r} runs each trial's step eagerly"
+        if backend.chunk_size is not None:
+            return f"chunk_size={backend.chunk_size} maps the rows in chunks"
+        if optimizer is None or not isinstance(optimizer.fused, FusedUpdate):
+            return "the trials' optimizers step one by one (the universal optimizer path)"
+        if optimizer.own_clipping:
+            return "a trial clips its gradients its own way"
+        if optimizer.fused.last_active is None:
+            return "the fused update has not stepped yet (its first step learns which parameters take gradients)"
+        if backend.compile_failure:
+            return backend.compile_failure
+        writes = state_writes(backend.template())
+        if writes:
+            return f"the step changes Python state ({', '.join(writes[:4])}), which is handed out per trial eagerly"
+        return ""
+
+    def usable(self, backend: Backend, optimizer: TrialGroupOptimizer | None) -> bool:
+        """Whether the next step runs whole; if not, the reason is said once in the log."""
+        reason = self.why_not(backend, optimizer)
+        self.reason = reason
+        if reason and self.setting and reason not in self._said:
+            self._said.add(reason)
+            log.info(
+                "lightning_hydro: compile=%r runs the split step (not one compiled step): %s.", self.setting, reason
+            )
+        return not reason
+
+    def run(
+        self, backend: VmapBackend, optimizer: TrialGroupOptimizer, batch: Any, batch_idx: int, prior: Tensor
+    ) -> tuple[StepOutputs, StepReport | None]:
+        """One whole step; returns the step's outputs and what the update did (None: compiling failed, nothing ran).
+
+        Args:
+            backend: the group's settled backend.
+            optimizer: the group optimizer, on the fused path.
+            batch: Lightning's batch.
+            batch_idx: its index.
+            prior: ``[B]`` bool, the rows not to step whatever their loss (a divergence not read back yet).
+        """
+        update = optimizer.fused
+        assert isinstance(update, FusedUpdate)
+        assert update.last_active is not None
+        group = backend.group
+        active = update.last_active
+        names = self._names_of(update, group.params)
+        prepared = update.prepare([optimizer.trials[tid].optimizer.param_groups for tid in group.trial_ids], active)
+        if self.setting == "reduce-overhead":
+            self._mark_static(update)
+            torch.compiler.cudagraph_mark_step_begin()
+        compiled = self._compiled
+        if compiled is None:
+            compiled = self._compiled = compile_whole_step(self.setting)
+        failed: list[str] = []
+
+        def step(caller: Any, recorder: Any, method: str, params: Any, buffers: Any, args: Any) -> tuple[Any, Any]:
+            try:
+                with COUNTERS_DYNAMIC:
+                    inputs = (update, active, names, prior, self.clip, prepared)
+                    return compiled(backend, caller, recorder, method, params, buffers, args, *inputs)
+            except NOT_COMPILED as err:  # raised while tracing or compiling, or by the recompile limit: nothing ran
+                first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                failed.append(f"torch.compile failed ({type(err).__name__}: {first_line})")
+                return ((), (), (), (), [], "none"), None
+
+        out, masks = backend.run_within(step, "training_step", batch, batch_idx)
+        if masks is None:
+            self.failure = failed[0] if failed else "the whole step returned nothing"
+            log.warning("lightning_hydro: compile=%r runs the split step from now on: %s.", self.setting, self.failure)
+            return out, None
+        update.finish(active, prepared)
+        if self.setting == "reduce-overhead":  # a CUDA graph's outputs are overwritten by its next replay
+            out, masks = _cloned(out), tuple(m.clone() for m in masks)
+        self.losses, self.total, by_loss, by_grads, skip = masks
+        self.whole_steps += 1
+        report = StepReport(tuple(group.trial_ids), by_loss, by_grads, skipped=skip)
+        return out, report
+
+    def _names_of(self, update: FusedUpdate, params: Mapping[str, Tensor]) -> list[str]:
+        """The names, in the backend's call, of the update's parameters (by position)."""
+        if self._names is None or self._names[0] != id(update):
+            by_id = {id(p): f"module.{name}" for name, p in params.items()}
+            self._names = (id(update), [by_id[id(p)] for p in update.params])
+        return self._names[1]
+
+    def _mark_static(self, update: FusedUpdate) -> None:
+        """Mark the update's tensors static (CUDA graphs read them in place; they are never reallocated)."""
+        tensors = [t for state in update.state for t in state.values()]
+        tensors += [t for t in vars(update).values() if isinstance(t, Tensor)]
+        factors = update._factors
+        if factors is not None:
+            tensors += [t for t in vars(factors).values() if isinstance(t, Tensor)]
+        for tensor in tensors:
+            if id(tensor) not in self._static:
+                torch._dynamo.mark_static_address(tensor)
+                self._static.add(id(tensor))
+
+
+def _cloned(out: StepOutputs) -> StepOutputs:
+    """The outputs with every tensor copied (a CUDA graph's outputs are its static buffers)."""
+    from lightning_hydro.backends import StepOutputs
+    from lightning_hydro.backends.base import StackedLog
+
+    def clone(value: Any) -> Any:
+        if isinstance(value, Tensor):
+            return value.clone()
+        if isinstance(value, dict):
+            return {k: clone(v) for k, v in value.items()}
+        return value
+
+    logs = [StackedLog(entry.name, clone(entry.values), entry.options) for entry in out.logs]
+    return StepOutputs(output=clone(out.output), logs=logs)

@@ -1,0 +1,188 @@
+"""compile=: a steady step as one compiled function (forward, backward, clipping, update) trains as the eager fit."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+
+from lightning_hydro import FusedLightningModule
+from lightning_hydro.demos import DigitsMLP
+from lightning_hydro.fused.step import whole_step
+from lightning_hydro.fused.step.whole_step import whole_step_blocker
+from tests.helpers import fit_digits, make_trainer, max_state_difference, seeded
+
+
+def _trials(optimizer: str, lrs: tuple[float, ...] = (0.05, 0.1, 0.02), **kwargs: Any) -> list[DigitsMLP]:
+    kwargs.setdefault("hidden_dim", 16)
+    return [
+        seeded(lambda lr=lr: DigitsMLP(lr=lr, optimizer=optimizer, **kwargs), [i])[0]  # type: ignore[misc]
+        for i, lr in enumerate(lrs)
+    ]
+
+
+def _fit(trials: list[L.LightningModule], compile: bool | str, steps: int = 12, **trainer: Any) -> FusedLightningModule:
+    every = trainer.pop("divergence_check_every", None)
+    backend = trainer.pop("backend", "vmap")
+    fused = FusedLightningModule(trials, backend=backend, compile=compile, summary=False, divergence_check_every=every)
+    fit_digits(make_trainer(max_steps=steps, limit_val_batches=0, **trainer), fused)
+    return fused
+
+
+def _assert_same_training(compiled: FusedLightningModule, eager: FusedLightningModule, tolerance: float) -> None:
+    assert compiled.results.keys() == eager.results.keys()
+    for tid in eager.results:
+        assert compiled.results[tid]["steps"] == eager.results[tid]["steps"]
+        assert compiled.results[tid]["status"] == eager.results[tid]["status"]
+        assert max_state_difference(compiled.unfuse(tid), eager.unfuse(tid)) <= tolerance, tid
+
+
+def test_a_compiled_fit_runs_its_steady_steps_whole_and_trains_each_trial_as_the_eager_fit():
+    # Adam, per-row norm clipping: after the first (split) step every step is one compiled function
+    eager = _fit(_trials("adam"), False, gradient_clip_val=0.5)
+    compiled = _fit(_trials("adam"), True, gradient_clip_val=0.5)
+    whole = compiled._training_step.whole
+    assert whole.reason == ""
+    assert whole.whole_steps == 11  # the first step is split: it verifies the fusion and learns the gradients
+    _assert_same_training(compiled, eager, 1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("optimizer", "clip"),
+    [("sgd", {}), ("sgd", {"gradient_clip_val": 0.01, "gradient_clip_algorithm": "value"}), ("adamw", {})],
+)
+def test_the_whole_step_equals_eager_for_each_fused_update_and_clipping(optimizer, clip):
+    kwargs = {"momentum": 0.9, "weight_decay": 1e-3} if optimizer == "sgd" else {"weight_decay": 1e-2}
+    eager = _fit(_trials(optimizer, **kwargs), False, **clip)
+    compiled = _fit(_trials(optimizer, **kwargs), True, **clip)
+    assert compiled._training_step.whole.whole_steps == 11
+    _assert_same_training(compiled, eager, 1e-5)
+
+
+@pytest.mark.slow
+def test_hfta_whose_fused_operators_dynamo_cannot_trace_runs_split_and_eager_with_the_reason():
+    # dynamo traces an autograd.Function's forward, not its vmap rule: hfta's fused operators refuse to run so
+    eager = _fit(_trials("adam"), False, backend="hfta")
+    compiled = _fit(_trials("adam"), True, backend="hfta")
+    whole = compiled._training_step.whole
+    assert whole.whole_steps == 0
+    assert whole.reason.startswith("torch.compile failed")
+    _assert_same_training(compiled, eager, 1e-6)
+
+
+def test_every_group_compiles_into_a_cache_of_its_own():
+    # dynamo counts compiled graphs per code object: were the step's code shared, the second group's compile would
+    # pass a limit of one, and it would run split (and its split step eagerly)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for width in (16, 24):  # another shape: the first group's graph does not fit the second
+            fused = _fit(_trials("adam", hidden_dim=width), True, steps=3)
+            assert fused._training_step.whole.whole_steps == 2
+            assert fused._training_step.whole.reason == ""
+
+
+class _StopAt(L.Callback):
+    """Stops trial 1 after the given number of batches (the group shrinks: the whole step recompiles)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, *args: Any) -> None:
+        if trainer.global_step == self.at and 1 in pl_module.trial_ids:
+            pl_module.stop_trial(1, "test")
+
+
+@pytest.mark.slow
+def test_a_slot_change_recompiles_the_whole_step_and_training_goes_on_as_eager():
+    eager = _fit(_trials("sgd", momentum=0.9), False, callbacks=[_StopAt(5)])
+    compiled = _fit(_trials("sgd", momentum=0.9), True, callbacks=[_StopAt(5)])
+    assert compiled.results[1]["steps"] == 5
+    assert compiled._training_step.whole.whole_steps >= 9  # the step after the change learns the new rows split
+    _assert_same_training(compiled, eager, 1e-5)
+
+
+class _OneNanStepMLP(DigitsMLP):
+    """Its loss is NaN at step ``fault_step`` only (a buffer: each trial its own), finite before and after."""
+
+    def __init__(self, fault_step: float = float("inf"), **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.register_buffer("fault_step", torch.tensor(float(fault_step)))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        return torch.where(self.fault_step == self.global_step, float("nan"), loss)
+
+
+@pytest.mark.slow
+def test_a_diverged_trial_stays_skipped_until_the_read_back_as_in_the_eager_fit():
+    def trials() -> list[L.LightningModule]:
+        return [
+            seeded(lambda s=s: _OneNanStepMLP(s, hidden_dim=16, lr=0.1), [i])[0]
+            for i, s in enumerate([float("inf"), 4, float("inf")])
+        ]
+
+    # read back every 8 steps (as on an accelerator): trial 1's loss is NaN at its 5th step only, but its row must
+    # stay skipped until the read-back, which then stops it
+    eager = _fit(trials(), False, divergence_check_every=8)
+    compiled = _fit(trials(), True, divergence_check_every=8)
+    assert eager.results[1]["status"] == "diverged"
+    assert compiled._training_step.whole.whole_steps >= 8
+    _assert_same_training(compiled, eager, 1e-5)
+
+
+def test_a_whole_step_that_cannot_compile_runs_the_split_step_with_one_log_line(monkeypatch, caplog):
+    def cannot_compile(function: Any, **kwargs: Any) -> Any:
+        def fails(*args: Any, **kw: Any) -> None:
+            raise torch._dynamo.exc.Unsupported("a stand-in for what dynamo cannot trace")
+
+        return fails
+
+    eager = _fit(_trials("adam"), False)
+    monkeypatch.setattr(whole_step, "compile_whole_step", cannot_compile)
+    with caplog.at_level(logging.INFO, logger="lightning_hydro"):
+        fallen_back = _fit(_trials("adam"), True)
+    whole = fallen_back._training_step.whole
+    lines = [r.getMessage() for r in caplog.records if "runs the split step from now on" in r.getMessage()]
+    assert len(lines) == 1
+    assert "a stand-in for what dynamo cannot trace" in lines[0]
+    assert whole.whole_steps == 0
+    assert whole.failure.startswith("torch.compile failed (Unsupported")
+    _assert_same_training(fallen_back, eager, 1e-5)  # the split step (compiled) took over
+
+
+class _GradientWatcher(DigitsMLP):
+    def on_after_backward(self) -> None:
+        self.seen = True
+
+
+class _CallbackWithGradients(L.Callback):
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: Any, optimizer: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("trainer", "hooks", "reason"),
+    [
+        ({"accumulate_grad_batches": 2}, (), "gradients are accumulated over 2 batches"),
+        ({"precision": "bf16-mixed"}, (), "precision='bf16-mixed'"),
+        ({"callbacks": [_CallbackWithGradients()]}, (), "callback _CallbackWithGradients implements"),
+        ({}, ("on_after_backward", "on_train_batch_end"), "the trials override on_after_backward"),
+        ({}, ("on_train_batch_end",), ""),
+    ],
+)
+def test_what_needs_the_split_step_is_named(trainer, hooks, reason):
+    blocker = whole_step_blocker(make_trainer(**trainer), hooks)
+    assert blocker.startswith(reason) if reason else blocker == ""
+
+
+def test_a_trial_hook_between_backward_and_update_keeps_the_split_step(caplog):
+    trials = [seeded(lambda lr=lr: _GradientWatcher(hidden_dim=16, lr=lr), [i])[0] for i, lr in enumerate((0.1, 0.2))]
+    with caplog.at_level(logging.INFO, logger="lightning_hydro"):
+        fused = _fit(trials, True, steps=3)
+    whole = fused._training_step.whole
+    assert whole.whole_steps == 0
+    assert whole.reason.startswith("the trials override on_after_backward")
+    assert sum("runs the split step" in r.getMessage() for r in caplog.records) == 1  # said once, not per step
