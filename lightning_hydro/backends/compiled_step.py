@@ -101,7 +101,7 @@ class CompiledStep:
         self.where = where
         self.failure = ""  # why it runs eagerly (empty while compiled)
         mode = "reduce-overhead" if setting == "reduce-overhead" else None
-        self._compiled = torch.compile(own_code(function), fullgraph=True, mode=mode)
+        self._compiled = torch.compile(own_code(function), fullgraph=True, dynamic=False, mode=mode)
 
     def fall_back(self, reason: str) -> None:
         """Run eagerly from now on, said in one log line."""

@@ -205,7 +205,8 @@ class VmapBackend(Backend):
 
         ``step(caller, recorder, method, params, buffers, args)`` must call :meth:`vmapped` with these arguments
         (any number of times, e.g. under ``torch.func.grad``) and return what that returned and its own result,
-        which comes back beside the step's outputs. It is called as it is (compile it yourself).
+        which comes back beside the step's outputs; a result of None says that nothing ran (then the outputs are
+        empty, and the trials' Python state is as before). It is called as it is (compile it yourself).
         """
         return self._call(method, args, step)
 
@@ -255,6 +256,9 @@ class VmapBackend(Backend):
             raise
         finally:
             self._active = None
+        if step is not None and extra is None:  # the step did not run (it could not compile): nothing to book
+            active.abort()
+            return StepOutputs(output=None), None
         active.finish(stored)
         output = None if kind == "none" else encoded
         # each trial's own torchmetrics metrics, called with its row of what the step passed to the template's

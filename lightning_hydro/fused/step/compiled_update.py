@@ -59,7 +59,7 @@ class CompiledUpdate:
             return
         if self._compiled is None:
             mode = "reduce-overhead" if self.setting == "reduce-overhead" else None
-            self._compiled = torch.compile(own_code(_device_step), fullgraph=True, mode=mode)
+            self._compiled = torch.compile(own_code(_device_step), fullgraph=True, dynamic=False, mode=mode)
         try:
             self._compiled(update, grads, skip, prepared)
         except NOT_COMPILED as err:  # raised while tracing or compiling, or by the recompile limit: nothing ran

@@ -102,8 +102,9 @@ def _whole_step(
     rows = prior.shape[0]
     side: dict[str, Any] = {}
 
-    def total(p: dict[str, Tensor]) -> tuple[Tensor, tuple[Any, ...]]:
-        encoded, logged, metric_args, stored, calls, kind = backend.vmapped(caller, recorder, method, p, buffers, args)
+    def total(p: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[Tensor, tuple[Any, ...]]:
+        # the buffers are an input (not differentiated): the step may update them in place (BatchNorm's statistics)
+        encoded, logged, metric_args, stored, calls, kind = backend.vmapped(caller, recorder, method, p, b, args)
         side["calls"], side["kind"] = calls, kind
         losses = (encoded if kind == "tensor" else encoded["loss"]).reshape(rows)
         bad = (losses * 0) != 0  # the rows whose loss is not finite add nothing (sum_of_finite)
@@ -111,7 +112,7 @@ def _whole_step(
 
     with torch.no_grad():  # the gradients come from grad_and_value; the update is in place
         grads, (summed, (encoded, logged, metric_args, stored, losses, bad)) = grad_and_value(total, has_aux=True)(
-            params
+            params, buffers
         )
         grad_list = [grads[name] for name in names]
         kind, value = clip
@@ -135,7 +136,7 @@ def compile_whole_step(setting: CompileSetting) -> Callable[..., Any]:
     one group's graphs (one per group size) neither count against another's recompile limit nor outlive it.
     """
     mode = "reduce-overhead" if setting == "reduce-overhead" else None
-    return torch.compile(own_code(_whole_step), fullgraph=True, mode=mode)
+    return torch.compile(own_code(_whole_step), fullgraph=True, dynamic=False, mode=mode)
 
 
 class WholeStep:
