@@ -158,7 +158,6 @@ class WholeStep:
         self._said: set[str] = set()
         self._compiled: Callable[..., Any] | None = None
         self._names: tuple[int, list[str]] | None = None  # the update's parameters' names in the backend's call
-        self._static: set[int] = set()  # tensors marked static for CUDA graphs
 
     def configure(self, trainer: Any, trial_hooks: Iterable[str]) -> None:
         """Take the trainer's set-up (at the start of each training epoch: gradient accumulation may change)."""
@@ -219,7 +218,7 @@ class WholeStep:
         names = self._names_of(update, group.params)
         prepared = update.prepare([optimizer.trials[tid].optimizer.param_groups for tid in group.trial_ids], active)
         if self.setting == "reduce-overhead":
-            self._mark_static(update)
+            self._mark_static(update, group)
             torch.compiler.cudagraph_mark_step_begin()
         compiled = self._compiled
         if compiled is None:
@@ -256,17 +255,21 @@ class WholeStep:
             self._names = (id(update), [by_id[id(p)] for p in update.params])
         return self._names[1]
 
-    def _mark_static(self, update: FusedUpdate) -> None:
-        """Mark the update's tensors static (CUDA graphs read them in place; they are never reallocated)."""
-        tensors = [t for state in update.state for t in state.values()]
+    def _mark_static(self, update: FusedUpdate, group: Any) -> None:
+        """Mark the tensors the step updates in place static: CUDA graphs read and write them where they are.
+
+        The stacked parameters and buffers, the update's state and factors: none is reallocated between steps (a
+        slot change makes new ones, marked at the next step; a graph recorded for the old ones is recorded again).
+        """
+        tensors = [*group.params.values(), *group.buffers.values()]
+        tensors += [t for state in update.state for t in state.values()]
         tensors += [t for t in vars(update).values() if isinstance(t, Tensor)]
         factors = update._factors
         if factors is not None:
             tensors += [t for t in vars(factors).values() if isinstance(t, Tensor)]
         for tensor in tensors:
-            if id(tensor) not in self._static:
-                torch._dynamo.mark_static_address(tensor)
-                self._static.add(id(tensor))
+            if getattr(tensor, "_dynamo_static_input_type", None) is None:  # what mark_static_address sets
+                torch._dynamo.mark_static_address(tensor, guard=False)
 
 
 def _cloned(out: StepOutputs) -> StepOutputs:

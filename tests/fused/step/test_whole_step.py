@@ -51,6 +51,18 @@ def test_a_compiled_fit_runs_its_steady_steps_whole_and_trains_each_trial_as_the
 
 
 @pytest.mark.slow
+def test_reduce_overhead_on_the_cpu_runs_the_whole_step_with_its_outputs_copied():
+    # on the CPU inductor records no CUDA graph; the static marking, the step marks and the copies of the outputs
+    # (a CUDA graph's outputs are overwritten by its next replay) run as on a GPU
+    eager = _fit(_trials("adam"), False, gradient_clip_val=0.5)
+    compiled = _fit(_trials("adam"), "reduce-overhead", gradient_clip_val=0.5)
+    assert compiled._training_step.whole.whole_steps == 11
+    stacked = next(iter(compiled._group.params.values()))
+    assert getattr(stacked, "_dynamo_static_input_type", None) == "unguarded"
+    _assert_same_training(compiled, eager, 1e-5)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("optimizer", "clip"),
     [("sgd", {}), ("sgd", {"gradient_clip_val": 0.01, "gradient_clip_algorithm": "value"}), ("adamw", {})],
