@@ -114,7 +114,8 @@ def _whole_step(
         grads, (summed, (encoded, logged, metric_args, stored, losses, bad)) = grad_and_value(total, has_aux=True)(
             params, buffers
         )
-        grad_list = [grads[name] for name in names]
+        # torch.func may lay a gradient out with the trial dimension inside (attention's in_proj): make it row-major
+        grad_list = [grads[name].contiguous() for name in names]
         kind, value = clip
         if kind == "norm":
             by_grads = (clip_rows_by_norm(grad_list, value) * 0) != 0

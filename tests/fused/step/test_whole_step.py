@@ -282,3 +282,16 @@ def test_a_batchnorm_network_runs_whole_its_running_statistics_updated_in_the_co
         own, fused = compiled.unfuse(tid).net.model[1], eager.unfuse(tid).net.model[1]
         assert int(own.num_batches_tracked) == int(fused.num_batches_tracked) == 12
         assert torch.allclose(own.running_var, fused.running_var, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_an_attention_model_runs_whole_and_trains_as_the_eager_fit():
+    # embedding with padding_idx, LayerNorm, causal multi-head attention: torch.func lays the attention projection's
+    # gradient out with the trial dimension inside, which the update's in-place ops need row-major
+    from tests.helpers import TinyAttentionLM, fit_plain, train_fused
+
+    trials = [seeded(lambda lr=lr: TinyAttentionLM(lr=lr), [i])[0] for i, lr in enumerate([1e-3, 3e-3, 1e-2])]
+    eager = train_fused(trials, fit_plain, fused_kwargs={"backend": "vmap"}, max_steps=8)
+    compiled = train_fused(trials, fit_plain, fused_kwargs={"backend": "vmap", "compile": True}, max_steps=8)
+    assert compiled._training_step.whole.whole_steps == 7, compiled._training_step.whole.reason
+    _assert_same_training(compiled, eager, 1e-5)
