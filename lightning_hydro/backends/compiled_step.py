@@ -25,7 +25,6 @@ import torch
 
 __all__ = [
     "COMPILE_SETTINGS",
-    "COUNTERS_DYNAMIC",
     "NOT_COMPILED",
     "CompileSetting",
     "CompiledStep",
@@ -56,9 +55,6 @@ def check_compile_setting(compile: Any) -> CompileSetting:
 
 # what torch.compile raises before anything has run: tracing or compiling failed, or the recompile limit was hit
 NOT_COMPILED = (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit)
-# a step that reads a Lightning counter (self.global_step, self.current_epoch) compiles once, not once per value (to
-# the recompile limit, then eagerly): torch.compile traces such integers as numbers that vary
-COUNTERS_DYNAMIC = torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True)
 
 
 def own_code(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -113,8 +109,7 @@ class CompiledStep:
         if self.failure or under_function_mode():
             return self.function(*args)
         try:
-            with COUNTERS_DYNAMIC:
-                return self._compiled(*args)
+            return self._compiled(*args)
         except Exception as err:
             first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
             self.fall_back(f"torch.compile failed ({type(err).__name__}: {first_line})")

@@ -25,14 +25,15 @@ the step. What torch.compile cannot capture in one graph falls back to the split
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
 from torch.func import grad_and_value
 
-from lightning_hydro.backends.compiled_step import COUNTERS_DYNAMIC, NOT_COMPILED, CompileSetting, own_code
+from lightning_hydro.backends.compiled_step import NOT_COMPILED, CompileSetting, own_code
 from lightning_hydro.backends.trial_attributes import state_writes
 from lightning_hydro.backends.vmap_backend import VmapBackend
 from lightning_hydro.fused.step.fused_update import FusedUpdate, clip_rows_by_norm, clip_rows_by_value, non_finite_rows
@@ -115,7 +116,7 @@ def _whole_step(
             params, buffers
         )
         # torch.func may lay a gradient out with the trial dimension inside (attention's in_proj): make it row-major
-        grad_list = [grads[name].contiguous() for name in names]
+        grad_list = [grads[names[i]].contiguous() for i in active]
         kind, value = clip
         if kind == "norm":
             by_grads = (clip_rows_by_norm(grad_list, value) * 0) != 0
@@ -158,7 +159,11 @@ class WholeStep:
         self.total: Tensor | None = None  # and the sum of the finite ones (what Lightning sees as the loss)
         self._said: set[str] = set()
         self._compiled: Callable[..., Any] | None = None
-        self._names: tuple[int, list[str]] | None = None  # the update's parameters' names in the backend's call
+        self._names: weakref.WeakKeyDictionary[FusedUpdate, list[str]] = weakref.WeakKeyDictionary()
+        # a new graph is traced only right after a split step has learned which parameters take gradients:
+        self._may_trace = True  # the next call may trace one (else a call that needs one runs split first)
+        self._relearning = False  # a split step is relearning them (for a step that needed a new graph)
+        self._assumed: tuple[int, ...] = ()  # the parameters the graphs so far were traced for
 
     def configure(self, trainer: Any, trial_hooks: Iterable[str]) -> None:
         """Take the trainer's set-up (at the start of each training epoch: gradient accumulation may change)."""
@@ -180,7 +185,22 @@ class WholeStep:
         if optimizer.own_clipping:
             return "a trial clips its gradients its own way"
         if optimizer.fused.last_active is None:
+            self._may_trace = True  # a new update (a slot change): its first split step learns, the next traces
             return "the fused update has not stepped yet (its first step learns which parameters take gradients)"
+        if self._relearning:  # a split step has just learned them again, for a step that needed a new graph
+            self._relearning = False
+            learned = tuple(optimizer.fused.last_active)
+            if learned != self._assumed:
+                self.failure = (
+                    f"the parameters that take gradients changed from step to step ({len(self._assumed)} -> "
+                    f"{len(learned)} of the update's; one that the loss does not reach takes no optimizer step, and a "
+                    "compiled step cannot tell that from a zero gradient)"
+                )
+                log.warning(
+                    "lightning_hydro: compile=%r runs the split step from now on: %s.", self.setting, self.failure
+                )
+                return self.failure
+            self._may_trace = True
         if backend.compile_failure:
             return backend.compile_failure
         writes = state_writes(backend.template())
@@ -226,17 +246,32 @@ class WholeStep:
             compiled = self._compiled = compile_whole_step(self.setting)
         failed: list[str] = []
 
+        needs_graph: list[bool] = []
+        stance: Literal["default", "fail_on_recompile"] = "default" if self._may_trace else "fail_on_recompile"
+
         def step(caller: Any, recorder: Any, method: str, params: Any, buffers: Any, args: Any) -> tuple[Any, Any]:
             try:
-                with COUNTERS_DYNAMIC:
+                with torch.compiler.set_stance(stance):
                     inputs = (update, active, names, prior, self.clip, prepared)
                     return compiled(backend, caller, recorder, method, params, buffers, args, *inputs)
             except NOT_COMPILED as err:  # raised while tracing or compiling, or by the recompile limit: nothing ran
                 first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
                 failed.append(f"torch.compile failed ({type(err).__name__}: {first_line})")
-                return ((), (), (), (), [], "none"), None
+            except RuntimeError as err:  # the stance refused a new graph (before anything ran)
+                if not str(err).startswith("Detected recompile"):
+                    raise
+                needs_graph.append(True)
+            return ((), (), (), (), [], "none"), None
 
         out, masks = backend.run_within(step, "training_step", batch, batch_idx)
+        if masks is None and needs_graph:
+            # a new graph (another shape, or a branch of the step's Python): this step runs split and learns which
+            # parameters take gradients; the next traces the graph if they are those the graphs so far assume
+            self._assumed, self._relearning = tuple(active), True
+            self.reason = "the step needs a new graph: a split step learns which parameters take gradients first"
+            return out, None
+        self._may_trace = False
+        self._assumed = tuple(active)
         if masks is None:
             self.failure = failed[0] if failed else "the whole step returned nothing"
             log.warning("lightning_hydro: compile=%r runs the split step from now on: %s.", self.setting, self.failure)
@@ -251,10 +286,11 @@ class WholeStep:
 
     def _names_of(self, update: FusedUpdate, params: Mapping[str, Tensor]) -> list[str]:
         """The names, in the backend's call, of the update's parameters (by position)."""
-        if self._names is None or self._names[0] != id(update):
+        names = self._names.get(update)
+        if names is None:
             by_id = {id(p): f"module.{name}" for name, p in params.items()}
-            self._names = (id(update), [by_id[id(p)] for p in update.params])
-        return self._names[1]
+            names = self._names[update] = [by_id[id(p)] for p in update.params]
+        return names
 
     def _mark_static(self, update: FusedUpdate, group: Any) -> None:
         """Mark the tensors the step updates in place static: CUDA graphs read and write them where they are.

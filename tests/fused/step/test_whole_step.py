@@ -117,15 +117,20 @@ def test_a_slot_change_recompiles_the_whole_step_and_training_goes_on_as_eager()
 
 
 class _OneNanStepMLP(DigitsMLP):
-    """Its loss is NaN at step ``fault_step`` only (a buffer: each trial its own), finite before and after."""
+    """Its loss is NaN at its ``fault_step``-th step only (buffers: each trial its own), finite before and after.
+
+    It counts its steps in a buffer: a step that reads ``self.global_step`` needs a new graph for every value.
+    """
 
     def __init__(self, fault_step: float = float("inf"), **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.register_buffer("fault_step", torch.tensor(float(fault_step)))
+        self.register_buffer("steps", torch.tensor(0.0))
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         loss = super().training_step(batch, batch_idx)
-        return torch.where(self.fault_step == self.global_step, float("nan"), loss)
+        self.steps.add_(1)
+        return torch.where(self.fault_step == self.steps, float("nan"), loss)
 
 
 @pytest.mark.slow
@@ -133,7 +138,7 @@ def test_a_diverged_trial_stays_skipped_until_the_read_back_as_in_the_eager_fit(
     def trials() -> list[L.LightningModule]:
         return [
             seeded(lambda s=s: _OneNanStepMLP(s, hidden_dim=16, lr=0.1), [i])[0]
-            for i, s in enumerate([float("inf"), 4, float("inf")])
+            for i, s in enumerate([float("inf"), 5, float("inf")])
         ]
 
     # read back every 8 steps (as on an accelerator): trial 1's loss is NaN at its 5th step only, but its row must
@@ -239,11 +244,11 @@ def test_the_template_module_which_inductor_cannot_compile_trains_as_the_eager_f
 @pytest.mark.slow
 def test_dropout_and_an_epochs_short_last_batch_run_whole():
     # compiled code draws its own random numbers (not eager's): the masks differ from eager's, each trial its own.
-    # The 23rd batch of the digits (1437 samples in batches of 64) holds 29: one more graph, not dynamic shapes
-    # (under which vmap's dropout fails to trace)
+    # The 23rd batch of the digits (1437 samples in batches of 64) holds 29: it needs another graph (static shapes:
+    # under dynamic ones vmap's dropout fails to trace), so it runs split, which relearns the parameters first
     trials = _trials("sgd", dropout=0.5)
     compiled = _fit(trials, True, steps=30)
-    assert compiled._training_step.whole.whole_steps == 29, compiled._training_step.whole.reason
+    assert compiled._training_step.whole.whole_steps == 28, compiled._training_step.whole.reason
     weights = [compiled.unfuse(tid).body[0].weight for tid in (0, 1, 2)]
     assert all(torch.isfinite(w).all() for w in weights)
 
@@ -295,3 +300,79 @@ def test_an_attention_model_runs_whole_and_trains_as_the_eager_fit():
     compiled = train_fused(trials, fit_plain, fused_kwargs={"backend": "vmap", "compile": True}, max_steps=8)
     assert compiled._training_step.whole.whole_steps == 7, compiled._training_step.whole.reason
     _assert_same_training(compiled, eager, 1e-5)
+
+
+class _LateHeadMLP(DigitsMLP):
+    """From step ``start`` on, its loss also goes through an extra head (before, the head takes no gradient)."""
+
+    def __init__(self, start: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.start = start
+        self.extra = torch.nn.Linear(64, 10)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        logits = self(x)
+        if self.global_step >= self.start:
+            logits = logits + self.extra(x)
+        return torch.nn.functional.cross_entropy(logits, y)
+
+
+class _LateScaleMLP(_LateHeadMLP):
+    """From step ``start`` on, its loss is doubled: another graph, the same parameters take gradients."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(self(x) + 0 * self.extra(x), y)
+        return loss * 2 if self.global_step >= self.start else loss
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", [_LateHeadMLP, _LateScaleMLP])
+def test_a_step_whose_python_branch_changes_what_takes_gradients_runs_split_from_then_on(module):
+    # SGD with momentum and weight decay: a parameter without a gradient takes no step at all, one with a zero
+    # gradient decays; the head the step reaches from step 6 on must not move before it, and must train after
+    def trials() -> list[L.LightningModule]:
+        return [
+            seeded(lambda lr=lr: module(6, hidden_dim=16, lr=lr, momentum=0.9, weight_decay=0.01), [i])[0]
+            for i, lr in enumerate((0.05, 0.1))
+        ]
+
+    eager, compiled = _fit(trials(), False), _fit(trials(), True)
+    whole = compiled._training_step.whole
+    # the step reads self.global_step: every value needs a graph of its own, and each is traced only after a split
+    # step has relearned which parameters take gradients (so steps alternate, whole and split)
+    _assert_same_training(compiled, eager, 1e-5)
+    assert whole.whole_steps >= 3
+    if module is _LateHeadMLP:  # step 7 (global_step 6) needed a new graph, ran split, and found the head
+        assert whole.failure.startswith("the parameters that take gradients changed from step to step")
+    else:
+        assert whole.failure == ""
+
+
+class _FreezeHeadAt(L.Callback):
+    """Freezes the trials' heads after the given number of steps (as a fine-tuning callback would)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, *args: Any) -> None:
+        if trainer.global_step == self.at:
+            for tid in pl_module.trial_ids:
+                pl_module.trial_module(tid).head.requires_grad_(False)
+            for name, param in pl_module._group.params.items():
+                if name.startswith("head."):
+                    param.requires_grad_(False)
+
+
+@pytest.mark.slow
+def test_a_parameter_frozen_by_a_callback_stops_moving_as_in_the_eager_fit():
+    # SGD with momentum and weight decay: a frozen head takes no gradient, so no step at all (a zero gradient in a
+    # compiled step would go on decaying it)
+    def trials() -> list[L.LightningModule]:
+        return _trials("sgd", momentum=0.9, weight_decay=0.01)
+
+    eager = _fit(trials(), False, callbacks=[_FreezeHeadAt(5)])
+    compiled = _fit(trials(), True, callbacks=[_FreezeHeadAt(5)])
+    _assert_same_training(compiled, eager, 1e-5)
+    assert compiled._training_step.whole.whole_steps >= 4
