@@ -165,6 +165,16 @@ class WholeStep:
         self._relearning = False  # a split step is relearning them (for a step that needed a new graph)
         self._assumed: tuple[int, ...] = ()  # the parameters the graphs so far were traced for
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the compiled function and the caches (``ddp_spawn`` pickles the module): rebuilt on use."""
+        state = dict(self.__dict__)
+        state["_compiled"], state["_names"] = None, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._names = weakref.WeakKeyDictionary()
+
     def configure(self, trainer: Any, trial_hooks: Iterable[str]) -> None:
         """Take the trainer's set-up (at the start of each training epoch: gradient accumulation may change)."""
         self.blocker = whole_step_blocker(trainer, trial_hooks) if self.setting else ""

@@ -376,3 +376,15 @@ def test_a_parameter_frozen_by_a_callback_stops_moving_as_in_the_eager_fit():
     compiled = _fit(trials(), True, callbacks=[_FreezeHeadAt(5)])
     _assert_same_training(compiled, eager, 1e-5)
     assert compiled._training_step.whole.whole_steps >= 4
+
+
+def test_the_whole_step_pickles_without_its_compiled_function():
+    # ddp_spawn pickles the fused module into each process
+    import pickle
+
+    fused = _fit(_trials("adam"), True, steps=2)
+    whole = fused._training_step.whole
+    assert whole._compiled is not None
+    copy = pickle.loads(pickle.dumps(whole))
+    assert copy._compiled is None
+    assert copy.whole_steps == whole.whole_steps == 1
