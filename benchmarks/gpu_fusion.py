@@ -72,17 +72,7 @@ ROWS = (
     "raw-compile",
     "raw-graphs",
 )
-DEFAULT_ROWS = (
-    "sequential",
-    "concurrent",
-    "fused-vmap",
-    "fused-hfta",
-    "fused-vmap-compile",
-    "fused-vmap-graphs",
-    "raw-eager",
-    "raw-compile",
-    "raw-graphs",
-)
+DEFAULT_ROWS = ROWS
 
 
 # -- the trials ------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ everything the user's code logged, stacked along a leading trial dimension.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -55,6 +55,12 @@ class StepOutputs:
             output=_detach(self.output), per_row=None if self.per_row is None else [_detach(v) for v in self.per_row]
         )
 
+    def cloned(self) -> StepOutputs:
+        """The outputs and logs with every tensor copied (a CUDA graph's outputs are overwritten by its next replay)."""
+        logs = [StackedLog(log.name, _map_tensors(log.values, Tensor.clone), log.options) for log in self.logs]
+        per_row = None if self.per_row is None else [_map_tensors(v, Tensor.clone) for v in self.per_row]
+        return StepOutputs(output=_map_tensors(self.output, Tensor.clone), logs=logs, per_row=per_row)
+
     def loss(self) -> Tensor | None:
         """The ``[B]`` losses of a ``training_step`` (its tensor, or the dict's ``"loss"``), or None."""
         if self.output is None or isinstance(self.output, Tensor):
@@ -62,12 +68,17 @@ class StepOutputs:
         return self.output.get("loss")
 
 
-def _detach(value: Any) -> Any:
+def _map_tensors(value: Any, function: Callable[[Tensor], Tensor]) -> Any:
+    """``function`` of a tensor, or of each tensor of a dict (an output's shapes); anything else as it is."""
     if isinstance(value, Tensor):
-        return value.detach()
+        return function(value)
     if isinstance(value, dict):
-        return {k: _detach(v) for k, v in value.items()}
+        return {k: _map_tensors(v, function) for k, v in value.items()}
     return value
+
+
+def _detach(value: Any) -> Any:
+    return _map_tensors(value, Tensor.detach)
 
 
 class Backend(ABC):

@@ -288,7 +288,7 @@ class WholeStep:
             return out, None
         update.finish(active, prepared)
         if self.setting == "reduce-overhead":  # a CUDA graph's outputs are overwritten by its next replay
-            out, masks = _cloned(out), tuple(m.clone() for m in masks)
+            out, masks = out.cloned(), tuple(m.clone() for m in masks)
         self.losses, self.total, by_loss, by_grads, skip = masks
         self.whole_steps += 1
         report = StepReport(tuple(group.trial_ids), by_loss, by_grads, skipped=skip)
@@ -317,19 +317,3 @@ class WholeStep:
         for tensor in tensors:
             if getattr(tensor, "_dynamo_static_input_type", None) is None:  # what mark_static_address sets
                 torch._dynamo.mark_static_address(tensor, guard=False)
-
-
-def _cloned(out: StepOutputs) -> StepOutputs:
-    """The outputs with every tensor copied (a CUDA graph's outputs are its static buffers)."""
-    from lightning_hydro.backends import StepOutputs
-    from lightning_hydro.backends.base import StackedLog
-
-    def clone(value: Any) -> Any:
-        if isinstance(value, Tensor):
-            return value.clone()
-        if isinstance(value, dict):
-            return {k: clone(v) for k, v in value.items()}
-        return value
-
-    logs = [StackedLog(entry.name, clone(entry.values), entry.options) for entry in out.logs]
-    return StepOutputs(output=clone(out.output), logs=logs)
