@@ -177,8 +177,13 @@ class MetricRecorder:
         self._tensors: list[Tensor] = []
 
     def tensors(self) -> tuple[Tensor, ...]:
-        """The tensors the recorded calls received (return them from the vmapped function)."""
-        return tuple(self._tensors)
+        """The tensors the recorded calls received (return them from the vmapped function), handed over once.
+
+        The recorder lets go of them: inside ``vmap`` they are batched tensors of the mapped call, which must not
+        outlive it (a compiled step could not hand them back: its graph's outputs are plain tensors).
+        """
+        tensors, self._tensors = tuple(self._tensors), []
+        return tensors
 
     @property
     def metric_names(self) -> list[str]:
