@@ -14,12 +14,13 @@ Lightning between them) and compiled as one whole step (``lightning_hydro/fused/
 
 Cases: the digits MLP (widths 64 and 256, B = 4, 16, 64), the network of lightning-hydra-template's
 MNISTLitModule (SimpleDenseNet: Linear-BatchNorm1d-ReLU blocks, in a step without the template's torchmetrics
-calls, so that the compiled graph is the network's alone) and the small Transformer LM of
-``--model transformer``.
+calls, so that the compiled graph is the network's alone), the template's module itself (``template_module``:
+its torchmetrics calls, on the digits at MNIST's shape) and the small Transformer LM of ``--model transformer``.
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Any
@@ -31,7 +32,7 @@ from fusion_throughput import trainer_for  # next to this file (on sys.path when
 
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsDataModule, DigitsMLP
-from lightning_hydro.demos.template_mnist import SimpleDenseNet
+from lightning_hydro.demos.template_mnist import DigitsMNISTDataModule, MNISTLitModule, SimpleDenseNet
 
 __all__ = ["compile_table"]
 
@@ -80,6 +81,16 @@ def _trials(case: str, count: int, width: int) -> list[L.LightningModule]:
         return [DigitsMLP(hidden_dim=width, lr=0.01 * (1 + i), momentum=0.9) for i in range(count)]
     if case == "template":
         return [TemplateNetTrial(1e-3 * (1 + i)) for i in range(count)]
+    if case == "template_module":  # the template's own LightningModule: torchmetrics in its steps
+        net = {"lin1_size": width, "lin2_size": width, "lin3_size": width // 2}
+        return [
+            MNISTLitModule(
+                net=SimpleDenseNet(**net),
+                optimizer=functools.partial(torch.optim.Adam, lr=1e-3 * (1 + i)),
+                scheduler=None,
+            )
+            for i in range(count)
+        ]
     from fusion_throughput import TransformerTrial  # the --model transformer case
 
     return [TransformerTrial(1e-4 * (i + 1), d_model=width) for i in range(count)]
@@ -90,6 +101,8 @@ def _data(case: str) -> L.LightningDataModule:
         from fusion_throughput import RandomData
 
         return RandomData("tokens")
+    if case == "template_module":
+        return DigitsMNISTDataModule(batch_size=64)
     return DigitsDataModule()
 
 

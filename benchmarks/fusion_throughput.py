@@ -364,7 +364,7 @@ def _model_report(args: argparse.Namespace) -> str:
 
         trials = args.trials if args.trials != [1, 4, 16, 64] else [4, 16, 64]
         cases = [("digits", width, count) for width in args.widths for count in trials]
-        cases += [("template", 64, 16), ("transformer", 64, 4)]
+        cases += [("template", 64, 16), ("template_module", 64, 16), ("transformer", 64, 4)]
         lines = [
             f"Device: {args.device}, torch threads: {args.threads}, torch {torch.__version__}, {args.steps} steps "
             f"({args.warmup} warm-up), median of {args.repeats} repeats; backend vmap, eager vs compile=True (split "
