@@ -341,7 +341,7 @@ class _LateScaleMLP(_LateHeadMLP):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("module", [_LateHeadMLP, _LateScaleMLP])
-def test_a_step_whose_python_branch_changes_what_takes_gradients_runs_split_from_then_on(module):
+def test_a_python_branch_in_the_step_relearns_what_takes_gradients_and_trains_as_eager(module):
     # SGD with momentum and weight decay: a parameter without a gradient takes no step at all, one with a zero
     # gradient decays; the head the step reaches from step 6 on must not move before it, and must train after
     def trials() -> list[L.LightningModule]:
