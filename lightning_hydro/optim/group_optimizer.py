@@ -44,6 +44,7 @@ __all__ = [
     "TrialClipping",
     "TrialGroupOptimizer",
     "TrialScheduler",
+    "clips_by_value",
 ]
 
 OptimizerPath = Literal["auto", "universal", "fused"]
@@ -179,6 +180,11 @@ def _record_step(optimizer: Optimizer) -> None:
         optimizer._opt_called = True  # type: ignore[attr-defined]
 
 
+def clips_by_value(algorithm: Any) -> bool:
+    """Whether ``Trainer(gradient_clip_algorithm=...)`` clips by value ("value" or Lightning's enum of it), not norm."""
+    return str(getattr(algorithm, "value", algorithm)) == "value"
+
+
 class TrialGroupOptimizer(Optimizer):
     """Steps B trials' own optimizers (or one fused update) after one fused forward/backward.
 
@@ -296,7 +302,7 @@ class TrialGroupOptimizer(Optimizer):
             return  # a whole step clipped within training_step
         if self.fused is not None and not self._own_clipping:
             if value:
-                if str(getattr(algorithm, "value", algorithm)) == "value":
+                if clips_by_value(algorithm):
                     self.fused.clip_value(float(value))
                 else:
                     self.fused.clip_norm(float(value))

@@ -37,7 +37,7 @@ from lightning_hydro.backends.compiled_step import NOT_COMPILED, CompileSetting,
 from lightning_hydro.backends.trial_attributes import state_writes
 from lightning_hydro.backends.vmap_backend import VmapBackend
 from lightning_hydro.fused.step.fused_update import FusedUpdate, clip_rows_by_norm, clip_rows_by_value, non_finite_rows
-from lightning_hydro.optim.group_optimizer import StepReport
+from lightning_hydro.optim.group_optimizer import StepReport, clips_by_value
 
 if TYPE_CHECKING:
     from lightning_hydro.backends import Backend, StepOutputs
@@ -80,8 +80,7 @@ def _clip_setting(trainer: Any) -> tuple[str, float]:
     value = trainer.gradient_clip_val
     if not value:
         return "", 0.0
-    algorithm = trainer.gradient_clip_algorithm
-    return ("value" if str(getattr(algorithm, "value", algorithm)) == "value" else "norm"), float(value)
+    return ("value" if clips_by_value(trainer.gradient_clip_algorithm) else "norm"), float(value)
 
 
 def _whole_step(
