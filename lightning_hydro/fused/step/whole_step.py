@@ -159,6 +159,7 @@ class WholeStep:
         self._said: set[str] = set()
         self._compiled: Callable[..., Any] | None = None
         self._names: weakref.WeakKeyDictionary[FusedUpdate, list[str]] = weakref.WeakKeyDictionary()
+        self._marked: weakref.WeakSet[FusedUpdate] = weakref.WeakSet()  # updates whose tensors are marked static
         # a new graph is traced only right after a split step has learned which parameters take gradients:
         self._may_trace = True  # the next call may trace one (else a call that needs one runs split first)
         self._relearning = False  # a split step is relearning them (for a step that needed a new graph)
@@ -167,12 +168,12 @@ class WholeStep:
     def __getstate__(self) -> dict[str, Any]:
         """Without the compiled function and the caches (``ddp_spawn`` pickles the module): rebuilt on use."""
         state = dict(self.__dict__)
-        state["_compiled"], state["_names"] = None, None
+        state["_compiled"], state["_names"], state["_marked"] = None, None, None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._names = weakref.WeakKeyDictionary()
+        self._names, self._marked = weakref.WeakKeyDictionary(), weakref.WeakSet()
 
     def configure(self, trainer: Any, trial_hooks: Iterable[str]) -> None:
         """Take the trainer's set-up (at the start of each training epoch: gradient accumulation may change)."""
@@ -305,8 +306,12 @@ class WholeStep:
         """Mark the tensors the step updates in place static: CUDA graphs read and write them where they are.
 
         The stacked parameters and buffers, the update's state and factors: none is reallocated between steps (a
-        slot change makes new ones, marked at the next step; a graph recorded for the old ones is recorded again).
+        slot change makes new ones, and a new update, marked at the next step; a graph recorded for the old ones is
+        recorded again). Once per update, not per step: the steady step walks no tensor list here.
         """
+        if update in self._marked:
+            return
+        self._marked.add(update)
         tensors = [*group.params.values(), *group.buffers.values()]
         tensors += [t for state in update.state for t in state.values()]
         tensors += [t for t in vars(update).values() if isinstance(t, Tensor)]
@@ -314,5 +319,4 @@ class WholeStep:
         if factors is not None:
             tensors += [t for t in vars(factors).values() if isinstance(t, Tensor)]
         for tensor in tensors:
-            if getattr(tensor, "_dynamo_static_input_type", None) is None:  # what mark_static_address sets
-                torch._dynamo.mark_static_address(tensor, guard=False)
+            torch._dynamo.mark_static_address(tensor, guard=False)
