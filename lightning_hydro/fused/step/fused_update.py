@@ -224,7 +224,7 @@ class FusedUpdate(RowStates, ABC):
             self._compiled(self, by_part, skip, prepared)
         else:
             self.device_step(by_part, skip, prepared)
-        self._finish(active, prepared)
+        self.finish(active, prepared)
         return bad, skip
 
     def prepare(self, param_groups: Sequence[Sequence[dict[str, Any]]], active: list[int]) -> Any:
