@@ -175,6 +175,14 @@ class MetricRecorder:
         self._trial_metrics: dict[tuple[int, str], list[nn.Module]] = {}
         self.calls: list[MetricCall] = []
         self._tensors: list[Tensor] = []
+        # the stand-ins, made once: a compiled step sees the same objects at every step (no new guard to fail)
+        self._stand_ins: list[tuple[nn.Module, str, Any]] = []
+        for path, metric in self._metrics:
+            self._stand_ins += [(metric, method, _bind(self._record, path, metric, method)) for method in _RECORDED]
+            self._stand_ins += [
+                (metric, method, _refuse_call(path, f"calls {type(metric).__name__}.{method}() of"))
+                for method in _REFUSED
+            ]
 
     def tensors(self) -> tuple[Tensor, ...]:
         """The tensors the recorded calls received (return them from the vmapped function), handed over once.
@@ -202,23 +210,24 @@ class MetricRecorder:
             return {str(key): DeferredValue(path, name, call, str(key)) for key in keys}
         return DeferredValue(path, name, call)
 
+    def restart(self) -> None:
+        """Forget the recorded calls: a new step (or, chunked, a new chunk of rows) records afresh."""
+        self.calls, self._tensors = [], []
+
     @contextmanager
     def recording(self) -> Iterator[None]:
         """While active, the template's metrics record ``forward``/``update`` calls and refuse ``compute``/``reset``.
 
         The recorders are instance attributes that shadow the metric's methods for the duration of the block;
-        the previous attributes are restored on exit, also when the block raises.
+        the previous attributes are restored on exit, also when the block raises. Under ``torch.compile`` enter it
+        outside the compiled function and call :meth:`restart` inside (torch 2.11's dynamo cannot trace the
+        attributes' removal).
         """
-        self.calls, self._tensors = [], []
-        saved: list[tuple[nn.Module, str, Any]] = []
+        self.restart()
+        saved = [(metric, method, metric.__dict__.get(method, _MISSING)) for metric, method, _ in self._stand_ins]
         try:
-            for path, metric in self._metrics:
-                for method in (*_RECORDED, *_REFUSED):
-                    saved.append((metric, method, metric.__dict__.get(method, _MISSING)))
-                for method in _RECORDED:
-                    metric.__dict__[method] = _bind(self._record, path, metric, method)
-                for method in _REFUSED:
-                    metric.__dict__[method] = _refuse_call(path, f"calls {type(metric).__name__}.{method}() of")
+            for metric, method, stand_in in self._stand_ins:
+                metric.__dict__[method] = stand_in
             yield
         finally:
             for metric, method, previous in reversed(saved):

@@ -28,7 +28,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["LogCall", "capture_logs"]
+__all__ = ["LogCall", "LogRecorder", "capture_logs"]
 
 _MISSING = object()
 
@@ -42,25 +42,42 @@ class LogCall:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-@contextmanager
-def capture_logs(module: nn.Module) -> Iterator[list[LogCall]]:
-    """Record the module's ``self.log`` / ``self.log_dict`` calls instead of sending them to Lightning.
+class LogRecorder:
+    """Stands in for a module's ``self.log`` and records its calls in :attr:`calls`.
 
-    The recorder is an instance attribute that shadows ``LightningModule.log`` for the duration of the
-    block (``log_dict`` calls ``self.log`` per entry, so it is covered too); the previous state is restored
-    on exit, also when the block raises. Blocks may nest.
+    One recorder can be installed once and emptied per call (:meth:`clear`): under ``torch.compile`` the
+    installing, which adds and removes an instance attribute, stays out of the traced function (torch 2.11's
+    dynamo cannot trace the removal) and the recorder the traced code calls is the same object at every step.
     """
-    calls: list[LogCall] = []
 
-    def log(name: str, value: Any, *args: Any, **options: Any) -> None:
+    def __init__(self) -> None:
+        self.calls: list[LogCall] = []
+
+    def __call__(self, name: str, value: Any, *args: Any, **options: Any) -> None:
+        """``self.log(name, value, ...)``: recorded, not logged."""
         if args:  # positional options: map them onto LightningModule.log's parameter order
             options.update(zip(_LOG_POSITIONAL_OPTIONS, args))
-        calls.append(LogCall(name, value, options))
+        self.calls.append(LogCall(name, value, options))
 
+    def clear(self) -> None:
+        """Forget the recorded calls (a new list: the old one may still be read)."""
+        self.calls = []
+
+
+@contextmanager
+def capture_logs(module: nn.Module, recorder: LogRecorder | None = None) -> Iterator[list[LogCall]]:
+    """Record the module's ``self.log`` / ``self.log_dict`` calls instead of sending them to Lightning.
+
+    The recorder (a new one unless given) is an instance attribute that shadows ``LightningModule.log`` for the
+    duration of the block (``log_dict`` calls ``self.log`` per entry, so it is covered too); the previous state
+    is restored on exit, also when the block raises. Blocks may nest. Yields the recorder's list of calls as it
+    is on entry (a caller that clears a given recorder reads ``recorder.calls`` instead).
+    """
+    recorder = LogRecorder() if recorder is None else recorder
     previous = module.__dict__.get("log", _MISSING)
-    module.__dict__["log"] = log
+    module.__dict__["log"] = recorder
     try:
-        yield calls
+        yield recorder.calls
     finally:
         if previous is _MISSING:
             del module.__dict__["log"]

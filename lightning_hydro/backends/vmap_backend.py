@@ -44,7 +44,7 @@ from lightning_hydro.backends.trial_attributes import (
     unfusible_attributes,
     unfusible_error_text,
 )
-from lightning_hydro.backends.trial_logging import LogCall, capture_logs
+from lightning_hydro.backends.trial_logging import LogCall, LogRecorder, capture_logs
 from lightning_hydro.backends.trial_ops.functional_patch import trial_functional
 
 if TYPE_CHECKING:
@@ -112,6 +112,7 @@ class VmapBackend(Backend):
         self._compiled: CompiledStep | None = None
         self._caller: MethodCaller | None = None
         self._recorder: MetricRecorder | None = None
+        self._logs = LogRecorder()  # the template's self.log while a call runs (the same object at every call)
         self.deferred_metrics: list[str] = []  # the torchmetrics metrics the last call replayed per trial
         self._state = StepState(self.name)
         self._active: ActiveCall | None = None  # the running call's Python state, read inside the mapped function
@@ -237,7 +238,13 @@ class VmapBackend(Backend):
             call = self._compiled
         active = self._active = self._state.begin(template, self.group.modules, self.group.trial_ids, method)
         try:
-            with _without_mha_fast_path(), trial_functional(reduced_precision=self._reduced_precision()):
+            # the stand-ins for self.log and the metrics are installed out here, not in the (compiled) call
+            with (
+                _without_mha_fast_path(),
+                trial_functional(reduced_precision=self._reduced_precision()),
+                capture_logs(caller.module, self._logs),
+                recorder.recording(),
+            ):
                 result = call(caller, recorder, method, params, buffers, args)
             extra = None
             if step is not None:
@@ -298,13 +305,15 @@ class VmapBackend(Backend):
         values (a tensor value is :data:`_TENSOR`).
         """
         side: dict[str, Any] = {}
-        active = self._active
+        active, logs = self._active, self._logs
         chunked = self.chunk_size is not None and self.chunk_size < self.group.size
 
         def per_trial(p: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[Any, ...]:
-            with capture_logs(caller.module) as calls, recorder.recording():
-                out = functional_call(caller, (p, b), (method, *args))
-            # vmap's batched tensors must not leave the mapped function: keep their place, return them below
+            logs.clear()  # (chunked: this chunk's calls)
+            recorder.restart()
+            out = functional_call(caller, (p, b), (method, *args))
+            calls = logs.calls
+            logs.clear()  # vmap's batched tensors must not leave the mapped function: keep their place, return them
             side["calls"] = [
                 LogCall(c.name, _TENSOR if isinstance(c.value, Tensor) else c.value, c.options) for c in calls
             ]
