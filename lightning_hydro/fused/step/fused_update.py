@@ -59,6 +59,7 @@ __all__ = [
     "clip_rows_by_norm",
     "clip_rows_by_value",
     "non_finite_rows",
+    "not_finite",
 ]
 
 # rows not to update: row indices known on the host, or a [B] bool mask on the device (no host sync)
@@ -85,6 +86,18 @@ def clip_rows_by_value(grads: Sequence[Tensor], clip_value: float) -> None:
     torch._foreach_clamp_max_(list(grads), clip_value)
 
 
+def not_finite(values: Tensor) -> Tensor:
+    """Where ``values`` is NaN or infinite, as a bool tensor.
+
+    Eagerly ``(values * 0) != 0`` (two small ops; ``torch.isfinite`` takes five); under ``torch.compile``
+    ``~torch.isfinite(values)``, which inductor fuses into one kernel anyway: torch 2.11's inductor folded
+    ``values * 0`` to 0, so that the compiled step found no NaN.
+    """
+    if torch.compiler.is_compiling():
+        return ~torch.isfinite(values)
+    return (values * 0) != 0
+
+
 def non_finite_rows(grads: Sequence[Tensor], *, concatenate: bool) -> Tensor:
     """``[B]`` bool: rows of the ``[B, ...]`` gradients with a NaN or inf (or a sum that overflows), on the device.
 
@@ -93,7 +106,19 @@ def non_finite_rows(grads: Sequence[Tensor], *, concatenate: bool) -> Tensor:
     """
     rows = [g.reshape(g.shape[0], -1) for g in grads]
     sums = torch.cat(rows, 1).sum(1) if concatenate else torch.stack([r.sum(1) for r in rows]).sum(0)
-    return (sums * 0) != 0  # NaN where not finite: two small ops (torch.isfinite takes five)
+    return not_finite(sums)
+
+
+def store(target: Tensor, value: Tensor) -> None:
+    """Write ``value`` into the update's persistent tensor ``target``, in the device work (compiled or not).
+
+    A foreach copy, which inductor keeps a write of its own: torch 2.11's inductor fused an in-place write of a
+    persistent tensor (``steps.add_``, ``table[...].copy_``) with the reads of the values before it, which then
+    read it after (Adam counted each step twice, and its bias corrections were overwritten); the compiled fit
+    trained silently otherwise than the eager one. The device work reads a persistent tensor before storing into
+    it, and stores into each once.
+    """
+    torch._foreach_copy_([target], [value])
 
 
 class FusedUpdate(RowStates, ABC):
@@ -154,8 +179,12 @@ class FusedUpdate(RowStates, ABC):
         """Host-side facts the device work of a step needs (e.g. which counters it touches); no device work."""
         return self._counters(active)
 
-    def _before(self, skip: Tensor | None, prepared: Any) -> None:
-        """Per-step device work on the ``[P, B]`` counters before the foreach calls (e.g. Adam's bias corrections)."""
+    def _before(self, table: Tensor, skip: Tensor, prepared: Any) -> None:
+        """Per-step device work before the foreach calls: counters, and step-dependent factors.
+
+        ``table`` is this step's ``[K, P, B]`` factors, before they are stored where the views read them: an update
+        writes step-dependent ones into it (Adam's bias corrections).
+        """
 
     def _finish(self, active: list[int], prepared: Any) -> None:
         """Host-side bookkeeping after a step."""
@@ -266,9 +295,11 @@ class FusedUpdate(RowStates, ABC):
                 grad.masked_fill_(skip.view(-1, *([1] * (grad.dim() - 1))), 0)
         factors = self._factors
         assert factors is not None
-        # this step's factors: every row's, the skipped rows' neutral (an update may then write step-dependent ones)
-        torch.where(skip, factors.neutral, factors.base, out=factors.table)
-        self._before(skip, prepared)
+        # this step's factors: every row's, the skipped rows' neutral (an update may then write step-dependent
+        # ones), made apart and stored in the views' table in one write (see store)
+        table = torch.where(skip, factors.neutral, factors.base)
+        self._before(table, skip, prepared)
+        store(factors.table, table)
         for part, part_grads in zip(self._plan, grads):
             self._run(part, part_grads)
 
@@ -297,7 +328,7 @@ class FusedUpdate(RowStates, ABC):
             and len(seen) == len(grads)
             and all(g is s and g._version == v for (s, v), g in zip(seen, grads))
         ):
-            return (norms[0] * 0) != 0  # the gradients are those the clipping norms were taken of
+            return not_finite(norms[0])  # the gradients are those the clipping norms were taken of
         if not grads:
             return torch.zeros(self.rows, dtype=torch.bool, device=self.device)
         return non_finite_rows(grads, concatenate=self.concatenate)
@@ -371,21 +402,19 @@ class FusedSGDUpdate(SGDRowStates, FusedUpdate):
         return bool(self._fresh.intersection(active)), self._counters(active)
 
     @override
-    def _before(self, skip: Tensor | None, prepared: Any) -> None:
+    def _before(self, table: Tensor, skip: Tensor, prepared: Any) -> None:
         fresh, index = prepared
         if not fresh:
             return
         factors = self._factors
         assert factors is not None
         # a row's first step with momentum starts its buffer as a copy of the gradient (torch: no dampening)
-        first = ~self.initialized & factors.base_row("uses_momentum").bool()
-        if skip is not None:
-            first &= ~skip
+        first = ~self.initialized & factors.base_row("uses_momentum").bool() & ~skip
         if index is not None:  # a parameter without a gradient takes no step
             first &= torch.zeros_like(first).index_fill_(0, index, True)
-        factors.row("keep").masked_fill_(first, 0.0)
-        factors.row("add").masked_fill_(first, 1.0)
-        self.initialized |= first
+        table[factors.index("keep")].masked_fill_(first, 0.0)
+        table[factors.index("add")].masked_fill_(first, 1.0)
+        store(self.initialized, self.initialized | first)
 
     @override
     def _finish(self, active: list[int], prepared: Any) -> None:
@@ -480,23 +509,24 @@ class FusedAdamUpdate(AdamRowStates, FusedUpdate):
         return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if self.amsgrad else ("exp_avg", "exp_avg_sq")
 
     @override
-    def _before(self, skip: Tensor | None, prepared: Any) -> None:
+    def _before(self, table: Tensor, skip: Tensor, prepared: Any) -> None:
         factors = self._factors
         assert factors is not None
         index = prepared
         if index is None:
-            self.steps.add_(1 if skip is None else ~skip)
+            steps = self.steps + ~skip
         else:  # a parameter without a gradient takes no step
-            taken = torch.ones_like(self.steps[0]) if skip is None else (~skip).to(self.steps.dtype)
-            self.steps.index_add_(0, index, taken.expand(index.shape[0], -1))
+            taken = (~skip).to(self.steps.dtype)
+            steps = self.steps.index_add(0, index, taken.expand(index.shape[0], -1))
+        store(self.steps, steps)
         # torch, in doubles on the host: step_size = lr / (1 - beta1 ** step), bias_correction2_sqrt =
         # sqrt(1 - beta2 ** step); here in doubles on the device, both corrections at once
-        corrections = 1 - torch.pow(factors.doubles[1:], self.steps)
+        corrections = 1 - torch.pow(factors.doubles[1:], steps)
         corrections[0] = factors.doubles[0] / corrections[0]  # DOUBLES' order: neg_lr, beta1, beta2
         corrections[1].sqrt_()
-        if skip is not None:  # a skipped row may be at step 0, where these are inf and 0: make it neutral
-            torch.where(skip, self._neutral_corrections, corrections, out=corrections)
-        factors.table[self._corrections].copy_(corrections)
+        # a skipped row may be at step 0, where these are inf and 0: make it neutral
+        torch.where(skip, self._neutral_corrections, corrections, out=corrections)
+        table[self._corrections].copy_(corrections)
 
     @override
     def _run(self, part: Part, grads: list[Tensor] | tuple[Tensor, ...]) -> None:

@@ -121,9 +121,9 @@ class RowHyperparameters:
         """Factor ``name`` for each parameter, as ``[B, 1, ...]`` views of this step's table (stable objects)."""
         return self._views[name]
 
-    def row(self, name: str) -> Tensor:
-        """This step's ``[P, B]`` values of factor ``name`` (an update may write step-dependent values into it)."""
-        return self.table[self._index[name]]
+    def index(self, name: str) -> int:
+        """The position of factor ``name`` in the tables' first dimension."""
+        return self._index[name]
 
     def base_row(self, name: str) -> Tensor:
         """Every row's ``[P, B]`` values of factor ``name`` as last copied (skips not applied)."""

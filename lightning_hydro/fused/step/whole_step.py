@@ -36,7 +36,13 @@ from torch.func import grad_and_value
 from lightning_hydro.backends.compiled_step import NOT_COMPILED, CompileSetting, own_code
 from lightning_hydro.backends.trial_attributes import state_writes
 from lightning_hydro.backends.vmap_backend import VmapBackend
-from lightning_hydro.fused.step.fused_update import FusedUpdate, clip_rows_by_norm, clip_rows_by_value, non_finite_rows
+from lightning_hydro.fused.step.fused_update import (
+    FusedUpdate,
+    clip_rows_by_norm,
+    clip_rows_by_value,
+    non_finite_rows,
+    not_finite,
+)
 from lightning_hydro.optim.group_optimizer import StepReport, clips_by_value
 
 if TYPE_CHECKING:
@@ -107,7 +113,7 @@ def _whole_step(
         encoded, logged, metric_args, stored, calls, kind = backend.vmapped(caller, recorder, method, p, b, args)
         side["calls"], side["kind"] = calls, kind
         losses = (encoded if kind == "tensor" else encoded["loss"]).reshape(rows)
-        bad = (losses * 0) != 0  # the rows whose loss is not finite add nothing (sum_of_finite)
+        bad = not_finite(losses)  # the rows whose loss is not finite add nothing (sum_of_finite)
         return torch.where(bad, 0.0, losses).sum(), (encoded, logged, metric_args, stored, losses, bad)
 
     with torch.no_grad():  # the gradients come from grad_and_value; the update is in place
@@ -118,7 +124,7 @@ def _whole_step(
         grad_list = [grads[names[i]].contiguous() for i in active]
         kind, value = clip
         if kind == "norm":
-            by_grads = (clip_rows_by_norm(grad_list, value) * 0) != 0
+            by_grads = not_finite(clip_rows_by_norm(grad_list, value))
         else:
             if kind == "value":
                 clip_rows_by_value(grad_list, value)

@@ -170,3 +170,53 @@ def test_a_compiled_fit_runs_the_fused_update_compiled_like_the_eager_fit(optimi
     assert update.calls >= 1  # the update went through torch.compile (the first, split step; then the whole step)
     for tid in range(3):
         assert max_state_difference(compiled.unfuse(tid), eager.unfuse(tid)) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("kind", "settings"),
+    [
+        ("adam", {"amsgrad": True}),
+        ("adamw", {"weight_decay": 0.1}),
+        ("sgd", {"momentum": 0.9, "dampening": 0.5, "weight_decay": 0.01}),
+    ],
+)
+def test_the_compiled_fused_update_steps_counters_corrections_and_skipped_rows_as_eager(kind, settings):
+    # torch 2.11's inductor (the GPU image's torch) counted each Adam step twice and overwrote the bias corrections
+    # (an in-place write fused with reads of the value before it): the compiled fit trained otherwise, silently
+    from lightning_hydro.fused.step.compiled_update import CompiledUpdate
+    from lightning_hydro.fused.step.select_update import select_fused_update
+
+    def steps(compile: bool | CompiledUpdate) -> list[torch.Tensor]:
+        generator = torch.Generator().manual_seed(0)
+        stacked = [
+            nn.Parameter(torch.randn(3, 4, 5, generator=generator)),
+            nn.Parameter(torch.randn(3, 5, generator=generator)),
+        ]
+        trials = [[nn.Parameter(p.detach()[r].clone()) for p in stacked] for r in range(3)]
+        make = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[kind]
+        optimizers = [make(t, lr=0.01 * (r + 1), **settings) for r, t in enumerate(trials)]
+        update = select_fused_update(optimizers, trials, stacked)
+        assert not isinstance(update, str)
+        update.compile(compile)
+        for step in range(4):  # row 1 skipped at its first step (its counters at 0), row 0 at the third
+            for p in stacked:
+                p.grad = torch.randn(p.shape, generator=generator)
+            update.step([o.param_groups for o in optimizers], skip_rows=torch.tensor([step == 2, step == 0, False]))
+        return [p.detach().clone() for p in stacked] + [s for state in update.state for s in state.values()]
+
+    compiled = CompiledUpdate(True)
+    eager, stepped = steps(False), steps(compiled)
+    assert compiled.failure == ""
+    assert compiled.calls == 4
+    for a, b in zip(eager, stepped, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)  # inductor fuses the ops: float rounding
+
+
+def test_a_compiled_step_finds_the_non_finite_values():
+    # torch 2.11's inductor folded `x * 0` to 0, so the eager NaN test `(x * 0) != 0` found none when compiled
+    from lightning_hydro.fused.step.fused_update import not_finite
+
+    values = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.0])
+    expected = [False, True, True, True, False]
+    assert not_finite(values).tolist() == expected
+    assert torch.compile(not_finite, fullgraph=True)(values).tolist() == expected
