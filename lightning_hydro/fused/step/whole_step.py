@@ -14,7 +14,7 @@ Lightning still drives the step: ``training_step`` returns the (detached) loss, 
 the group optimizer's clipping and ``step`` see that the whole step has run and only report it; what the
 trials logged, their outputs and the rows' health are booked as after a split step.
 
-It runs only where it computes what the split step computes (:meth:`WholeStep.why_not`, else the split step
+It runs only where it computes what the split step computes (:meth:`WholeStep.usable`, else the split step
 runs, said once per reason): the vmap or hfta backend, settled; the fused optimizer path (one update for all
 rows); the parameters that took gradients at the latest split step (a parameter the loss does not reach
 takes no step, as with torch's optimizers); no gradient accumulation; 32- or 64-bit precision; one process;
@@ -186,8 +186,13 @@ class WholeStep:
         self.blocker = whole_step_blocker(trainer, trial_hooks) if self.setting else ""
         self.clip = _clip_setting(trainer)
 
-    def why_not(self, backend: Backend, optimizer: TrialGroupOptimizer | None) -> str:
-        """Why the next step must be split ("" if it may run whole)."""
+    def _split_reason(self, backend: Backend, optimizer: TrialGroupOptimizer | None) -> str:
+        """Why the next step must be split ("" if it may run whole); called once per step, by :meth:`usable`.
+
+        Not a pure query: it also moves the learned-parameters protocol on (a new update, or a split step that has
+        relearned which parameters take gradients, lets the next whole step trace a graph; a changed set makes
+        every later step split).
+        """
         if not self.setting:
             return "compile is off"
         if self.failure or self.blocker:
@@ -226,7 +231,7 @@ class WholeStep:
 
     def usable(self, backend: Backend, optimizer: TrialGroupOptimizer | None) -> bool:
         """Whether the next step runs whole; if not, the reason is said once in the log."""
-        reason = self.why_not(backend, optimizer)
+        reason = self._split_reason(backend, optimizer)
         self.reason = reason
         if reason and self.setting and reason not in self._said:
             self._said.add(reason)
