@@ -176,7 +176,10 @@ def test_longer_template_sweeps_with_asha_read_the_optimized_metric_back(tmp_pat
 def test_a_killed_template_sweep_resumes_without_retraining_finished_groups(tmp_path):
     project = make_project(tmp_path)
     sweep_dir = tmp_path / "sweep"
-    args = [*SEARCH, "hydra.sweeper.n_trials=6", "trainer.max_epochs=3", f"hydra.sweep.dir={sweep_dir}"]
+    # 30 batches an epoch (not 3): between a group's first last.ckpt and its result lie 2 epochs, long enough to be
+    # seen by polling every 0.2 s (with 3 batches the whole sweep ended in 7 s, before it could be killed)
+    args = [*SEARCH, "++trainer.limit_train_batches=30", "hydra.sweeper.n_trials=6", "trainer.max_epochs=3"]
+    args.append(f"hydra.sweep.dir={sweep_dir}")
     command, env = train_command(project, args)
     proc = subprocess.Popen(command, cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
