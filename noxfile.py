@@ -4,7 +4,7 @@ torch alone is several GB, so a fresh virtualenv per session would cost minutes 
     nox -s lint typecheck tests      # what CI runs
     nox -s slow                      # long tests: whole models, real multi-process sweeps, submitit's local mode
     nox -s gpu                       # tests that need a CUDA device (pytest -m gpu)
-    nox -s compat                    # the compiled step's tests under the GPU machines' torch (2.11), own venv
+    nox -s compat                    # the default suite under the GPU machines' torch (2.11), own venv
     nox -s examples                  # every example, end to end
     nox -s bench                     # every benchmark (long); `nox -s bench -- fusion` runs the matching ones
 """
@@ -87,7 +87,7 @@ COMPAT = ("torch==2.11.0", "torchvision==0.26.0")
 
 @nox.session(venv_backend="venv")
 def compat(session: nox.Session) -> None:
-    """The step's tests (slow ones included) and the backends' under the oldest torch this project supports.
+    """The default suite and the step's slow tests under the oldest torch this project supports.
 
     That is the GPU machines' torch, whose inductor compiled three of the step's patterns otherwise than eager
     torch (issue 22; each test named in docs/fused.md): the current torch passes them either way. A virtualenv of
@@ -99,8 +99,8 @@ def compat(session: nox.Session) -> None:
     if session.posargs:
         session.run("pytest", "-p", "no:cacheprovider", *session.posargs)
         return
-    session.run("pytest", "-m", "slow or not slow", "-p", "no:cacheprovider", "tests/fused/step")
-    session.run("pytest", "-p", "no:cacheprovider", "tests/backends", "lightning_hydro/backends")
+    session.run("pytest", "-p", "no:cacheprovider")  # the default suite, as the tests session runs it
+    session.run("pytest", "-m", "slow", "-p", "no:cacheprovider", "tests/fused/step")  # and the step's slow ones
 
 
 @nox.session
