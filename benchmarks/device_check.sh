@@ -23,7 +23,7 @@ START=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 
 left() { echo $((BUDGET - ($(date +%s) - START))); }
-log() { echo "$(date -u +%H:%M:%S) +$(($(date +%s) - START))s $*" | tee -a "$OUT/stages.txt"; }
+log() { echo "$(date -u +%H:%M:%S) +$(($(date +%s) - START))s $*" | tee -a "$OUT/stages.txt" >&2; }
 
 # run CAP SECONDS_RESERVED_AFTER NAME COMMAND...: the command under `timeout`, at most CAP seconds and never into
 # the time the later stages reserve
