@@ -40,9 +40,24 @@ from torch import Tensor
 from lightning_hydro.fused.step.fused_update import not_finite
 from lightning_hydro.optim.group_optimizer import StepReport
 
-__all__ = ["HealthReadback", "RowHealth"]
+__all__ = ["HealthReadback", "RowHealth", "sum_of_finite"]
 
 _REASONS = {1: "non-finite loss", 2: "non-finite gradients"}
+
+
+def sum_of_finite(losses: Tensor, bad: Tensor) -> Tensor:
+    """The loss Lightning runs backward on: the sum of the ``[B]`` losses, the ``bad`` rows' left out.
+
+    A sum, not a mean, so that each trial's gradient is its own; a bad row (a non-finite loss) adds nothing, and
+    its gradient is zero.
+
+    Example::
+
+        >>> losses = torch.tensor([1.0, float("nan"), 2.0])
+        >>> sum_of_finite(losses, ~torch.isfinite(losses))
+        tensor(3.)
+    """
+    return torch.where(bad, 0.0, losses).sum()
 
 
 @dataclass

@@ -28,25 +28,10 @@ from lightning_hydro.backends.errors import FusionError, explain_backward_error
 from lightning_hydro.fused.logging.metrics import TrialMetrics
 from lightning_hydro.fused.rank_sync import RankSync
 from lightning_hydro.fused.step.backend_policy import BackendPolicy, Chooser
-from lightning_hydro.fused.step.row_health import RowHealth
+from lightning_hydro.fused.step.row_health import RowHealth, sum_of_finite
 from lightning_hydro.fused.step.whole_step import WholeStep
 
-__all__ = ["TrainingStep", "sum_of_finite"]
-
-
-def sum_of_finite(losses: Tensor, bad: Tensor) -> Tensor:
-    """The loss Lightning runs backward on: the sum of the ``[B]`` losses, the ``bad`` rows' left out.
-
-    A sum, not a mean, so that each trial's gradient is its own; a bad row (a non-finite loss) adds nothing, and
-    its gradient is zero.
-
-    Example::
-
-        >>> losses = torch.tensor([1.0, float("nan"), 2.0])
-        >>> sum_of_finite(losses, ~torch.isfinite(losses))
-        tensor(3.)
-    """
-    return torch.where(bad, 0.0, losses).sum()
+__all__ = ["TrainingStep"]
 
 
 class TrainingStep:

@@ -43,6 +43,7 @@ from lightning_hydro.fused.step.fused_update import (
     non_finite_rows,
     not_finite,
 )
+from lightning_hydro.fused.step.row_health import sum_of_finite
 from lightning_hydro.optim.group_optimizer import StepReport, clips_by_value
 
 if TYPE_CHECKING:
@@ -113,8 +114,8 @@ def _whole_step(
         encoded, logged, metric_args, stored, calls, kind = backend.vmapped(caller, recorder, method, p, b, args)
         side["calls"], side["kind"] = calls, kind
         losses = (encoded if kind == "tensor" else encoded["loss"]).reshape(rows)
-        bad = not_finite(losses)  # the rows whose loss is not finite add nothing (sum_of_finite)
-        return torch.where(bad, 0.0, losses).sum(), (encoded, logged, metric_args, stored, losses, bad)
+        bad = not_finite(losses)
+        return sum_of_finite(losses, bad), (encoded, logged, metric_args, stored, losses, bad)
 
     with torch.no_grad():  # the gradients come from grad_and_value; the update is in place
         grads, (summed, (encoded, logged, metric_args, stored, losses, bad)) = grad_and_value(total, has_aux=True)(
