@@ -29,6 +29,7 @@ __all__ = [
     "CompileSetting",
     "CompiledStep",
     "check_compile_setting",
+    "compile_error",
     "own_code",
     "under_function_mode",
 ]
@@ -74,6 +75,12 @@ def own_code(function: Callable[..., Any]) -> Callable[..., Any]:
     return types.MethodType(copy, bound) if bound is not None else copy
 
 
+def compile_error(err: BaseException) -> str:
+    """What torch.compile raised, as the fallback's log line says it: ``"<type>: <its first line>"``."""
+    first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return f"{type(err).__name__}: {first_line}"
+
+
 def under_function_mode() -> bool:
     """Whether a ``TorchFunctionMode`` is on (the first batch's check records the step's torch calls with one).
 
@@ -111,6 +118,5 @@ class CompiledStep:
         try:
             return self._compiled(*args)
         except Exception as err:
-            first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            self.fall_back(f"torch.compile failed ({type(err).__name__}: {first_line})")
+            self.fall_back(f"torch.compile failed ({compile_error(err)})")
         return self.function(*args)

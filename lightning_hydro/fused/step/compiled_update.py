@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lightning_hydro.backends.compiled_step import NOT_COMPILED, CompileSetting, own_code
+from lightning_hydro.backends.compiled_step import NOT_COMPILED, CompileSetting, compile_error, own_code
 
 if TYPE_CHECKING:
     from lightning_hydro.fused.step.fused_update import FusedUpdate
@@ -63,8 +63,7 @@ class CompiledUpdate:
         try:
             self._compiled(update, grads, skip, prepared)
         except NOT_COMPILED as err:  # raised while tracing or compiling, or by the recompile limit: nothing ran
-            first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            self.failure = f"{type(err).__name__}: {first_line}"
+            self.failure = compile_error(err)
             log.warning(
                 "lightning_hydro: compile=%r runs the fused optimizer update eagerly: torch.compile failed (%s).",
                 self.setting,

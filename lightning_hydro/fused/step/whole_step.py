@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 from torch.func import grad_and_value
 
-from lightning_hydro.backends.compiled_step import NOT_COMPILED, CompileSetting, own_code
+from lightning_hydro.backends.compiled_step import NOT_COMPILED, CompileSetting, compile_error, own_code
 from lightning_hydro.backends.trial_attributes import state_writes
 from lightning_hydro.backends.vmap_backend import VmapBackend
 from lightning_hydro.fused.step.fused_update import (
@@ -277,8 +277,7 @@ class WholeStep:
                     inputs = (update, active, names, prior, self.clip, prepared)
                     return compiled(backend, caller, recorder, method, params, buffers, args, *inputs)
             except NOT_COMPILED as err:  # raised while tracing or compiling, or by the recompile limit: nothing ran
-                first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-                failed.append(f"torch.compile failed ({type(err).__name__}: {first_line})")
+                failed.append(f"torch.compile failed ({compile_error(err)})")
             except RuntimeError as err:  # the stance refused a new graph (before anything ran)
                 if not str(err).startswith("Detected recompile"):
                     raise
