@@ -8,8 +8,9 @@ other compile error, the backend says where and why in ONE log line and runs tha
 on. ``"reduce-overhead"`` asks inductor for CUDA graphs (on a GPU; elsewhere it is plain ``True``).
 
 A change of the group's size (a trial stopped or added) changes the leading dimension of every stacked
-tensor; parameters keep static shapes under torch.compile, so each new group size compiles once more (no
-recompiles in the steady state). torch.compile keeps at most ``torch._dynamo.config.recompile_limit`` (8)
+tensor; tensors keep static shapes (:func:`keep_static`), so each new group size compiles once more (no
+recompiles in the steady state), while the step's ints (``batch_idx``, Lightning's counters) may become symbolic
+(:class:`StepCompiler`). torch.compile keeps at most ``torch._dynamo.config.recompile_limit`` (8)
 graphs per function; sizes beyond that run eagerly, with dynamo's own warning. Costs measured in
 benchmarks/compile_step.py (docs/fused.md).
 """
@@ -17,6 +18,7 @@ benchmarks/compile_step.py (docs/fused.md).
 from __future__ import annotations
 
 import logging
+import os
 import types
 from collections.abc import Callable
 from typing import Any, Literal
@@ -28,9 +30,13 @@ __all__ = [
     "NOT_COMPILED",
     "CompileSetting",
     "CompiledStep",
+    "StepCompiler",
     "check_compile_setting",
     "compile_error",
+    "keep_static",
+    "mark_static_tensors",
     "own_code",
+    "raised_compiling",
     "under_function_mode",
 ]
 
@@ -58,6 +64,31 @@ def check_compile_setting(compile: Any) -> CompileSetting:
 NOT_COMPILED = (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit)
 
 
+# where dynamo converts a frame and compiles its graph (an error raised there leaves the call not run)
+_COMPILING = (os.path.join("_dynamo", "convert_frame.py"), os.path.join("_dynamo", "output_graph.py"))
+
+
+def raised_compiling(err: BaseException) -> bool:
+    """Whether ``err`` came from torch.compile compiling a frame (so nothing of that call has run).
+
+    Most such errors are dynamo's own (:data:`NOT_COMPILED`). Others are recognised by where they were raised,
+    dynamo's frame conversion and graph compilation, which running compiled code never enters, or by the compile
+    error they were raised while handling: torch 2.11's handler of a backend's failure under vmap raises a functorch
+    ``RuntimeError`` of its own (``!dynamicLayerStack.empty()``) in place of dynamo's ``BackendCompilerFailed``.
+    """
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, NOT_COMPILED):
+            return True
+        frames = seen.__traceback__
+        while frames is not None:
+            if frames.tb_frame.f_code.co_filename.endswith(_COMPILING):
+                return True
+            frames = frames.tb_next
+        seen = seen.__context__
+    return False
+
+
 def own_code(function: Callable[..., Any]) -> Callable[..., Any]:
     """A copy of ``function`` (or of a bound method) with a code object of its own, for ``torch.compile``.
 
@@ -73,6 +104,78 @@ def own_code(function: Callable[..., Any]) -> Callable[..., Any]:
     copy.__kwdefaults__ = plain.__kwdefaults__
     copy.__qualname__ = plain.__qualname__
     return types.MethodType(copy, bound) if bound is not None else copy
+
+
+class StepCompiler:
+    """``function`` under ``torch.compile`` (``fullgraph=True``) as a step is compiled: its ints may vary.
+
+    A user's step reads values that change from step to step: ``batch_idx`` (``if batch_idx % 100 == 0``),
+    ``self.global_step``, ``self.current_epoch``. Specialised (``dynamic=False``), each value needs a graph of its
+    own, and after 8 (dynamo's recompile limit) the step runs eagerly. So first dynamo's automatic dynamic shapes
+    make an int that has changed a symbol (its second graph serves every later value), also where the step reads
+    it through a module (``self.trainer``: dynamo specialises a module's ints unless told otherwise). Tensor shapes
+    stay static: the compiled function marks its tensors with :func:`keep_static` (vmap's randomness does not
+    trace with a symbolic batch size, and a group's size is best compiled as a constant).
+
+    Inductor cannot compile every use of a symbolic int (torch 2.11-2.14: a float made from one, times a tensor
+    under vmap). If compiling fails, the same function is compiled specialised, a graph per value, before the
+    caller's own fallback: no step compiles worse than with ``dynamic=False``. Said once in the log.
+
+    Args:
+        function: what to compile (compiled as a copy with its own code object, :func:`own_code`).
+        mode: ``torch.compile``'s mode (None, or ``"reduce-overhead"``).
+        where: names the function in the log line.
+    """
+
+    def __init__(self, function: Callable[..., Any], mode: str | None, where: str) -> None:
+        self.function, self.mode, self.where = function, mode, where
+        self.specialised = ""  # why its ints are specialised (empty while they may be symbolic)
+        compiled = torch.compile(own_code(function), fullgraph=True, dynamic=None, mode=mode)
+        self._compiled = torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True)(compiled)
+
+    def __call__(self, *args: Any) -> Any:
+        """The compiled call; raises what compiling the specialised function raised (nothing has run then)."""
+        try:
+            return self._compiled(*args)
+        except Exception as err:
+            limit = isinstance(err, torch._dynamo.exc.FailOnRecompileLimitHit)
+            if self.specialised or limit or not raised_compiling(err):
+                raise
+            self.specialised = compile_error(err)
+        log.info(
+            "lightning_hydro: compile=True compiles %s with its ints specialised (a graph per value, 8 at most): "
+            "torch.compile failed with them symbolic (%s).",
+            self.where,
+            self.specialised,
+        )
+        self._compiled = torch.compile(own_code(self.function), fullgraph=True, dynamic=False, mode=self.mode)
+        return self._compiled(*args)
+
+
+def keep_static(*trees: Any) -> None:
+    """While torch.compile traces: every tensor in ``trees`` keeps static sizes (a new size is a new graph).
+
+    Under :class:`StepCompiler` dynamo would make a size that changed symbolic (a group's size after a slot change);
+    marked static, each size gets a graph of its own, as with ``dynamic=False``. ``trees`` hold tensors (and values
+    the step guards on anyway): an int looked at here would be guarded on, and so never become symbolic. Eagerly:
+    nothing.
+    """
+    if torch.compiler.is_compiling():
+        for leaf in torch.utils._pytree.tree_leaves(trees):
+            if isinstance(leaf, torch.Tensor):
+                torch._dynamo.mark_static(leaf)
+
+
+def mark_static_tensors(args: Any) -> None:
+    """Mark the tensors in ``args`` (a step's batch) static before a compiled call, leaving its ints alone.
+
+    The batch changes shape at an epoch's short last batch: marked, it gets a graph of its own (vmap's randomness
+    does not trace with a symbolic batch size). Marked out here, eagerly, so that the compiled function never looks
+    at ``batch_idx``, which :func:`keep_static` would guard on.
+    """
+    for leaf in torch.utils._pytree.tree_leaves(args):
+        if isinstance(leaf, torch.Tensor):
+            torch._dynamo.mark_static(leaf)
 
 
 def compile_error(err: BaseException) -> str:
@@ -104,7 +207,7 @@ class CompiledStep:
         self.where = where
         self.failure = ""  # why it runs eagerly (empty while compiled)
         mode = "reduce-overhead" if setting == "reduce-overhead" else None
-        self._compiled = torch.compile(own_code(function), fullgraph=True, dynamic=False, mode=mode)
+        self._compiled = StepCompiler(function, mode, where)
 
     def fall_back(self, reason: str) -> None:
         """Run eagerly from now on, said in one log line."""

@@ -31,7 +31,13 @@ from torch.func import functional_call, vmap
 from typing_extensions import override
 
 from lightning_hydro.backends.base import Backend, StackedLog, StepOutputs, step_output_error
-from lightning_hydro.backends.compiled_step import CompiledStep, CompileSetting, check_compile_setting
+from lightning_hydro.backends.compiled_step import (
+    CompiledStep,
+    CompileSetting,
+    check_compile_setting,
+    keep_static,
+    mark_static_tensors,
+)
 from lightning_hydro.backends.deferred_metrics import DeferredValue, MetricRecorder, metric_paths, stack_values
 from lightning_hydro.backends.errors import FusionError, FusionMismatchError, explain_step_error
 from lightning_hydro.backends.per_trial_values import PerTrialValue
@@ -225,8 +231,9 @@ class VmapBackend(Backend):
         buffers = {f"module.{name}": b for name, b in self.group.buffers.items()}
         buffers.update({f"module.{name}": b for name, b in self.extra_buffers().items()})
         call: Callable[..., Any] = self.vmapped
-        if step is not None:
+        if step is not None:  # the whole step, which compiles itself
             call = step
+            mark_static_tensors(args)
         elif self.compile and method == "training_step":
             if self._compiled is None:
                 where = f"backend={self.name!r}, {type(template).__name__}.{method}"
@@ -236,6 +243,7 @@ class VmapBackend(Backend):
                     shown = ", ".join(writes[:4])
                     self._compiled.fall_back(f"the step changes Python state ({shown}), which runs per trial eagerly")
             call = self._compiled
+            mark_static_tensors(args)
         active = self._active = self._state.begin(template, self.group.modules, self.group.trial_ids, method)
         try:
             # the stand-ins for self.log and the metrics are installed out here, not in the (compiled) call
@@ -304,6 +312,7 @@ class VmapBackend(Backend):
         compiles); logged tensors come back stacked, and the log calls hold only names, options and non-tensor
         values (a tensor value is :data:`_TENSOR`).
         """
+        keep_static(params, buffers)
         side: dict[str, Any] = {}
         active, logs = self._active, self._logs
         chunked = self.chunk_size is not None and self.chunk_size < self.group.size

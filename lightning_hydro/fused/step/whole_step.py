@@ -33,7 +33,13 @@ import torch
 from torch import Tensor
 from torch.func import grad_and_value
 
-from lightning_hydro.backends.compiled_step import NOT_COMPILED, CompileSetting, compile_error, own_code
+from lightning_hydro.backends.compiled_step import (
+    CompileSetting,
+    StepCompiler,
+    compile_error,
+    keep_static,
+    raised_compiling,
+)
 from lightning_hydro.backends.trial_attributes import state_writes
 from lightning_hydro.backends.vmap_backend import VmapBackend
 from lightning_hydro.fused.step.fused_update import (
@@ -106,6 +112,7 @@ def _whole_step(
     prepared: Any,
 ) -> tuple[tuple[Any, ...], tuple[Tensor, ...]]:
     """One step, pure tensor code (what torch.compile compiles): the backend's outputs and the step's masks."""
+    keep_static(params, buffers, prior, prepared, update.state)  # the batch: marked by the backend's call
     rows = prior.shape[0]
     side: dict[str, Any] = {}
 
@@ -144,7 +151,7 @@ def compile_whole_step(setting: CompileSetting) -> Callable[..., Any]:
     one group's graphs (one per group size) neither count against another's recompile limit nor outlive it.
     """
     mode = "reduce-overhead" if setting == "reduce-overhead" else None
-    return torch.compile(own_code(_whole_step), fullgraph=True, dynamic=False, mode=mode)
+    return StepCompiler(_whole_step, mode, "the whole step")
 
 
 class WholeStep:
@@ -276,12 +283,13 @@ class WholeStep:
                 with torch.compiler.set_stance(stance):
                     inputs = (update, active, names, prior, self.clip, prepared)
                     return compiled(backend, caller, recorder, method, params, buffers, args, *inputs)
-            except NOT_COMPILED as err:  # raised while tracing or compiling, or by the recompile limit: nothing ran
-                failed.append(f"torch.compile failed ({compile_error(err)})")
-            except RuntimeError as err:  # the stance refused a new graph (before anything ran)
-                if not str(err).startswith("Detected recompile"):
+            except Exception as err:
+                if str(err).startswith("Detected recompile"):  # the stance refused a new graph (before anything ran)
+                    needs_graph.append(True)
+                elif raised_compiling(err):  # raised while tracing or compiling, or by the recompile limit
+                    failed.append(f"torch.compile failed ({compile_error(err)})")
+                else:
                     raise
-                needs_graph.append(True)
             return ((), (), (), (), [], "none"), None
 
         out, masks = backend.run_within(step, "training_step", batch, batch_idx)
