@@ -139,7 +139,8 @@ class StepCompiler:
             return self._compiled(*args)
         except Exception as err:
             limit = isinstance(err, torch._dynamo.exc.FailOnRecompileLimitHit)
-            if self.specialised or limit or not raised_compiling(err):
+            refused = str(err).startswith("Detected recompile")  # a "fail_on_recompile" stance: the caller's
+            if self.specialised or limit or refused or not raised_compiling(err):
                 raise
             self.specialised = compile_error(err)
         log.info(

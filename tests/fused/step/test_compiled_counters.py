@@ -115,6 +115,16 @@ def test_a_function_that_does_not_compile_with_symbolic_ints_is_compiled_special
     assert "compiles scale with its ints specialised" in lines[0]
 
 
+def test_a_refused_recompile_is_the_callers_to_handle():
+    # the whole step asks for no new graph with a "fail_on_recompile" stance (it must run split first): that refusal
+    # is not a compile failure, and must not switch the function to specialised ints
+    compiler = StepCompiler(lambda x: x * 2, None, "double")
+    compiler(torch.ones(3))
+    with torch.compiler.set_stance("fail_on_recompile"), pytest.raises(RuntimeError, match="Detected recompile"):
+        compiler(torch.ones(4, 2))
+    assert compiler.specialised == ""
+
+
 def test_what_counts_as_a_compile_failure():
     compiler = StepCompiler(lambda x: x.view(-1, 5), None, "view")
     with pytest.raises(torch._dynamo.exc.TorchDynamoException, match="view") as raised:  # found while tracing
