@@ -81,21 +81,23 @@ def gpu(session: nox.Session) -> None:
     session.run("pytest", "-m", "gpu", "-p", "no:cacheprovider", *session.posargs)
 
 
-#: the torch of the GPU machines the GPU numbers come from (their image holds torch 2.11), with its torchvision
-COMPAT = ("torch==2.11.0", "torchvision==0.26.0")
+#: the oldest torch and Lightning pyproject.toml allows; the torch is the GPU machines' (their image holds torch 2.11
+#: and Lightning 2.6.6), with its torchvision
+COMPAT = ("torch==2.11.0", "torchvision==0.26.0", "lightning==2.6.0")
 
 
 @nox.session(venv_backend="venv")
 def compat(session: nox.Session) -> None:
-    """The default suite and the step's slow tests under the oldest torch this project supports.
+    """The default suite and the step's slow tests under the oldest torch and Lightning this project supports.
 
-    That is the GPU machines' torch, whose inductor compiled three of the step's patterns otherwise than eager
+    The torch is the GPU machines', whose inductor compiled three of the step's patterns otherwise than eager
     torch (issue 22; each test named in docs/fused.md): the current torch passes them either way. A virtualenv of
     its own (minutes: torch is several GB), the project's other packages as ``.[dev]`` resolves them.
     """
     session.install(*COMPAT)
     session.install("-e", ".[dev]")
     session.run("python", "-c", "import torch; assert torch.__version__.startswith('2.11.'), torch.__version__")
+    session.run("python", "-c", "import lightning as L; assert L.__version__ == '2.6.0', L.__version__")
     if session.posargs:
         session.run("pytest", "-p", "no:cacheprovider", *session.posargs)
         return

@@ -16,13 +16,20 @@ Cases: the digits MLP (widths 64 and 256, B = 4, 16, 64), the network of lightni
 MNISTLitModule (SimpleDenseNet: Linear-BatchNorm1d-ReLU blocks, in a step without the template's torchmetrics
 calls, so that the compiled graph is the network's alone), the template's module itself (``template_module``:
 its torchmetrics calls, on the digits at MNIST's shape) and the small Transformer LM of ``--model transformer``.
+
+A second table (:func:`counters_table`) times a digits MLP whose step reads Lightning's counters (it logs every
+4th batch, weighs every 3rd step's loss and doubles it from epoch 1 on): eager, compiled with the step's ints
+specialised (``torch._dynamo.config.automatic_dynamic_shapes=False``: a graph per value, as compile= did before
+the counters could be symbolic) and compiled as the library does now.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
@@ -31,10 +38,11 @@ import torch.nn.functional as F
 from fusion_throughput import trainer_for  # next to this file (on sys.path when run as a script)
 
 from lightning_hydro import FusedLightningModule
+from lightning_hydro.backends import compiled_step
 from lightning_hydro.demos import DigitsDataModule, DigitsMLP
 from lightning_hydro.demos.template_mnist import DigitsMNISTDataModule, MNISTLitModule, SimpleDenseNet
 
-__all__ = ["compile_table"]
+__all__ = ["compile_table", "counters_table"]
 
 
 class TemplateNetTrial(L.LightningModule):
@@ -53,6 +61,22 @@ class TemplateNetTrial(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+
+class CountingMLP(DigitsMLP):
+    """The digits MLP with a step that branches on ``batch_idx``, ``self.global_step`` and ``self.current_epoch``."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        if batch_idx % 4 == 0:
+            self.log("train/sampled", loss)
+        if self.global_step % 3 == 0:
+            loss = loss * 1.5
+        if self.current_epoch >= 1:
+            loss = loss * 2
+        self.log("train/loss", loss)
+        return loss
 
 
 class Probe(L.Callback):
@@ -77,8 +101,9 @@ class Probe(L.Callback):
 
 def _trials(case: str, count: int, width: int) -> list[L.LightningModule]:
     torch.manual_seed(0)
-    if case == "digits":
-        return [DigitsMLP(hidden_dim=width, lr=0.01 * (1 + i), momentum=0.9) for i in range(count)]
+    if case in ("digits", "counting"):
+        module = CountingMLP if case == "counting" else DigitsMLP
+        return [module(hidden_dim=width, lr=0.01 * (1 + i), momentum=0.9) for i in range(count)]
     if case == "template":
         return [TemplateNetTrial(1e-3 * (1 + i)) for i in range(count)]
     if case == "template_module":  # the template's own LightningModule: torchmetrics in its steps
@@ -106,23 +131,29 @@ def _data(case: str) -> L.LightningDataModule:
     return DigitsDataModule()
 
 
-def time_case(case: str, count: int, width: int, mode: str, steps: int, warmup: int, device: str) -> dict[str, float]:
+def time_case(
+    case: str, count: int, width: int, mode: str, steps: int, warmup: int, device: str, stops: bool = True
+) -> dict[str, float]:
     """Seconds: ``step`` (steady median), ``first`` (first step), ``change1``/``change2`` (after slot changes).
 
     ``mode``: ``"eager"`` (compile=False), ``"split"`` (compile=True with the whole step turned off: forward and
-    backward, then the update, compiled apart with Lightning between them) or ``"whole"`` (compile=True: a steady
-    step is one compiled function). ``whole`` also counts the steps that ran whole.
+    backward, then the update, compiled apart with Lightning between them), ``"whole"`` (compile=True: a steady
+    step is one compiled function) or ``"specialised"`` (``"whole"`` with the step's ints specialised, a graph per
+    value, and dynamo's limit of 8 graphs, as before). ``whole`` also counts the steps that ran whole. ``stops``:
+    stop two trials on the way (two slot changes).
     """
     first_stop, second_stop = warmup + (steps - warmup) // 3, warmup + 2 * (steps - warmup) // 3
     torch.compiler.reset()  # each case compiles from scratch
-    probe = Probe(steps, {first_stop: 1, second_stop: 2})
+    probe = Probe(steps, {first_stop: 1, second_stop: 2} if stops else {})
     fused = FusedLightningModule(_trials(case, count, width), backend="vmap", compile=mode != "eager", summary=False)
     if mode == "split":  # the benchmark's switch (not an option): the step as before the whole step existed
         fused._training_step.whole.setting = False
     trainer = trainer_for(steps, device, [probe])
-    trainer.fit(fused, datamodule=_data(case))
+    with _specialised() if mode == "specialised" else contextlib.nullcontext():
+        trainer.fit(fused, datamodule=_data(case))
     times = probe.times
-    steady = [t for i, t in enumerate(times) if i >= warmup and i not in (first_stop, second_stop)]
+    changes = (first_stop, second_stop) if stops else ()
+    steady = [t for i, t in enumerate(times) if i >= warmup and i not in changes]
     step = statistics.median(steady)
     return {
         "step": step,
@@ -158,4 +189,38 @@ def compile_table(cases: list[tuple[str, int, int]], steps: int, warmup: int, re
         )
         lines.append(row)
         print(row, flush=True)
+    return lines
+
+
+@contextlib.contextmanager
+def _specialised() -> Iterator[None]:
+    """compile= as before a step's ints could be symbolic: a graph per value, dynamo's limit of 8 graphs."""
+    limit = compiled_step.RECOMPILE_LIMIT
+    compiled_step.RECOMPILE_LIMIT = 8
+    try:
+        with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+            yield
+    finally:
+        compiled_step.RECOMPILE_LIMIT = limit
+
+
+def counters_table(width: int, count: int, steps: int, warmup: int, repeats: int, device: str) -> list[str]:
+    """Markdown rows for :class:`CountingMLP`: eager, compiled with specialised ints, compiled; steps run whole.
+
+    No slot changes; the times are the medians of the second half of the steps (after the first half's compiles).
+    """
+    modes = {"eager": "eager", "specialised": "compiled, ints specialised", "whole": "compiled"}
+    columns = " | ".join(f"{m} ms/step" for m in modes.values())
+    header = f"| model | width | B | {columns} | steps run whole (specialised / now) |"
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
+    for _ in range(repeats):  # side by side: each repeat times all three
+        for mode, found in runs.items():
+            found.append(time_case("counting", count, width, mode, steps, max(warmup, steps // 2), device, stops=False))
+    ms = [1000 * statistics.median(r["step"] for r in runs[mode]) for mode in modes]
+    whole = [int(statistics.median(r["whole"] for r in runs[mode])) for mode in ("specialised", "whole")]
+    lines.append(
+        f"| counting | {width} | {count} | {' | '.join(f'{m:.2f}' for m in ms)} | {whole[0]} / {whole[1]} of {steps} |"
+    )
+    print("\n".join(lines), flush=True)
     return lines

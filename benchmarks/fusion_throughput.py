@@ -360,7 +360,7 @@ def time_lightning_vmap_automatic(count: int, width: int, steps: int, warmup: in
 def _model_report(args: argparse.Namespace) -> str:
     """The report of ``--model compile``, ``template_mnist``, ``resnet18`` or ``transformer``."""
     if args.model == "compile":
-        from compile_step import compile_table  # benchmarks/ is on sys.path when this file runs
+        from compile_step import compile_table, counters_table  # benchmarks/ is on sys.path when this file runs
 
         trials = args.trials if args.trials != [1, 4, 16, 64] else [4, 16, 64]
         cases = [("digits", width, count) for width in args.widths for count in trials]
@@ -371,6 +371,10 @@ def _model_report(args: argparse.Namespace) -> str:
             "and whole step).",
             "",
             *compile_table(cases, args.steps, args.warmup, args.repeats, args.device),
+            "",
+            "A step that reads batch_idx, self.global_step and self.current_epoch (same runs' settings):",
+            "",
+            *counters_table(args.widths[0], 16, args.steps, args.warmup, args.repeats, args.device),
         ]
         return "\n".join(lines) + "\n"
     if args.backends == ["vmap", "loop"]:

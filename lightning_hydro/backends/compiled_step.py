@@ -28,6 +28,7 @@ import torch
 __all__ = [
     "COMPILE_SETTINGS",
     "NOT_COMPILED",
+    "RECOMPILE_LIMIT",
     "CompileSetting",
     "CompiledStep",
     "StepCompiler",
@@ -63,6 +64,10 @@ def check_compile_setting(compile: Any) -> CompileSetting:
 # what torch.compile raises before anything has run: tracing or compiling failed, or the recompile limit was hit
 NOT_COMPILED = (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit)
 
+
+# graphs a step compiled with symbolic ints may keep (dynamo's default, 8, counts a graph per value where ints are
+# specialised; here a graph per path through the step's branches and per group size)
+RECOMPILE_LIMIT = 64
 
 # where dynamo converts a frame and compiles its graph (an error raised there leaves the call not run)
 _COMPILING = (os.path.join("_dynamo", "convert_frame.py"), os.path.join("_dynamo", "output_graph.py"))
@@ -117,6 +122,10 @@ class StepCompiler:
     stay static: the compiled function marks its tensors with :func:`keep_static` (vmap's randomness does not
     trace with a symbolic batch size, and a group's size is best compiled as a constant).
 
+    A graph serves one path through the step's branches: a step that branches on its counters in several places
+    needs a graph per combination (times each group size), so these functions may keep :data:`RECOMPILE_LIMIT`
+    graphs, not dynamo's 8; a step's every new graph compiles once, and only the paths the fit takes.
+
     Inductor cannot compile every use of a symbolic int (torch 2.11-2.14: a float made from one, times a tensor
     under vmap). If compiling fails, the same function is compiled specialised, a graph per value, before the
     caller's own fallback: no step compiles worse than with ``dynamic=False``. Said once in the log.
@@ -131,7 +140,8 @@ class StepCompiler:
         self.function, self.mode, self.where = function, mode, where
         self.specialised = ""  # why its ints are specialised (empty while they may be symbolic)
         compiled = torch.compile(own_code(function), fullgraph=True, dynamic=None, mode=mode)
-        self._compiled = torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True)(compiled)
+        symbolic = torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True, recompile_limit=RECOMPILE_LIMIT)
+        self._compiled = symbolic(compiled)
 
     def __call__(self, *args: Any) -> Any:
         """The compiled call; raises what compiling the specialised function raised (nothing has run then)."""
