@@ -117,6 +117,17 @@ def fit_digits(trainer: L.Trainer, module: L.LightningModule, batch_size: int = 
     trainer.fit(module, datamodule=DigitsDataModule(batch_size=batch_size), **fit_kwargs)
 
 
+class StopTrialAt(L.Callback):
+    """Stops trial 1 after the given number of steps: the group shrinks (a slot change)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, *args: Any) -> None:
+        if trainer.global_step == self.at and 1 in pl_module.trial_ids:
+            pl_module.stop_trial(1, "test")
+
+
 def fit_plain(trainer: L.Trainer, module: L.LightningModule) -> None:
     trainer.fit(module)
 

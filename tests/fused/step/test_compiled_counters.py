@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,7 +16,7 @@ import torch.nn.functional as F
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.backends.compiled_step import StepCompiler, raised_compiling
 from lightning_hydro.demos import DigitsMLP
-from tests.helpers import fit_digits, make_trainer, max_state_difference, seeded
+from tests.helpers import StopTrialAt, fit_digits, make_trainer, max_state_difference, seeded
 
 
 class _CountingMLP(DigitsMLP):
@@ -47,24 +46,13 @@ class _WarmupMLP(DigitsMLP):
 _NEW_GRAPH = "the step needs a new graph: a split step learns which parameters take gradients first"
 
 
-class _StopAt(L.Callback):
-    """Stops trial 1 after the given number of steps: the group shrinks, and every path needs a graph again."""
-
-    def __init__(self, at: int) -> None:
-        self.at = at
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, *args: Any) -> None:
-        if trainer.global_step == self.at and 1 in pl_module.trial_ids:
-            pl_module.stop_trial(1, "test")
-
-
 def _fit(module: type[DigitsMLP], compile: bool, steps: int, stop_at: int | None = None) -> FusedLightningModule:
     trials = [
         seeded(lambda lr=lr: module(hidden_dim=16, lr=lr, momentum=0.9), [i])[0]  # type: ignore[misc]
         for i, lr in enumerate((0.05, 0.1, 0.02))
     ]
     fused = FusedLightningModule(trials, backend="vmap", compile=compile, summary=False)
-    callbacks = [] if stop_at is None else [_StopAt(stop_at)]
+    callbacks = [] if stop_at is None else [StopTrialAt(stop_at)]
     trainer = make_trainer(max_steps=steps, limit_val_batches=0, callbacks=callbacks)
     fit_digits(trainer, fused)
     return fused

@@ -13,7 +13,7 @@ from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsMLP
 from lightning_hydro.fused.step import whole_step
 from lightning_hydro.fused.step.whole_step import whole_step_blocker
-from tests.helpers import fit_digits, learned_state_difference, make_trainer, max_state_difference, seeded
+from tests.helpers import StopTrialAt, fit_digits, learned_state_difference, make_trainer, max_state_difference, seeded
 
 
 def _trials(optimizer: str, lrs: tuple[float, ...] = (0.05, 0.1, 0.02), **kwargs: Any) -> list[DigitsMLP]:
@@ -101,21 +101,10 @@ def test_every_group_compiles_into_a_cache_of_its_own():
             assert fused._training_step.whole.reason == ""
 
 
-class _StopAt(L.Callback):
-    """Stops trial 1 after the given number of batches (the group shrinks: the whole step recompiles)."""
-
-    def __init__(self, at: int) -> None:
-        self.at = at
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, *args: Any) -> None:
-        if trainer.global_step == self.at and 1 in pl_module.trial_ids:
-            pl_module.stop_trial(1, "test")
-
-
 @pytest.mark.slow
 def test_a_slot_change_recompiles_the_whole_step_and_training_goes_on_as_eager():
-    eager = _fit(_trials("sgd", momentum=0.9), False, callbacks=[_StopAt(5)])
-    compiled = _fit(_trials("sgd", momentum=0.9), True, callbacks=[_StopAt(5)])
+    eager = _fit(_trials("sgd", momentum=0.9), False, callbacks=[StopTrialAt(5)])
+    compiled = _fit(_trials("sgd", momentum=0.9), True, callbacks=[StopTrialAt(5)])
     assert compiled.results[1]["steps"] == 5
     assert compiled._training_step.whole.whole_steps >= 9  # the step after the change learns the new rows split
     _assert_same_training(compiled, eager, 1e-5)
