@@ -10,9 +10,9 @@ on. ``"reduce-overhead"`` asks inductor for CUDA graphs (on a GPU; elsewhere it 
 A change of the group's size (a trial stopped or added) changes the leading dimension of every stacked
 tensor; tensors keep static shapes (:func:`keep_static`), so each new group size compiles once more (no
 recompiles in the steady state), while the step's ints (``batch_idx``, Lightning's counters) may become symbolic
-(:class:`StepCompiler`). torch.compile keeps at most ``torch._dynamo.config.recompile_limit`` (8)
-graphs per function; sizes beyond that run eagerly, with dynamo's own warning. Costs measured in
-benchmarks/compile_step.py (docs/fused.md).
+(:class:`StepCompiler`). A step's compiled function keeps at most :data:`RECOMPILE_LIMIT` graphs (one per group
+size and path through the step's branches; 8, dynamo's default, where its ints are specialised); past that the
+step runs eagerly, said once. Costs measured in benchmarks/compile_step.py (docs/fused.md).
 """
 
 from __future__ import annotations
