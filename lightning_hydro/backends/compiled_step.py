@@ -38,6 +38,7 @@ __all__ = [
     "mark_static_tensors",
     "own_code",
     "raised_compiling",
+    "refused_recompile",
     "under_function_mode",
 ]
 
@@ -92,6 +93,15 @@ def raised_compiling(err: BaseException) -> bool:
             frames = frames.tb_next
         seen = seen.__context__
     return False
+
+
+def refused_recompile(err: BaseException) -> bool:
+    """Whether ``err`` is a ``"fail_on_recompile"`` stance refusing a new graph (raised before anything ran).
+
+    The whole step asks for that stance where a new graph must wait for a split step; the refusal is its signal,
+    not a compile failure.
+    """
+    return isinstance(err, RuntimeError) and str(err).startswith("Detected recompile")
 
 
 def own_code(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -149,8 +159,7 @@ class StepCompiler:
             return self._compiled(*args)
         except Exception as err:
             limit = isinstance(err, torch._dynamo.exc.FailOnRecompileLimitHit)
-            refused = str(err).startswith("Detected recompile")  # a "fail_on_recompile" stance: the caller's
-            if self.specialised or limit or refused or not raised_compiling(err):
+            if self.specialised or limit or refused_recompile(err) or not raised_compiling(err):
                 raise
             self.specialised = compile_error(err)
         log.info(
@@ -172,9 +181,7 @@ def keep_static(*trees: Any) -> None:
     nothing.
     """
     if torch.compiler.is_compiling():
-        for leaf in torch.utils._pytree.tree_leaves(trees):
-            if isinstance(leaf, torch.Tensor):
-                torch._dynamo.mark_static(leaf)
+        mark_static_tensors(trees)
 
 
 def mark_static_tensors(args: Any) -> None:

@@ -39,6 +39,7 @@ from lightning_hydro.backends.compiled_step import (
     compile_error,
     keep_static,
     raised_compiling,
+    refused_recompile,
 )
 from lightning_hydro.backends.trial_attributes import state_writes
 from lightning_hydro.backends.vmap_backend import VmapBackend
@@ -284,7 +285,7 @@ class WholeStep:
                     inputs = (update, active, names, prior, self.clip, prepared)
                     return compiled(backend, caller, recorder, method, params, buffers, args, *inputs)
             except Exception as err:
-                if str(err).startswith("Detected recompile"):  # the stance refused a new graph (before anything ran)
+                if refused_recompile(err):  # the stance refused a new graph (before anything ran)
                     needs_graph.append(True)
                 elif raised_compiling(err):  # raised while tracing or compiling, or by the recompile limit
                     failed.append(f"torch.compile failed ({compile_error(err)})")
