@@ -224,8 +224,9 @@ class CompiledStep:
         self.function = function
         self.where = where
         self.failure = ""  # why it runs eagerly (empty while compiled)
-        mode = "reduce-overhead" if setting == "reduce-overhead" else None
-        self._compiled = StepCompiler(function, mode, where)
+        # no CUDA graphs, also under "reduce-overhead": the split step's gradients are its backward graph's outputs,
+        # which the update (another graph) would read after cudagraph trees had taken their memory back
+        self._compiled = StepCompiler(function, None, where)
 
     def fall_back(self, reason: str) -> None:
         """Run eagerly from now on, said in one log line."""

@@ -19,6 +19,7 @@ one log line.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -50,16 +51,28 @@ class CompiledUpdate:
         self.setting = setting
         self.failure = ""  # why the update runs eagerly (empty while compiled)
         self.calls = 0  # compiled calls that ran (tests)
+        self.mismatch = ""  # a compiled step computed otherwise than the eager one (then also the failure)
         self._compiled: Callable[..., None] | None = None
+        self._checked: weakref.WeakSet[FusedUpdate] = weakref.WeakSet()  # updates whose first step was checked
 
     def __call__(self, update: FusedUpdate, grads: list[list[Tensor]], skip: Tensor, prepared: Any) -> None:
         """The update's device work for one step: compiled, else eager."""
+        if not self.failure:
+            refused = update.why_not_compiled()
+            if refused:
+                self.failure = refused
+                log.warning(
+                    "lightning_hydro: compile=%r runs the fused optimizer update eagerly: %s.", self.setting, refused
+                )
         if self.failure:
             update.device_step(grads, skip, prepared)
             return
         if self._compiled is None:
-            mode = "reduce-overhead" if self.setting == "reduce-overhead" else None
-            self._compiled = torch.compile(own_code(_device_step), fullgraph=True, dynamic=False, mode=mode)
+            # no CUDA graph, also under "reduce-overhead": see compiled_step.CompiledStep
+            self._compiled = torch.compile(own_code(_device_step), fullgraph=True, dynamic=False)
+        checked = update in self._checked
+        written = [] if checked else update.device_tensors(grads)
+        before = [t.clone() for t in written]
         try:
             self._compiled(update, grads, skip, prepared)
         except NOT_COMPILED as err:  # raised while tracing or compiling, or by the recompile limit: nothing ran
@@ -72,3 +85,50 @@ class CompiledUpdate:
             update.device_step(grads, skip, prepared)
             return
         self.calls += 1
+        if not checked:
+            self._checked.add(update)
+            self._check(update, grads, skip, prepared, written, before)
+
+    def _check(
+        self,
+        update: FusedUpdate,
+        grads: list[list[Tensor]],
+        skip: Tensor,
+        prepared: Any,
+        written: list[Tensor],
+        before: list[Tensor],
+    ) -> None:
+        """After an update's first compiled step: the same step eagerly from the same state, whose result is kept.
+
+        If the compiled step computed otherwise (beyond float rounding), the update runs eagerly from now on, and
+        the whole step is not used (:meth:`FusedUpdate.why_not_compiled`): said in one log line. One extra eager
+        step and a copy of what the step writes, once per update (a new group size or slot change makes a new one).
+        """
+        compiled = [t.clone() for t in written]
+        for tensor, value in zip(written, before):
+            tensor.copy_(value)
+        update.device_step(grads, skip, prepared)
+        worst = max((_mismatch(b, c, e) for b, c, e in zip(before, compiled, written)), default=0.0)
+        if worst > 1.0:
+            self.mismatch = self.failure = (
+                f"its compiled step computed otherwise than the eager one on {update.device.type} (an error "
+                f"{worst:.3g}x what float rounding allows)"
+            )
+            log.warning(
+                "lightning_hydro: compile=%r runs the fused optimizer update eagerly: %s.", self.setting, self.failure
+            )
+
+
+def _mismatch(before: Tensor, compiled: Tensor, eager: Tensor) -> float:
+    """How far ``compiled`` is from ``eager``, in units of what float rounding allows (<= 1: the same step).
+
+    Allowed: 1e-3 of the step's change to the tensor plus 1e-6 of its size (inductor fuses and reorders the
+    arithmetic); NaNs where both are NaN agree. Not floating point: equal or not.
+    """
+    if not eager.is_floating_point():
+        return 0.0 if torch.equal(compiled, eager) else float("inf")
+    b, c, e = before.double(), compiled.double(), eager.double()
+    agree = (c == e) | (c.isnan() & e.isnan())
+    error = torch.where(agree, 0.0, c - e).norm()
+    allowed = 1e-3 * torch.where(agree, 0.0, e - b).nan_to_num().norm() + 1e-6 * e.nan_to_num().norm()
+    return float(error / allowed) if bool(error > 0) else 0.0

@@ -136,6 +136,9 @@ class FusedUpdate(RowStates, ABC):
     NEUTRAL: dict[str, float] = {}
     #: factors the update also needs in double precision (for its arithmetic on the device)
     DOUBLES: tuple[str, ...] = ()
+    #: the device types on which ``torch.compile`` of :meth:`device_step` is known to compute what it computes
+    #: eagerly (None: every one); on others, ``compile=`` runs the update eagerly (:meth:`why_not_compiled`)
+    COMPILED_ON: tuple[str, ...] | None = None
 
     def __init__(self, params: Sequence[nn.Parameter], group_of: Sequence[int | None] | None = None) -> None:
         self.params = list(params)
@@ -197,6 +200,37 @@ class FusedUpdate(RowStates, ABC):
         """Whether any row of a group has weight decay (else its foreach call is left out)."""
         k = list(self.NEUTRAL).index("weight_decay")
         return any(row[k] != 0 for row in values)
+
+    def why_not_compiled(self) -> str:
+        """Why this update's device work runs eagerly under ``compile=`` ("" if it may be compiled).
+
+        Not on a device outside :attr:`COMPILED_ON`, nor once a compiled step was found to compute otherwise than the
+        eager one (:class:`~.compiled_update.CompiledUpdate` checks each update's first compiled step).
+        """
+        if self._compiled is not None and self._compiled.mismatch:
+            return f"{type(self).__name__}: {self._compiled.mismatch}"
+        if self.COMPILED_ON is None or self.device.type in self.COMPILED_ON:
+            return ""
+        return (
+            f"torch.compile of {type(self).__name__}'s device work is not known to compute what it computes eagerly "
+            f"on {self.device.type} (checked on: {', '.join(self.COMPILED_ON)})"
+        )
+
+    def device_tensors(self, grads: Sequence[Sequence[Tensor]]) -> list[Tensor]:
+        """Every tensor :meth:`device_step` may write, each once.
+
+        The gradients it is given, the parameters, the state, the update's own counters and flags, and the factors'
+        tables.
+        """
+        found = [g for part in grads for g in part] + list(self.params)
+        found += [t for state in self.state for t in state.values()]
+        found += [t for t in vars(self).values() if isinstance(t, Tensor)]
+        if self._factors is not None:
+            found += [t for t in vars(self._factors).values() if isinstance(t, Tensor)]
+        unique: dict[int, Tensor] = {}
+        for tensor in found:
+            unique.setdefault(id(tensor), tensor)
+        return list(unique.values())
 
     def compile(self, setting: CompileSetting | CompiledUpdate) -> None:
         """Run the device work of each step under ``torch.compile`` (see :mod:`.compiled_update`); False: eagerly.
@@ -461,6 +495,10 @@ class FusedAdamUpdate(AdamRowStates, FusedUpdate):
         "beta1": 0.0,
     }
     DOUBLES = ("neg_lr", "beta1", "beta2")  # beta1 and beta2 side by side: both bias corrections in one op
+    # on CUDA (H200, torch 2.11.0+cu130, 2026-11-27) the compiled device work trained otherwise than the eager one,
+    # alone and inside the whole step: 4 AdamW trials of DigitsMLP differed from their runs alone by 1-39% after 20
+    # steps (eager: <= 4e-5); tests/gpu/test_gpu_compile.py keeps the check, xfail until it passes
+    COMPILED_ON = ("cpu",)
 
     def __init__(
         self,

@@ -214,6 +214,9 @@ class WholeStep:
             return "the trials' optimizers step one by one (the universal optimizer path)"
         if optimizer.own_clipping:
             return "a trial clips its gradients its own way"
+        refused = optimizer.fused.why_not_compiled()
+        if refused:
+            return refused
         if optimizer.fused.last_active is None:
             self._may_trace = True  # a new update (a slot change): its first split step learns, the next traces
             return "the fused update has not stepped yet (its first step learns which parameters take gradients)"

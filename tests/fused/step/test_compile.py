@@ -220,3 +220,106 @@ def test_a_compiled_step_finds_the_non_finite_values():
     expected = [False, True, True, True, False]
     assert not_finite(values).tolist() == expected
     assert torch.compile(not_finite, fullgraph=True)(values).tolist() == expected
+
+
+def test_reduce_overhead_records_no_cuda_graph_for_the_pieces_of_a_split_step(monkeypatch):
+    # on an H200 (torch 2.11) a split step's pieces each recorded as a CUDA graph stopped the fit: the update's graph
+    # read the gradients, outputs of the backward's graph, after cudagraph trees had given their memory to a later
+    # run ("accessing tensor output of CUDAGraphs that has been overwritten"); only the whole step is one graph
+    real_compile = torch.compile
+    update_modes: list[Any] = []
+
+    def recording(function: Any, **kwargs: Any) -> Any:
+        if "_device_step" in getattr(function, "__name__", ""):
+            update_modes.append(kwargs.get("mode"))
+        return real_compile(function, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", recording)
+    trials = [seeded(lambda lr=lr: DigitsMLP(hidden_dim=16, lr=lr), [i])[0] for i, lr in enumerate([0.05, 0.1])]
+    fused = FusedLightningModule(trials, backend="vmap", compile="reduce-overhead", summary=False)
+    fit_digits(make_trainer(max_steps=3, limit_val_batches=0), fused)
+    assert fused._policy.backend._compiled._compiled.mode is None  # type: ignore[union-attr]
+    assert update_modes == [None]  # the split step's update (the first step)
+    whole = fused._training_step.whole
+    assert whole.whole_steps == 2
+    assert whole._compiled.mode == "reduce-overhead"
+
+
+def _miscompiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile of the fused update's device work gives a step that computes otherwise: it steps twice."""
+    real_compile = torch.compile
+
+    def compile_(function: Any, **kwargs: Any) -> Any:
+        if "_device_step" not in getattr(function, "__name__", ""):
+            return real_compile(function, **kwargs)
+
+        def twice(update: Any, grads: Any, skip: Any, prepared: Any) -> None:
+            function(update, grads, skip, prepared)
+            function(update, grads, skip, prepared)
+
+        return twice
+
+    monkeypatch.setattr(torch, "compile", compile_)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_a_compiled_update_that_computes_otherwise_is_found_at_its_first_step_and_runs_eagerly(
+    kind, monkeypatch, caplog
+):
+    # as Adam's compiled update did on CUDA (H200, torch 2.11): the first compiled step of each update is checked
+    # against the eager step from the same state, and the eager result kept
+    from lightning_hydro.fused.step.compiled_update import CompiledUpdate
+
+    def fit(compile: bool | CompiledUpdate) -> list[torch.Tensor]:
+        return _update_steps(compile) if kind == "sgd" else _adamw_steps(compile)
+
+    eager = fit(False)
+    _miscompiling(monkeypatch)
+    compiled = CompiledUpdate(True)
+    with caplog.at_level(logging.WARNING, logger="lightning_hydro"):
+        checked = fit(compiled)
+    lines = [r.getMessage() for r in caplog.records if "runs the fused optimizer update eagerly" in r.getMessage()]
+    assert len(lines) == 1
+    assert "computed otherwise than the eager one on cpu" in lines[0]
+    assert compiled.mismatch == compiled.failure
+    assert compiled.calls == 1  # the first step ran compiled (and was checked), the others eagerly
+    for a, b in zip(eager, checked, strict=True):
+        assert torch.equal(a, b)
+
+
+def _adamw_steps(compile: Any) -> list[torch.Tensor]:
+    from lightning_hydro.fused.step.select_update import select_fused_update
+
+    generator = torch.Generator().manual_seed(0)
+    stacked = [
+        nn.Parameter(torch.randn(3, 4, 5, generator=generator)),
+        nn.Parameter(torch.randn(3, 5, generator=generator)),
+    ]
+    trials = [[nn.Parameter(p.detach()[r].clone()) for p in stacked] for r in range(3)]
+    optimizers = [torch.optim.AdamW(t, lr=0.01 * (r + 1)) for r, t in enumerate(trials)]
+    update = select_fused_update(optimizers, trials, stacked)
+    assert not isinstance(update, str)
+    update.compile(compile)
+    for step in range(3):
+        for p in stacked:
+            p.grad = torch.randn(p.shape, generator=generator)
+        update.step([o.param_groups for o in optimizers], skip_rows=torch.tensor([False, step == 0, False]))
+    return (
+        [p.detach().clone() for p in stacked] + [s for state in update.state for s in state.values()] + [update.steps]
+    )
+
+
+def test_a_compiled_update_that_computes_otherwise_keeps_the_fit_off_the_whole_step(monkeypatch, caplog):
+    eager_trials = [seeded(lambda lr=lr: DigitsMLP(hidden_dim=16, lr=lr), [i])[0] for i, lr in enumerate([0.05, 0.1])]
+    eager = FusedLightningModule(eager_trials, backend="vmap", summary=False)
+    fit_digits(make_trainer(max_steps=6, limit_val_batches=0), eager)
+    _miscompiling(monkeypatch)
+    trials = [seeded(lambda lr=lr: DigitsMLP(hidden_dim=16, lr=lr), [i])[0] for i, lr in enumerate([0.05, 0.1])]
+    compiled = FusedLightningModule(trials, backend="vmap", compile=True, summary=False)
+    with caplog.at_level(logging.INFO, logger="lightning_hydro"):
+        fit_digits(make_trainer(max_steps=6, limit_val_batches=0), compiled)
+    whole = compiled._training_step.whole
+    assert whole.whole_steps == 0  # the whole step compiles the same device work: it is not trusted either
+    assert "FusedSGDUpdate: its compiled step computed otherwise than the eager one" in whole.reason
+    for tid in (0, 1):
+        assert max_state_difference(compiled.unfuse(tid), eager.unfuse(tid)) <= 1e-5

@@ -11,7 +11,7 @@ import torch
 
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsMLP
-from lightning_hydro.fused.step import whole_step
+from lightning_hydro.fused.step import fused_update, whole_step
 from lightning_hydro.fused.step.whole_step import whole_step_blocker
 from tests.helpers import StopTrialAt, fit_digits, learned_state_difference, make_trainer, max_state_difference, seeded
 
@@ -162,6 +162,36 @@ def test_a_whole_step_that_cannot_compile_runs_the_split_step_with_one_log_line(
     assert whole.whole_steps == 0
     assert whole.failure.startswith("torch.compile failed (Unsupported")
     _assert_same_training(fallen_back, eager, 1e-5)  # the split step (compiled) took over
+
+
+def test_an_update_not_known_to_compile_right_on_the_device_runs_eagerly_and_the_step_split(monkeypatch, caplog):
+    # on CUDA, Adam's compiled device work trained otherwise than its eager one (H200, torch 2.11): there
+    # FusedAdamUpdate.COMPILED_ON leaves CUDA out; here the CPU is left out to run that path
+    monkeypatch.setattr(fused_update.FusedAdamUpdate, "COMPILED_ON", ("cuda",))
+    eager = _fit(_trials("adam"), False, gradient_clip_val=0.5)
+    with caplog.at_level(logging.INFO, logger="lightning_hydro"):
+        compiled = _fit(_trials("adam"), True, gradient_clip_val=0.5)
+    whole = compiled._training_step.whole
+    assert whole.whole_steps == 0
+    assert whole.reason.startswith("torch.compile of FusedAdamUpdate's device work is not known to compute")
+    update = compiled._optimizers._compiled_update
+    assert update is not None
+    assert update.calls == 0
+    assert update.failure == whole.reason
+    eager_lines = [
+        r.getMessage() for r in caplog.records if "runs the fused optimizer update eagerly" in r.getMessage()
+    ]
+    assert len(eager_lines) == 1
+    assert "on cpu (checked on: cuda)" in eager_lines[0]
+    _assert_same_training(compiled, eager, 1e-5)
+
+
+def test_which_updates_compile_on_which_devices():
+    params = [torch.nn.Parameter(torch.zeros(3, 4, device="meta"))]  # a device no update was checked on
+    assert fused_update.FusedSGDUpdate(params).why_not_compiled() == ""  # checked on the CPU and CUDA
+    assert "on meta (checked on: cpu)" in fused_update.FusedAdamUpdate(params).why_not_compiled()
+    on_cpu = [torch.nn.Parameter(torch.zeros(3, 4))]
+    assert fused_update.FusedAdamUpdate(on_cpu, decoupled=True).why_not_compiled() == ""
 
 
 class _GradientWatcher(DigitsMLP):
