@@ -16,12 +16,14 @@ from torch import Tensor
 from torch.func import vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from lightning_hydro import FusedLightningModule
 from lightning_hydro.backends.trial_ops.functional_patch import trial_functional
 from tests.fusion_models import (
     AttentionLM,
     first_step_gradients,
     fused_and_separate_first_gradients,
     gradient_difference,
+    relative_gradient_error,
     token_loader,
 )
 from tests.helpers import attention_nodes
@@ -118,23 +120,23 @@ def test_transformer_trials_fuse_on_vmap_with_separate_runs_gradients_in_float32
     assert max(errors) <= 1e-5, errors
 
 
-def fit_tokens_in_order(order: int):
-    def fit(trainer, module) -> None:
-        trainer.fit(module, train_dataloaders=token_loader(order))
-
-    return fit
-
-
 @pytest.mark.parametrize("kind", ["encoder_is_causal", "sdpa_is_causal"])
-def test_transformer_trials_fuse_on_vmap_under_bf16_mixed_within_the_precisions_spread(kind):
-    """bf16-mixed picks the flash kernel; the spread: one trial alone, its batches summed in another order."""
+def test_transformer_trials_fused_on_vmap_under_bf16_mixed_are_as_close_to_float32_as_alone(kind):
+    """bf16-mixed picks the flash kernel: each fused trial's first gradients are no further from the trial's own in
+    float32 than its gradients alone under bf16-mixed are.
+
+    The fused and the lone run differ by more than their batches' order makes them (H200, torch 2.11, 2026-11-27:
+    2.7e-3 to 7.4e-3, the order's spread 4.3e-6 to 3.6e-5): the trials' Linear layers multiply as one batched
+    matrix, which cuBLAS computes with another kernel. From float32 the fused trials were 0.96x-1.05x as far as the
+    trials alone. Float32 itself is checked to 1e-5 above.
+    """
     trials, on_gpu = issue_trials(kind), {"accelerator": "gpu", "precision": "bf16-mixed"}
-    errors = fused_and_separate_first_gradients(trials, fit_tokens, backend="vmap", **on_gpu)
-    alone = [first_step_gradients(copy.deepcopy(trial), fit_tokens, **on_gpu) for trial in trials]
-    spread = max(
-        gradient_difference(first_step_gradients(copy.deepcopy(trial), fit_tokens_in_order(order), **on_gpu), own)
-        for trial, own in zip(trials, alone)
-        for order in (1, 2)
-    )
-    print(f"{kind}, bf16-mixed: fused vs alone {errors}, spread {spread:.3e}")
-    assert max(errors) <= spread, (errors, spread)
+    fused_module = FusedLightningModule([copy.deepcopy(t) for t in trials], backend="vmap", summary=False)
+    fused = first_step_gradients(fused_module, fit_tokens, **on_gpu)
+    exact = [first_step_gradients(copy.deepcopy(t), fit_tokens, accelerator="gpu") for t in trials]
+    alone = [first_step_gradients(copy.deepcopy(t), fit_tokens, **on_gpu) for t in trials]
+    mine = [relative_gradient_error(fused, row, own) for row, own in enumerate(exact)]
+    theirs = [gradient_difference(own, ref) for own, ref in zip(alone, exact)]
+    print(f"{kind}, bf16-mixed: from float32, fused {mine}, alone {theirs}")
+    for fused_error, alone_error in zip(mine, theirs):
+        assert fused_error <= 1.5 * alone_error, (mine, theirs)
