@@ -6,7 +6,7 @@
 #     bash ../shared/device/prepare-wheels.sh                      # writes .whl/
 # Then, through the device tool (no kind named; ~9 minutes of device time with the start):
 #     run(command="bash benchmarks/device_check.sh", carry=[".whl"], timeout_s=540)
-# What comes back under $OUT (at most 8 files): env.txt, tests.txt (pytest -m gpu, with --durations),
+# What comes back under $OUT (at most 8 files): env.txt, tests.txt and tests_compile.txt (pytest -m gpu, with --durations),
 # bench.md (the table, a line per cell as measured), bench.log (the cells' errors), stages.txt (what ran, what
 # was skipped for time). Rerun one stage alone: STAGES="bench" bash benchmarks/device_check.sh
 #
@@ -20,7 +20,7 @@ OUT=${OUT:-$(mktemp -d)}
 BUDGET=${BUDGET:-480}
 STAGES=${STAGES:-"tests bench"}
 START=$(date +%s)
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PYTHONFAULTHANDLER=1
 
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 log() { echo "$(date -u +%H:%M:%S) +$(($(date +%s) - START))s $*" | tee -a "$OUT/stages.txt" >&2; }
@@ -62,12 +62,17 @@ fi
 } > "$OUT/env.txt" 2>&1
 
 if [[ " $STAGES " == *" tests "* ]]; then
-  # correctness first, the newest code first: the whole step and the host syncs, then the rest of the gpu suite
-  tests=(tests/gpu/test_gpu_compile.py tests/fused/step/test_host_syncs.py tests/gpu/test_gpu_exactness.py
-    tests/gpu/test_gpu_checkpoints.py tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_precision.py
-    tests/demos/test_digits_resnet.py tests/sweeper/test_shared_gpu.py)
-  run_capped 220 220 "pytest -m gpu" python3 -m pytest -m gpu -p no:cacheprovider -q -rfEs --durations=20 \
-    --timeout 120 "${tests[@]}" > "$OUT/tests.txt" 2>&1
+  # correctness first. The compile tests run in a process of their own, beside the rest of the gpu suite: on the
+  # first H200 run (2026-11-27) a crash in them (a segfault under CUDA graphs) took the suite's other files with it.
+  # PYTHONFAULTHANDLER prints the Python stack of such a crash.
+  tests=(tests/fused/step/test_host_syncs.py tests/gpu/test_gpu_exactness.py tests/gpu/test_gpu_checkpoints.py
+    tests/gpu/test_gpu_attention.py tests/gpu/test_gpu_precision.py tests/demos/test_digits_resnet.py
+    tests/sweeper/test_shared_gpu.py)
+  run_capped 220 220 "pytest -m gpu (compile)" python3 -m pytest -m gpu -p no:cacheprovider -q \
+    -rfEsxX --durations=10 --timeout 150 tests/gpu/test_gpu_compile.py > "$OUT/tests_compile.txt" 2>&1 &
+  run_capped 220 220 "pytest -m gpu" python3 -m pytest -m gpu -p no:cacheprovider -q -rfEs \
+    --durations=20 --timeout 120 "${tests[@]}" > "$OUT/tests.txt" 2>&1
+  wait
 fi
 
 if [[ " $STAGES " == *" bench "* ]]; then
