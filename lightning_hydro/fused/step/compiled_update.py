@@ -108,7 +108,8 @@ class CompiledUpdate:
         for tensor, value in zip(written, before):
             tensor.copy_(value)
         update.device_step(grads, skip, prepared)
-        worst = max((_mismatch(b, c, e) for b, c, e in zip(before, compiled, written)), default=0.0)
+        ratios = [_mismatch(b, c, e) for b, c, e in zip(before, compiled, written)]
+        worst = float(torch.stack(ratios).max()) if ratios else 0.0  # the check's one host read
         if worst > 1.0:
             self.mismatch = self.failure = (
                 f"its compiled step computed otherwise than the eager one on {update.device.type} (an error "
@@ -119,16 +120,19 @@ class CompiledUpdate:
             )
 
 
-def _mismatch(before: Tensor, compiled: Tensor, eager: Tensor) -> float:
+def _mismatch(before: Tensor, compiled: Tensor, eager: Tensor) -> Tensor:
     """How far ``compiled`` is from ``eager``, in units of what float rounding allows (<= 1: the same step).
 
     Allowed: 1e-3 of the step's change to the tensor plus 1e-6 of its size (inductor fuses and reorders the
-    arithmetic); NaNs where both are NaN agree. Not floating point: equal or not.
+    arithmetic); NaNs where both are NaN agree. Not floating point: 0 if equal, else inf. A 0-dim double tensor on
+    the tensors' device (no host read).
     """
     if not eager.is_floating_point():
-        return 0.0 if torch.equal(compiled, eager) else float("inf")
+        equal = (compiled == eager).all()
+        return torch.where(equal, 0.0, float("inf")).to(torch.float64)
     b, c, e = before.double(), compiled.double(), eager.double()
     agree = (c == e) | (c.isnan() & e.isnan())
     error = torch.where(agree, 0.0, c - e).norm()
     allowed = 1e-3 * torch.where(agree, 0.0, e - b).nan_to_num().norm() + 1e-6 * e.nan_to_num().norm()
-    return float(error / allowed) if bool(error > 0) else 0.0
+    ratio = torch.where(error == 0, 0.0, error / allowed)  # a NaN where eager has none: a NaN error, no agreement
+    return ratio.nan_to_num(nan=float("inf"), posinf=float("inf"))

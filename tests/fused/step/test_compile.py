@@ -323,3 +323,19 @@ def test_a_compiled_update_that_computes_otherwise_keeps_the_fit_off_the_whole_s
     assert "FusedSGDUpdate: its compiled step computed otherwise than the eager one" in whole.reason
     for tid in (0, 1):
         assert max_state_difference(compiled.unfuse(tid), eager.unfuse(tid)) <= 1e-5
+
+
+def test_what_the_compiled_updates_check_takes_for_the_same_step():
+    from lightning_hydro.fused.step.compiled_update import _mismatch
+
+    before = torch.tensor([1.0, 2.0, float("nan"), 4.0])
+    eager = torch.tensor([0.9, 2.1, float("nan"), 4.0])  # a step of 0.1 on two entries; a NaN the step left alone
+    assert float(_mismatch(before, eager.clone(), eager)) == 0.0
+    rounding = eager + torch.tensor([1e-7, -1e-7, 0.0, 4e-7])  # float rounding of a fused, reordered step
+    assert float(_mismatch(before, rounding, eager)) <= 1.0
+    twice = torch.tensor([0.8, 2.2, float("nan"), 4.0])  # the step taken twice
+    assert float(_mismatch(before, twice, eager)) > 100
+    assert float(_mismatch(before, torch.tensor([0.9, 2.1, 0.0, 4.0]), eager)) == float("inf")  # NaN lost
+    flags = torch.tensor([True, False])
+    assert float(_mismatch(flags, flags.clone(), flags)) == 0.0
+    assert float(_mismatch(flags, ~flags, flags)) == float("inf")
