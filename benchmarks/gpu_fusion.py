@@ -23,6 +23,9 @@ synchronising CUDA runtime calls; CPU: the aten ops, and ``aten::_local_scalar_d
 Models (the issue's; ``--small`` shrinks them to run on a CPU in minutes):
 
 - ``mlp``: MLP 784-512x4-10, batch 256, Adam (small: 784-64x2-10, batch 64);
+- ``mlp-sgd``: the same MLP with SGD, momentum 0.9. On CUDA, Adam's fused update runs eagerly under ``compile=``
+  (``FusedAdamUpdate.COMPILED_ON``: compiled, it trained wrongly on an H200), so the MLP's ``-compile`` and
+  ``-graphs`` rows time a split step. This MLP's whole step compiles, and was checked right on the H200;
 - ``resnet18``: torchvision's ResNet-18 on 32x32 images, batch 128, SGD momentum 0.9 (small: batch 8); with
   ``--precision bf16-mixed`` as well on a GPU;
 - ``transformer``: a causal Transformer LM, d_model 256, 4 layers, 4 heads, seq 128, batch 32, AdamW
@@ -60,7 +63,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hydro import FusedLightningModule
 
-MODELS = ("mlp", "resnet18", "transformer")
+MODELS = ("mlp", "mlp-sgd", "resnet18", "transformer")
 ROWS = (
     "sequential",
     "concurrent",
@@ -92,6 +95,8 @@ class Size:
 SIZES = {
     ("mlp", False): Size(batch=256, width=512, depth=4),
     ("mlp", True): Size(batch=64, width=64, depth=2),
+    ("mlp-sgd", False): Size(batch=256, width=512, depth=4),
+    ("mlp-sgd", True): Size(batch=64, width=64, depth=2),
     ("resnet18", False): Size(batch=128),
     ("resnet18", True): Size(batch=8),
     ("transformer", False): Size(batch=32, width=256, depth=4, seq=128),
@@ -134,6 +139,13 @@ class MLPTrial(Trial):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+
+class MLPSGDTrial(MLPTrial):
+    """The MLP with SGD, momentum 0.9."""
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
 
 
 class ResNetTrial(Trial):
@@ -182,8 +194,9 @@ def _causal(length: int, device: torch.device) -> Tensor:
 def make_trial(model: str, size: Size, index: int) -> Trial:
     """Trial ``index`` of ``model``: the same architecture, its own learning rate and initial weights."""
     torch.manual_seed(index)
-    lr = (1e-3 if model != "resnet18" else 0.05) * (1 + 0.1 * index)
-    return {"mlp": MLPTrial, "resnet18": ResNetTrial, "transformer": TransformerTrial}[model](size, lr)
+    lr = (1e-3 if model in ("mlp", "transformer") else 0.05) * (1 + 0.1 * index)
+    kinds = {"mlp": MLPTrial, "mlp-sgd": MLPSGDTrial, "resnet18": ResNetTrial, "transformer": TransformerTrial}
+    return kinds[model](size, lr)
 
 
 def make_batches(model: str, size: Size, count: int = 8) -> list[tuple[Tensor, Tensor]]:
@@ -191,7 +204,7 @@ def make_batches(model: str, size: Size, count: int = 8) -> list[tuple[Tensor, T
     g = torch.Generator().manual_seed(0)
     batches = []
     for _ in range(count):
-        if model == "mlp":
+        if model in ("mlp", "mlp-sgd"):
             x, y = torch.rand(size.batch, 784, generator=g), torch.randint(0, 10, (size.batch,), generator=g)
         elif model == "resnet18":
             x, y = torch.randn(size.batch, 3, 32, 32, generator=g), torch.randint(0, 10, (size.batch,), generator=g)
@@ -433,7 +446,7 @@ class RawGroup:
         self.params = {k: v.to(device).detach().requires_grad_() for k, v in params.items()}
         self.buffers = {k: v.to(device) for k, v in buffers.items()}
         self.template = modules[0].to("meta")
-        self.kind = {"mlp": "adam", "resnet18": "sgd", "transformer": "adamw"}[model]
+        self.kind = {"mlp": "adam", "mlp-sgd": "sgd", "resnet18": "sgd", "transformer": "adamw"}[model]
         self.lrs = torch.tensor([m.lr for m in modules], device=device)
         self.step_count = torch.zeros((), device=device)
         values = list(self.params.values())
