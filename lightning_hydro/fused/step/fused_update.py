@@ -175,8 +175,8 @@ class FusedUpdate(RowStates, ABC):
         """How the parameters of ``group`` are updated, from its factors on the host (``values[row]``)."""
 
     @abstractmethod
-    def _run(self, part: Part, grads: list[Tensor] | tuple[Tensor, ...]) -> None:
-        """The foreach calls of one part of the plan, with this step's factors."""
+    def _run(self, part: Part, grads: list[Tensor] | tuple[Tensor, ...], views: dict[str, list[Tensor]]) -> None:
+        """The foreach calls of one part of the plan, with this step's factors (``views``: by name, per parameter)."""
 
     def _prepare(self, active: list[int]) -> Any:
         """Host-side facts the device work of a step needs (e.g. which counters it touches); no device work."""
@@ -334,8 +334,25 @@ class FusedUpdate(RowStates, ABC):
         table = torch.where(skip, factors.neutral, factors.base)
         self._before(table, skip, prepared)
         store(factors.table, table)
+        compiling = torch.compiler.is_compiling()
         for part, part_grads in zip(self._plan, grads):
-            self._run(part, part_grads)
+            self._run(part, part_grads, self._views_of(table, part) if compiling else part.views)
+
+    def _views_of(self, table: Tensor, part: Part) -> dict[str, list[Tensor]]:
+        """The part's factors as ``[B, 1, ...]`` views of this step's ``table`` (what ``part.views`` show).
+
+        Compiled code reads these, not ``part.views``: those views of the persistent table would each be an input
+        of the graph that aliases the table, which the step writes. AOTAutograd then merges the aliases into a
+        synthetic base and drops the graph's static inputs, so every tensor the step updates in place (parameters,
+        state) counts as a mutated non-static input, and inductor skips the CUDA graph (``"reduce-overhead"``).
+        """
+        factors = self._factors
+        assert factors is not None
+        shapes = [(-1, *([1] * (self.params[i].dim() - 1))) for i in part.indices]
+        return {
+            name: [table[factors.index(name), i].view(shape) for i, shape in zip(part.indices, shapes)]
+            for name in self.NEUTRAL
+        }
 
     def _mask(self, skip_rows: SkipRows) -> Tensor:
         if isinstance(skip_rows, Tensor):
@@ -456,8 +473,8 @@ class FusedSGDUpdate(SGDRowStates, FusedUpdate):
             self._fresh.difference_update(active)
 
     @override
-    def _run(self, part: Part, grads: list[Tensor] | tuple[Tensor, ...]) -> None:
-        params, views = part.params, part.views
+    def _run(self, part: Part, grads: list[Tensor] | tuple[Tensor, ...], views: dict[str, list[Tensor]]) -> None:
+        params = part.params
         if part.decay:
             grads = torch._foreach_addcmul(grads, views["weight_decay"], params)
         direction: list[Tensor] | tuple[Tensor, ...] = grads
@@ -567,8 +584,8 @@ class FusedAdamUpdate(AdamRowStates, FusedUpdate):
         table[self._corrections].copy_(corrections)
 
     @override
-    def _run(self, part: Part, grads: list[Tensor] | tuple[Tensor, ...]) -> None:
-        params, views, states = part.params, part.views, part.states
+    def _run(self, part: Part, grads: list[Tensor] | tuple[Tensor, ...], views: dict[str, list[Tensor]]) -> None:
+        params, states = part.params, part.states
         if part.decay:
             if self.decoupled:
                 torch._foreach_mul_(params, views["decay"])

@@ -419,3 +419,54 @@ def test_the_whole_step_pickles_without_its_compiled_function():
     copy = pickle.loads(pickle.dumps(whole))
     assert copy._compiled is None
     assert copy.whole_steps == whole.whole_steps == 1
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", pytest.param("adamw", marks=pytest.mark.slow)])
+def test_every_tensor_the_whole_step_updates_in_place_is_a_static_input_of_its_graph(optimizer, monkeypatch):
+    """The condition for inductor to record the whole step as a CUDA graph ("reduce-overhead"), checked on the CPU.
+
+    Cudagraph trees replay a graph only if every input it writes is static (parameters, state, factors: never
+    reallocated); else they skip it ("skipping cudagraphs due to mutated inputs", seen on an H200 with AdamW).
+    Here all of the graph's inputs were non-static: the update's factor views, inputs that alias the table the step
+    writes, made AOTAutograd merge them into a synthetic base and drop the static inputs.
+    """
+    import inspect
+
+    import torch._inductor.output_code as output_code
+
+    graphs: list[tuple[set[int], set[int]]] = []  # the whole step's: (mutated inputs, static inputs)
+    inside: list[bool] = []
+    real_init = output_code.CompiledFxGraph.__init__
+    signature = inspect.signature(real_init)
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        if inside:
+            static = signature.bind(self, *args, **kwargs).arguments.get("static_input_idxs") or ()
+            graphs.append((set(self.mutated_input_idxs), set(static)))
+
+    real_compile = whole_step.compile_whole_step
+
+    def tagged(setting: Any) -> Any:
+        compiled = real_compile(setting)
+
+        def call(*args: Any) -> Any:
+            inside.append(True)
+            try:
+                return compiled(*args)
+            finally:
+                inside.pop()
+
+        return call
+
+    monkeypatch.setattr(output_code.CompiledFxGraph, "__init__", init)
+    monkeypatch.setattr(whole_step, "compile_whole_step", tagged)
+    with torch._inductor.config.patch(force_disable_caches=True):  # a cached graph is loaded, not built
+        fused = _fit(
+            _trials(optimizer, momentum=0.9) if optimizer == "sgd" else _trials(optimizer), "reduce-overhead", steps=3
+        )
+    assert fused._training_step.whole.whole_steps == 2
+    assert graphs, "no graph of the whole step was built"
+    for mutated, static in graphs:
+        assert mutated  # the parameters and the optimizer state, updated in place
+        assert mutated <= static, sorted(mutated - static)
