@@ -339,3 +339,19 @@ def test_what_the_compiled_updates_check_takes_for_the_same_step():
     flags = torch.tensor([True, False])
     assert float(_mismatch(flags, flags.clone(), flags)) == 0.0
     assert float(_mismatch(flags, ~flags, flags)) == float("inf")
+
+
+def test_a_check_that_cannot_run_leaves_the_eager_result_and_the_update_eager(monkeypatch):
+    from lightning_hydro.fused.step import compiled_update
+
+    def cannot(*args: Any) -> torch.Tensor:
+        raise RuntimeError("a stand-in for a device that cannot compare")
+
+    eager = _update_steps(False)
+    monkeypatch.setattr(compiled_update, "_mismatch", cannot)
+    compiled = compiled_update.CompiledUpdate(True)
+    checked = _update_steps(compiled)
+    assert compiled.mismatch.startswith("its first compiled step could not be checked against the eager one")
+    assert compiled.calls == 1
+    for a, b in zip(eager, checked, strict=True):
+        assert torch.equal(a, b)
