@@ -23,9 +23,9 @@ Lightning's automatic optimization drives the step; the fused module's hooks han
    then (:mod:`lightning_hydro.fused.roster`).
 5. With ``compile=``: a steady step runs stages 1-3 as one compiled function, :mod:`.whole_step` (``"reduce-overhead"``:
    one CUDA graph on a GPU): stage 1 hands it the backend's call, and stages 2 and 3 only report what it did. Where
-   it would not compute the same (its ``usable`` says why), the stages run apart, each compiled:
-   :mod:`lightning_hydro.backends.compiled_step` (stage 1's forward and backward) and :mod:`.compiled_update`
-   (stage 3's device work).
+   it would not compute the same (its ``usable`` says why), the stages run apart, each compiled without CUDA
+   graphs: :mod:`lightning_hydro.backends.compiled_step` (stage 1's forward and backward) and
+   :mod:`.compiled_update` (stage 3's device work, its first step per update checked against eager).
 
 Which backend stage 1 runs, and how ``backend="auto"`` chooses it and the first batch is verified, is
 :mod:`.backend_policy`'s business. Trials that use manual optimization run :mod:`.manual_steps` instead: each
