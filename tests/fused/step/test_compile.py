@@ -89,8 +89,9 @@ def test_compile_argument_is_checked():
         FusedLightningModule([DigitsMLP(hidden_dim=8)], compile="max-autotune")  # type: ignore[arg-type]
 
 
-def _update_steps(compile: Any, steps: int = 3) -> list[torch.Tensor]:
-    """A fused AdamW update of 3 rows stepped ``steps`` times on fixed gradients; the parameters after."""
+def _update_steps(compile: Any, steps: int = 3, optimizer: str = "adamw", state: bool = False) -> list[torch.Tensor]:
+    """A fused update of 3 rows (AdamW, or SGD with momentum) stepped ``steps`` times on fixed gradients, row 1
+    skipped; the parameters after (``state``: and the optimizer state and counters)."""
     from lightning_hydro.fused.step.select_update import select_fused_update
 
     generator = torch.Generator().manual_seed(0)
@@ -99,7 +100,10 @@ def _update_steps(compile: Any, steps: int = 3) -> list[torch.Tensor]:
         nn.Parameter(torch.randn(3, 5, generator=generator)),
     ]
     trials = [[nn.Parameter(p.detach()[r].clone()) for p in stacked] for r in range(3)]
-    optimizers = [torch.optim.AdamW(t, lr=0.01 * (r + 1)) for r, t in enumerate(trials)]
+    if optimizer == "adamw":
+        optimizers = [torch.optim.AdamW(t, lr=0.01 * (r + 1)) for r, t in enumerate(trials)]
+    else:
+        optimizers = [torch.optim.SGD(t, lr=0.01 * (r + 1), momentum=0.9) for r, t in enumerate(trials)]
     update = select_fused_update(optimizers, trials, stacked)
     assert not isinstance(update, str)
     update.compile(compile)
@@ -107,11 +111,30 @@ def _update_steps(compile: Any, steps: int = 3) -> list[torch.Tensor]:
         for p in stacked:
             p.grad = torch.randn(p.shape, generator=generator)
         update.step([o.param_groups for o in optimizers], skip_rows=torch.tensor([False, True, False]))
-    return [p.detach().clone() for p in stacked]
+    kept = [p.detach().clone() for p in stacked]
+    if state:
+        kept += [t for s in update.state for t in s.values()]
+        kept += [t for t in vars(update).values() if isinstance(t, torch.Tensor)]  # Adam's counts, SGD's flags
+    return kept
+
+
+def _fallen_back(caplog: pytest.LogCaptureFixture, **steps: Any) -> tuple[Any, str]:
+    """:func:`_update_steps` under a CompiledUpdate that falls back to eager: its results equal the eager run's, and
+    one log line says so. Returns the CompiledUpdate and that line."""
+    from lightning_hydro.fused.step.compiled_update import CompiledUpdate
+
+    eager = _update_steps(False, **steps)
+    compiled = CompiledUpdate(True)
+    with caplog.at_level(logging.WARNING, logger="lightning_hydro"):
+        fallen_back = _update_steps(compiled, **steps)
+    lines = [r.getMessage() for r in caplog.records if "runs the fused optimizer update eagerly" in r.getMessage()]
+    assert len(lines) == 1
+    for a, b in zip(eager, fallen_back, strict=True):
+        assert torch.equal(a, b)
+    return compiled, lines[0]
 
 
 def test_a_fused_update_that_cannot_compile_runs_eagerly_with_one_log_line(monkeypatch, caplog):
-    from lightning_hydro.fused.step.compiled_update import CompiledUpdate
 
     def cannot_compile(function: Any, **kwargs: Any) -> Any:
         def fails(*args: Any) -> None:
@@ -120,16 +143,9 @@ def test_a_fused_update_that_cannot_compile_runs_eagerly_with_one_log_line(monke
         return fails
 
     monkeypatch.setattr(torch, "compile", cannot_compile)
-    eager = _update_steps(False)
-    compiled = CompiledUpdate(True)
-    with caplog.at_level(logging.WARNING, logger="lightning_hydro"):
-        fallen_back = _update_steps(compiled)
-    lines = [r.getMessage() for r in caplog.records if "runs the fused optimizer update eagerly" in r.getMessage()]
-    assert len(lines) == 1
-    assert "a stand-in for what dynamo cannot trace" in lines[0]
+    compiled, line = _fallen_back(caplog)
+    assert "a stand-in for what dynamo cannot trace" in line
     assert compiled.failure.startswith("Unsupported")
-    for a, b in zip(eager, fallen_back):
-        assert torch.equal(a, b)
 
 
 @pytest.mark.slow
@@ -268,45 +284,12 @@ def test_a_compiled_update_that_computes_otherwise_is_found_at_its_first_step_an
 ):
     # as Adam's compiled update did on CUDA (H200, torch 2.11): the first compiled step of each update is checked
     # against the eager step from the same state, and the eager result kept
-    from lightning_hydro.fused.step.compiled_update import CompiledUpdate
 
-    def fit(compile: bool | CompiledUpdate) -> list[torch.Tensor]:
-        return _update_steps(compile) if kind == "sgd" else _adamw_steps(compile)
-
-    eager = fit(False)
     _miscompiling(monkeypatch)
-    compiled = CompiledUpdate(True)
-    with caplog.at_level(logging.WARNING, logger="lightning_hydro"):
-        checked = fit(compiled)
-    lines = [r.getMessage() for r in caplog.records if "runs the fused optimizer update eagerly" in r.getMessage()]
-    assert len(lines) == 1
-    assert "computed otherwise than the eager one on cpu" in lines[0]
+    compiled, line = _fallen_back(caplog, optimizer=kind, state=True)
+    assert "computed otherwise than the eager one on cpu" in line
     assert compiled.mismatch == compiled.failure
     assert compiled.calls == 1  # the first step ran compiled (and was checked), the others eagerly
-    for a, b in zip(eager, checked, strict=True):
-        assert torch.equal(a, b)
-
-
-def _adamw_steps(compile: Any) -> list[torch.Tensor]:
-    from lightning_hydro.fused.step.select_update import select_fused_update
-
-    generator = torch.Generator().manual_seed(0)
-    stacked = [
-        nn.Parameter(torch.randn(3, 4, 5, generator=generator)),
-        nn.Parameter(torch.randn(3, 5, generator=generator)),
-    ]
-    trials = [[nn.Parameter(p.detach()[r].clone()) for p in stacked] for r in range(3)]
-    optimizers = [torch.optim.AdamW(t, lr=0.01 * (r + 1)) for r, t in enumerate(trials)]
-    update = select_fused_update(optimizers, trials, stacked)
-    assert not isinstance(update, str)
-    update.compile(compile)
-    for step in range(3):
-        for p in stacked:
-            p.grad = torch.randn(p.shape, generator=generator)
-        update.step([o.param_groups for o in optimizers], skip_rows=torch.tensor([False, step == 0, False]))
-    return (
-        [p.detach().clone() for p in stacked] + [s for state in update.state for s in state.values()] + [update.steps]
-    )
 
 
 def test_a_compiled_update_that_computes_otherwise_keeps_the_fit_off_the_whole_step(monkeypatch, caplog):
@@ -341,17 +324,14 @@ def test_what_the_compiled_updates_check_takes_for_the_same_step():
     assert float(_mismatch(flags, ~flags, flags)) == float("inf")
 
 
-def test_a_check_that_cannot_run_leaves_the_eager_result_and_the_update_eager(monkeypatch):
+def test_a_check_that_cannot_run_leaves_the_eager_result_and_the_update_eager(monkeypatch, caplog):
     from lightning_hydro.fused.step import compiled_update
 
     def cannot(*args: Any) -> torch.Tensor:
         raise RuntimeError("a stand-in for a device that cannot compare")
 
-    eager = _update_steps(False)
     monkeypatch.setattr(compiled_update, "_mismatch", cannot)
-    compiled = compiled_update.CompiledUpdate(True)
-    checked = _update_steps(compiled)
+    compiled, line = _fallen_back(caplog)
     assert compiled.mismatch.startswith("its first compiled step could not be checked against the eager one")
+    assert "a stand-in for a device that cannot compare" in line
     assert compiled.calls == 1
-    for a, b in zip(eager, checked, strict=True):
-        assert torch.equal(a, b)
