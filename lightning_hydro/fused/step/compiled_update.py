@@ -102,7 +102,8 @@ class CompiledUpdate:
 
         If the compiled step computed otherwise (beyond float rounding), the update runs eagerly from now on, and
         the whole step is not used (:meth:`FusedUpdate.why_not_compiled`): said in one log line. One extra eager
-        step and a copy of what the step writes, once per update (a new group size or slot change makes a new one).
+        step and two copies of what the step writes (before, and the compiled result), once per update (a new group
+        size or slot change makes a new one).
         """
         compiled = [t.clone() for t in written]
         for tensor, value in zip(written, before):
