@@ -60,10 +60,7 @@ class CompiledUpdate:
         if not self.failure:
             refused = update.why_not_compiled()
             if refused:
-                self.failure = refused
-                log.warning(
-                    "lightning_hydro: compile=%r runs the fused optimizer update eagerly: %s.", self.setting, refused
-                )
+                self._eager_from_now(refused, refused)
         if self.failure:
             update.device_step(grads, skip, prepared)
             return
@@ -76,12 +73,8 @@ class CompiledUpdate:
         try:
             self._compiled(update, grads, skip, prepared)
         except NOT_COMPILED as err:  # raised while tracing or compiling, or by the recompile limit: nothing ran
-            self.failure = compile_error(err)
-            log.warning(
-                "lightning_hydro: compile=%r runs the fused optimizer update eagerly: torch.compile failed (%s).",
-                self.setting,
-                self.failure,
-            )
+            failure = compile_error(err)
+            self._eager_from_now(failure, f"torch.compile failed ({failure})")
             update.device_step(grads, skip, prepared)
             return
         self.calls += 1
@@ -121,10 +114,12 @@ class CompiledUpdate:
                     f"{worst:.3g}x what float rounding allows)"
                 )
         if self.mismatch:
-            self.failure = self.mismatch
-            log.warning(
-                "lightning_hydro: compile=%r runs the fused optimizer update eagerly: %s.", self.setting, self.failure
-            )
+            self._eager_from_now(self.mismatch, self.mismatch)
+
+    def _eager_from_now(self, failure: str, said: str) -> None:
+        """Run the update eagerly from now on (``failure``: why), said in one log line."""
+        self.failure = failure
+        log.warning("lightning_hydro: compile=%r runs the fused optimizer update eagerly: %s.", self.setting, said)
 
 
 def _mismatch(before: Tensor, compiled: Tensor, eager: Tensor) -> Tensor:

@@ -335,11 +335,5 @@ class WholeStep:
         if update in self._marked:
             return
         self._marked.add(update)
-        tensors = [*group.params.values(), *group.buffers.values()]
-        tensors += [t for state in update.state for t in state.values()]
-        tensors += [t for t in vars(update).values() if isinstance(t, Tensor)]
-        factors = update._factors
-        if factors is not None:
-            tensors += [t for t in vars(factors).values() if isinstance(t, Tensor)]
-        for tensor in tensors:
+        for tensor in [*group.params.values(), *group.buffers.values(), *update.device_tensors(())]:
             torch._dynamo.mark_static_address(tensor, guard=False)
