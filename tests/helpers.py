@@ -240,6 +240,14 @@ class TinyAttentionLM(L.LightningModule):
         return DataLoader(token_data(), batch_size=32)
 
 
+class TiedAttentionLM(TinyAttentionLM):
+    """TinyAttentionLM with its readout tied to its embedding (one tensor under two names, as GPT-2 ties them)."""
+
+    def __init__(self, lr: float = 1e-3, d_model: int = 16, vocab: int = 20, heads: int = 2) -> None:
+        super().__init__(lr, d_model, vocab, heads)
+        self.readout.weight = self.embed.weight
+
+
 class ScheduledMLP(DigitsMLP):
     """An MLP whose configure_optimizers returns one of Lightning's scheduler configurations."""
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
+from torch.utils._pytree import tree_flatten, tree_unflatten
 from typing_extensions import override
 
 from lightning_hydro.backends.base import Backend, StackedLog, StepOutputs, step_output_error
@@ -85,6 +86,17 @@ class MethodCaller(nn.Module):
         return getattr(self.module, method)(*args)
 
 
+def holds_tied_tensors(module: nn.Module) -> bool:
+    """Whether one tensor is reachable under two names of ``module`` (parameters and buffers: tied weights)."""
+    seen: set[int] = set()
+    named = (*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False))
+    for _, tensor in named:
+        if id(tensor) in seen:
+            return True
+        seen.add(id(tensor))
+    return False
+
+
 def _encode(out: Any, method: str) -> tuple[Any, _Kind]:
     """Vmap may only return tensors: keep the tensors of what the step returned, remember its shape."""
     if out is None:
@@ -122,6 +134,8 @@ class VmapBackend(Backend):
         self.deferred_metrics: list[str] = []  # the torchmetrics metrics the last call replayed per trial
         self._state = StepState(self.name)
         self._active: ActiveCall | None = None  # the running call's Python state, read inside the mapped function
+        self._ties_key: tuple[MethodCaller, int] | None = None  # (caller, state generation) _ties was found for
+        self._ties = self._tie = True  # whether the template has tied weights; what the running call passes
         self._checked_generation = state_generation()  # the trials' settings are checked just below
         self._settings: SettingsReader | None = None  # reads the trials' settings cheaply (check_settings)
         self._settings_seen: tuple[Any, ...] | None = None  # what it read at the last full check
@@ -227,6 +241,7 @@ class VmapBackend(Backend):
             self._recorder = MetricRecorder(template)
         caller, recorder = self._caller, self._recorder
         assert recorder is not None
+        self._tie = self._ties_in(caller)
         params: dict[str, Tensor] = {f"module.{name}": p for name, p in self.group.params.items()}
         buffers = {f"module.{name}": b for name, b in self.group.buffers.items()}
         buffers.update({f"module.{name}": b for name, b in self.extra_buffers().items()})
@@ -285,6 +300,18 @@ class VmapBackend(Backend):
         )
         return StepOutputs(output=output, logs=logs), extra
 
+    def _ties_in(self, caller: MethodCaller) -> bool:
+        """Whether the template holds one tensor under two names (tied weights), which ``functional_call`` must tie.
+
+        Found once per caller and again after the trials' own code ran (a hook may tie weights). Without ties,
+        ``functional_call(tie_weights=False)`` does not walk every parameter and buffer of the template at each
+        call to look for them.
+        """
+        key = (caller, state_generation())
+        if self._ties_key != key:
+            self._ties_key, self._ties = key, holds_tied_tensors(caller)
+        return self._ties
+
     def _reduced_precision(self) -> bool:
         """Whether this step may compute in half or mixed precision (autocast on, or half parameters)."""
         if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled(self.group.device.type):
@@ -314,13 +341,14 @@ class VmapBackend(Backend):
         """
         keep_static(params, buffers)
         side: dict[str, Any] = {}
+        tie = self._tie
         active, logs = self._active, self._logs
         chunked = self.chunk_size is not None and self.chunk_size < self.group.size
 
         def per_trial(p: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[Any, ...]:
             logs.clear()  # (chunked: this chunk's calls)
             recorder.restart()
-            out = functional_call(caller, (p, b), (method, *args))
+            out = functional_call(caller, (p, b), (method, *args), tie_weights=tie)
             calls = logs.calls
             logs.clear()  # vmap's batched tensors must not leave the mapped function: keep their place, return them
             side["calls"] = [
@@ -336,11 +364,12 @@ class VmapBackend(Backend):
                         "Python state, and a chunked call runs the step once per chunk. Use chunk_size=None."
                     )
             logged = tuple(c.value for c in calls if isinstance(c.value, Tensor))
-            return encoded, logged, recorder.tensors(), stored
+            # one flat tuple out: vmap's own handling of a nested output (out_dims broadcast over it) costs more
+            flat, side["spec"] = tree_flatten((encoded, logged, recorder.tensors(), stored))
+            return tuple(flat)
 
-        encoded, logged, metric_args, stored = vmap(
-            per_trial, in_dims=(0, 0), randomness="different", chunk_size=self.chunk_size
-        )(params, buffers)
+        flat = vmap(per_trial, in_dims=(0, 0), randomness="different", chunk_size=self.chunk_size)(params, buffers)
+        encoded, logged, metric_args, stored = tree_unflatten(list(flat), side["spec"])
         return encoded, logged, metric_args, stored, side["calls"], side["kind"]
 
     def _stack_logs(

@@ -9,6 +9,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning_hydro.demos import DigitsMLP
 from tests.helpers import (
     DigitsCNN,
+    TiedAttentionLM,
     TinyAttentionLM,
     TorchEncoderLM,
     fit_digits,
@@ -75,6 +76,19 @@ def test_embedding_layernorm_attention_model_matches(backend):
     separate = train_separately(trials, fit_plain, max_steps=30)
     fused = train_fused(trials, fit_plain, fused_kwargs={"backend": backend}, max_steps=30)
     assert_trials_match(fused, separate, 1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_model_with_tied_weights_matches_and_keeps_them_tied(backend):
+    trials = [seeded(lambda lr=lr: TiedAttentionLM(lr=lr), [i])[0] for i, lr in enumerate([1e-3, 3e-3, 1e-2])]
+    separate = train_separately(trials, fit_plain, max_steps=30)
+    fused = train_fused(trials, fit_plain, fused_kwargs={"backend": backend}, max_steps=30)
+    assert_trials_match(fused, separate, 1e-4)
+    for tid in range(3):
+        trial = fused.unfuse(tid)
+        assert trial.readout.weight is trial.embed.weight
+        # the readout's gradient reached the shared weight: it moved otherwise than by the embedding's alone
+        assert not torch.equal(trial.embed.weight, trials[tid].embed.weight)
 
 
 def test_gradient_accumulation_matches_separate_training():
