@@ -48,6 +48,11 @@ BENCHMARKS = {
         ["python", "benchmarks/trial_rules.py"],
         ["python", "benchmarks/trial_rules.py", "--precision", "bf16-mixed"],
     ],
+    "compile_checks": [
+        ["python", "benchmarks/whole_step_check.py"],
+        ["python", "benchmarks/whole_step_check.py", "--models", "cnn-adam", "densenet-adam", "--no-left-out"],
+        ["python", "benchmarks/compiled_update_check.py", "--small"],
+    ],
 }
 
 

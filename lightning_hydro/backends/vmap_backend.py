@@ -318,6 +318,14 @@ class VmapBackend(Backend):
             return True
         return any(p.dtype in (torch.float16, torch.bfloat16) for p in self.group.params.values())
 
+    def stop_compiling(self, reason: str) -> None:
+        """Run ``training_step`` eagerly from now on (``reason``: why, said in one log line)."""
+        if self.compile and self._compiled is None:
+            where = f"backend={self.name!r}, {type(self.template()).__name__}.training_step"
+            self._compiled = CompiledStep(self.vmapped, self.compile, where)
+        if self._compiled is not None and not self._compiled.failure:
+            self._compiled.fall_back(reason)
+
     @property
     def compile_failure(self) -> str:
         """Why ``compile`` fell back to eager (empty if it did not, or compile is off)."""

@@ -91,6 +91,8 @@ def test_a_whole_step_on_cuda_trains_each_trial_as_the_eager_fit(compile):
     print(f"compile={compile!r}: {whole.whole_steps} whole steps; inductor counters {dict(counters['inductor'])}")
     assert whole.reason == ""
     assert whole.whole_steps == 19
+    print(f"the first whole step's check: {whole.checks} run, error {whole.worst:.3g} of the bound")
+    assert (whole.checks, whole.unchecked, whole.failure) == (1, "", "")
     if compile == "reduce-overhead":
         assert counters["inductor"]["cudagraph_skips"] == 0  # every compiled graph ran as a CUDA graph
     for tid in range(4):
@@ -130,5 +132,28 @@ def test_the_compiled_adam_update_on_cuda_trains_as_the_eager_one(monkeypatch):
     eager = _fit_on_cuda(False, "adamw", clip=None)
     compiled = _fit_on_cuda(True, "adamw", clip=None)
     assert compiled._training_step.whole.whole_steps == 19
+    for tid in range(4):
+        assert max_state_difference(compiled.unfuse(tid).cpu(), eager.unfuse(tid).cpu()) <= 1e-5
+
+
+def test_with_adams_gate_lifted_the_checks_keep_a_compiled_cuda_fit_as_the_eager_one(monkeypatch):
+    """The safety net under the gate: each update's first compiled step, and the first whole step, against eager.
+
+    Adam's compiled update trained wrongly on CUDA (H200, torch 2.11, 2026-11-27). With COMPILED_ON lifted, either
+    it is right now (then the strict xfail above passes too), or a check finds it and the fit goes on eagerly. Either
+    way each trial ends where the eager fit's does; a wrong compiled step that no check found fails this test.
+    """
+    from lightning_hydro.fused.step import fused_update
+    from tests.helpers import max_state_difference
+
+    monkeypatch.setattr(fused_update.FusedAdamUpdate, "COMPILED_ON", None)
+    eager = _fit_on_cuda(False, "adamw", clip=None)
+    compiled = _fit_on_cuda(True, "adamw", clip=None)
+    whole = compiled._training_step.whole
+    update = compiled._optimizer.fused._compiled
+    print(
+        f"AdamW, gate lifted: {whole.whole_steps} whole steps; whole-step check error {whole.worst:.3g} "
+        f"({whole.failure or 'passed'}); update check: {update.mismatch or 'passed'}"
+    )
     for tid in range(4):
         assert max_state_difference(compiled.unfuse(tid).cpu(), eager.unfuse(tid).cpu()) <= 1e-5

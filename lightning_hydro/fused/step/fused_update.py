@@ -232,6 +232,11 @@ class FusedUpdate(RowStates, ABC):
             unique.setdefault(id(tensor), tensor)
         return list(unique.values())
 
+    def stop_compiling(self, reason: str) -> None:
+        """Run the device work eagerly from now on, this update's and the later ones' of the group (``reason``: why)."""
+        if self._compiled is not None:
+            self._compiled.stop(reason)
+
     def compile(self, setting: CompileSetting | CompiledUpdate) -> None:
         """Run the device work of each step under ``torch.compile`` (see :mod:`.compiled_update`); False: eagerly.
 

@@ -43,6 +43,7 @@ from lightning_hydro.backends.compiled_step import (
 )
 from lightning_hydro.backends.trial_attributes import state_writes
 from lightning_hydro.backends.vmap_backend import VmapBackend
+from lightning_hydro.fused.step.compiled_update import group_mismatch
 from lightning_hydro.fused.step.fused_update import (
     FusedUpdate,
     clip_rows_by_norm,
@@ -64,6 +65,10 @@ log = logging.getLogger("lightning_hydro")
 # the hooks that see a step's loss or gradients between the backward and the update: a whole step has no "between"
 _BETWEEN_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
 _PRECISIONS = ("32-true", "64-true", "32", "64")
+# the first whole step's check allows this much of each tensor's change (and 1e-6 of its size) as float rounding;
+# looser than the update's own check (1e-3), whose gradients are the same on both sides: here the compiled
+# gradients round otherwise, and Adam turns a rounding-level gradient into a step of the learning rate's size
+WHOLE_CHECK_RELATIVE = 1e-2
 
 
 def whole_step_blocker(trainer: Any, trial_hooks: Iterable[str]) -> str:
@@ -111,8 +116,12 @@ def _whole_step(
     prior: Tensor,
     clip: tuple[str, float],
     prepared: Any,
+    grads_out: list[Tensor] | None = None,
 ) -> tuple[tuple[Any, ...], tuple[Tensor, ...]]:
-    """One step, pure tensor code (what torch.compile compiles): the backend's outputs and the step's masks."""
+    """One step, pure tensor code (what torch.compile compiles): the backend's outputs and the step's masks.
+
+    ``grads_out`` (eager calls only: the first step's check): receives the gradients of the parameters ``active``.
+    """
     keep_static(params, buffers, prior, prepared, update.state)  # the batch: marked by the backend's call
     rows = prior.shape[0]
     side: dict[str, Any] = {}
@@ -131,6 +140,8 @@ def _whole_step(
         )
         # torch.func may lay a gradient out with the trial dimension inside (attention's in_proj): make it row-major
         grad_list = [grads[names[i]].contiguous() for i in active]
+        if grads_out is not None:
+            grads_out.extend(grad_list)
         kind, value = clip
         if kind == "norm":
             by_grads = not_finite(clip_rows_by_norm(grad_list, value))
@@ -179,16 +190,21 @@ class WholeStep:
         self._may_trace = True  # the next call may trace one (else a call that needs one runs split first)
         self._relearning = False  # a split step is relearning them (for a step that needed a new graph)
         self._assumed: tuple[int, ...] = ()  # the parameters the graphs so far were traced for
+        # each update's first whole step is checked against the same step run eagerly (see _checked_call)
+        self._checked: weakref.WeakSet[FusedUpdate] = weakref.WeakSet()
+        self.checks = 0  # whole steps checked against eager (for tests and the report)
+        self.unchecked = ""  # why the latest check could not compare ("" if it did, or none ran)
+        self.worst = 0.0  # the latest check's error, in units of what float rounding allows (<= 1: the same step)
 
     def __getstate__(self) -> dict[str, Any]:
         """Without the compiled function and the caches (``ddp_spawn`` pickles the module): rebuilt on use."""
         state = dict(self.__dict__)
-        state["_compiled"], state["_names"], state["_marked"] = None, None, None
+        state["_compiled"], state["_names"], state["_marked"], state["_checked"] = None, None, None, None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._names, self._marked = weakref.WeakKeyDictionary(), weakref.WeakSet()
+        self._names, self._marked, self._checked = weakref.WeakKeyDictionary(), weakref.WeakSet(), weakref.WeakSet()
 
     def configure(self, trainer: Any, trial_hooks: Iterable[str]) -> None:
         """Take the trainer's set-up (at the start of each training epoch: gradient accumulation may change)."""
@@ -281,12 +297,16 @@ class WholeStep:
 
         needs_graph: list[bool] = []
         stance: Literal["default", "fail_on_recompile"] = "default" if self._may_trace else "fail_on_recompile"
+        check = update not in self._checked
 
         def step(caller: Any, recorder: Any, method: str, params: Any, buffers: Any, args: Any) -> tuple[Any, Any]:
             try:
                 with torch.compiler.set_stance(stance):
-                    inputs = (update, active, names, prior, self.clip, prepared)
-                    return compiled(backend, caller, recorder, method, params, buffers, args, *inputs)
+                    call: tuple[Any, ...] = (backend, caller, recorder, method, params, buffers, args)
+                    call += (update, active, names, prior, self.clip, prepared)
+                    if check:
+                        return self._checked_call(compiled, call, update)
+                    return compiled(*call)
             except Exception as err:
                 if refused_recompile(err):  # the stance refused a new graph (before anything ran)
                     needs_graph.append(True)
@@ -317,6 +337,65 @@ class WholeStep:
         report = StepReport(tuple(group.trial_ids), by_loss, by_grads, skipped=skip)
         return out, report
 
+    def _checked_call(self, compiled: Callable[..., Any], call: tuple[Any, ...], update: FusedUpdate) -> Any:
+        """An update's first whole step, compiled, then checked against the same step run eagerly.
+
+        Every tensor the step writes (the stacked parameters and buffers, the update's state, counters and factors)
+        is copied; the compiled step runs; its result is copied, the tensors and the random number generators are
+        put back, and :func:`_whole_step` runs eagerly from the same state, on the same batch. The eager result is
+        kept. If the compiled one differs beyond float rounding (:data:`WHOLE_CHECK_RELATIVE`), compiled code
+        computed otherwise than the step it stands for: every later step runs eagerly (the whole step, the split
+        step's compiled pieces), said in one log line. A step that draws random numbers (dropout) cannot be
+        compared (compiled code draws its own), which is said in the log too.
+
+        Its cost, once per update (a new group size or slot change makes a new one): one eager step, two copies of
+        what the step writes, and one host read. The first recorded CUDA graph's replays are not checked.
+        """
+        backend, group, device = call[0], call[0].group, update.device
+        written = _unique([*group.params.values(), *group.buffers.values(), *update.device_tensors(())])
+        before = [t.clone() for t in written]
+        generators = _rng_states(device)
+        compiled(*call)  # raises before running if it cannot compile: then nothing is checked yet
+        self._checked.add(update)
+        result = [t.clone() for t in written]
+        with torch.no_grad():
+            for tensor, value in zip(written, before):
+                tensor.copy_(value)
+        _set_rng_states(device, generators)
+        grads: list[Tensor] = []
+        eager_step: Callable[..., Any] = _whole_step  # the same Python, not compiled
+        eager = eager_step(*call, grads_out=grads)
+        self.checks += 1
+        self.unchecked = ""
+        if not all(torch.equal(a, b) for a, b in zip(generators, _rng_states(device))):
+            self.unchecked = "the step draws random numbers (compiled code draws its own), so it was not compared"
+            log.info("lightning_hydro: compile=%r: the first whole step's check: %s.", self.setting, self.unchecked)
+            return eager
+        position = {id(t): i for i, t in enumerate(written)}
+        noise = _noise(update, grads)
+        ratios = [
+            group_mismatch(
+                [before[position[id(t)]] for t in kind],
+                [result[position[id(t)]] for t in kind],
+                kind,
+                relative=WHOLE_CHECK_RELATIVE,
+                ignore=[noise.get(id(t)) for t in kind],
+            ).to(device)
+            for kind in _kinds(written, group, update)
+        ]
+        worst = self.worst = float(torch.stack(ratios).max()) if ratios else 0.0  # the check's one host read
+        if worst > 1.0:
+            self.failure = (
+                f"its first compiled step computed otherwise than the same step run eagerly on {device.type} (an "
+                f"error {worst:.3g}x what float rounding allows); the eager result was kept"
+            )
+            log.warning(
+                "lightning_hydro: compile=%r runs every step eagerly from now on: %s.", self.setting, self.failure
+            )
+            backend.stop_compiling(f"the whole step {self.failure}")
+            update.stop_compiling(f"the whole step {self.failure}")
+        return eager
+
     def _names_of(self, update: FusedUpdate, params: Mapping[str, Tensor]) -> list[str]:
         """The names, in the backend's call, of the update's parameters (by position)."""
         names = self._names.get(update)
@@ -337,3 +416,58 @@ class WholeStep:
         self._marked.add(update)
         for tensor in [*group.params.values(), *group.buffers.values(), *update.device_tensors(())]:
             torch._dynamo.mark_static_address(tensor, guard=False)
+
+
+def _unique(tensors: Iterable[Tensor]) -> list[Tensor]:
+    """``tensors`` without repeats (by identity), in order."""
+    unique: dict[int, Tensor] = {}
+    for tensor in tensors:
+        unique.setdefault(id(tensor), tensor)
+    return list(unique.values())
+
+
+def _kinds(written: list[Tensor], group: Any, update: FusedUpdate) -> list[list[Tensor]]:
+    """``written`` grouped by what each tensor is, each group compared as one.
+
+    The parameters, the buffers, each state of the update (e.g. every parameter's ``exp_avg``), and every other
+    tensor (counters, factors) on its own.
+    """
+    kinds: list[list[Tensor]] = [list(group.params.values()), list(group.buffers.values())]
+    names = sorted({name for state in update.state for name in state})
+    kinds += [[state[name] for state in update.state if name in state] for name in names]
+    seen = {id(t) for kind in kinds for t in kind}
+    kinds += [[t] for t in written if id(t) not in seen]
+    return [kind for kind in kinds if kind]
+
+
+def _noise(update: FusedUpdate, grads: list[Tensor]) -> dict[int, Tensor]:
+    """By parameter (id): where its gradient is rounding noise, below 1e-3 of its row's RMS gradient.
+
+    Such a gradient is zero in theory (a bias that BatchNorm cancels, attention's key bias): compiled code and eager
+    code round it to different tiny values, of either sign, and Adam turns each into a step of the learning
+    rate's size, so that the two steps' parameters differ there by design. The check leaves those parameter
+    elements out (their optimizer state, which such a gradient barely moves, is still compared).
+    """
+    params = [update.params[i] for i in update.last_active or ()]
+    if not grads or len(grads) != len(params):
+        return {}
+    rows = grads[0].shape[0]
+    precise = torch.float32 if grads[0].device.type == "mps" else torch.float64
+    squares = torch.stack([g.to(precise).reshape(rows, -1).square().sum(1) for g in grads]).sum(0)
+    count = sum(g[0].numel() for g in grads)
+    floor = 1e-3 * (squares / count).sqrt()  # [B]
+    return {id(p): g.abs().to(precise) <= floor.view(-1, *([1] * (g.dim() - 1))) for p, g in zip(params, grads)}
+
+
+def _rng_states(device: torch.device) -> list[Tensor]:
+    """The states of the generators a step on ``device`` draws from (the CPU's, and the device's own on CUDA)."""
+    states = [torch.get_rng_state()]
+    if device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(device))
+    return states
+
+
+def _set_rng_states(device: torch.device, states: list[Tensor]) -> None:
+    torch.set_rng_state(states[0])
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(states[1], device)

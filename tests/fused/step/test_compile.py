@@ -309,19 +309,19 @@ def test_a_compiled_update_that_computes_otherwise_keeps_the_fit_off_the_whole_s
 
 
 def test_what_the_compiled_updates_check_takes_for_the_same_step():
-    from lightning_hydro.fused.step.compiled_update import _mismatch
+    from lightning_hydro.fused.step.compiled_update import mismatch
 
     before = torch.tensor([1.0, 2.0, float("nan"), 4.0])
     eager = torch.tensor([0.9, 2.1, float("nan"), 4.0])  # a step of 0.1 on two entries; a NaN the step left alone
-    assert float(_mismatch(before, eager.clone(), eager)) == 0.0
+    assert float(mismatch(before, eager.clone(), eager)) == 0.0
     rounding = eager + torch.tensor([1e-7, -1e-7, 0.0, 4e-7])  # float rounding of a fused, reordered step
-    assert float(_mismatch(before, rounding, eager)) <= 1.0
+    assert float(mismatch(before, rounding, eager)) <= 1.0
     twice = torch.tensor([0.8, 2.2, float("nan"), 4.0])  # the step taken twice
-    assert float(_mismatch(before, twice, eager)) > 100
-    assert float(_mismatch(before, torch.tensor([0.9, 2.1, 0.0, 4.0]), eager)) == float("inf")  # NaN lost
+    assert float(mismatch(before, twice, eager)) > 100
+    assert float(mismatch(before, torch.tensor([0.9, 2.1, 0.0, 4.0]), eager)) == float("inf")  # NaN lost
     flags = torch.tensor([True, False])
-    assert float(_mismatch(flags, flags.clone(), flags)) == 0.0
-    assert float(_mismatch(flags, ~flags, flags)) == float("inf")
+    assert float(mismatch(flags, flags.clone(), flags)) == 0.0
+    assert float(mismatch(flags, ~flags, flags)) == float("inf")
 
 
 def test_a_check_that_cannot_run_leaves_the_eager_result_and_the_update_eager(monkeypatch, caplog):
@@ -330,7 +330,7 @@ def test_a_check_that_cannot_run_leaves_the_eager_result_and_the_update_eager(mo
     def cannot(*args: Any) -> torch.Tensor:
         raise RuntimeError("a stand-in for a device that cannot compare")
 
-    monkeypatch.setattr(compiled_update, "_mismatch", cannot)
+    monkeypatch.setattr(compiled_update, "mismatch", cannot)
     compiled, line = _fallen_back(caplog)
     assert compiled.mismatch.startswith("its first compiled step could not be checked against the eager one")
     assert "a stand-in for a device that cannot compare" in line

@@ -1,0 +1,169 @@
+"""How close is each model's first compiled whole step to the same step run eagerly? (issue 22)
+
+With ``compile=True`` a steady fused step runs as one compiled function (``lightning_hydro.fused.step.whole_step``).
+The first whole step of each fused update is run twice, compiled and eagerly from the same state, and compared
+group by group (the parameters, the buffers, each optimizer state); the eager result is kept, and a difference
+over the bound makes every later step run eagerly. This script fits a few small fused groups (3 trials, 6 steps)
+under ``compile=True`` and prints, per model, what that check measured: its largest error in units of what float
+rounding allows (<= 1: the same step; the bound is ``WHOLE_CHECK_RELATIVE`` of each group's change plus 1e-6 of
+its size), or why it did not compare.
+
+``--no-left-out`` runs the check without leaving out the parameter elements whose gradient is rounding noise (see
+``whole_step._noise``): then Adam's steps on such elements (a bias feeding BatchNorm) read as errors.
+
+Run::
+
+    python benchmarks/whole_step_check.py                    # on CUDA if present, else the CPU
+    python benchmarks/whole_step_check.py --models cnn-adam --no-left-out
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' model zoo
+
+from lightning_hydro import FusedLightningModule
+from lightning_hydro.demos import DigitsMLP
+from lightning_hydro.demos.digits import DigitsDataModule
+from lightning_hydro.fused.step import whole_step
+from tests.helpers import DigitsCNN, TiedAttentionLM, TinyAttentionLM, seeded
+
+
+class CNNAdam(DigitsCNN):
+    """The BatchNorm CNN (convolutions with a bias, feeding BatchNorm) with Adam."""
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.Adam(self.parameters(), lr=self.hparams["lr"] * 0.1)
+
+
+class DenseNetAdam(L.LightningModule):
+    """lightning-hydra-template's SimpleDenseNet (Linear-BatchNorm1d-ReLU blocks) on the digits, Adam."""
+
+    def __init__(self, lr: float) -> None:
+        super().__init__()
+        from lightning_hydro.demos.template_mnist import SimpleDenseNet
+
+        self.lr = lr
+        self.net = SimpleDenseNet(input_size=64, lin1_size=32, lin2_size=32, lin3_size=16)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self.net(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+
+class TorchAttention(L.LightningModule):
+    """Rows of the digits as 8 tokens through ``nn.MultiheadAttention`` (its key bias included), AdamW."""
+
+    def __init__(self, lr: float, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.lr = lr
+        self.proj = nn.Linear(8, 32)
+        self.attn = nn.MultiheadAttention(32, 4, batch_first=True, dropout=dropout)
+        self.head = nn.Linear(32, 10)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        h = self.proj(x.view(-1, 8, 8))
+        attended, _ = self.attn(h, h, h, need_weights=False)
+        loss = F.cross_entropy(self.head(attended.mean(1)), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.parameters(), lr=self.lr)
+
+
+def _digits(trainer: L.Trainer, module: L.LightningModule) -> None:
+    trainer.fit(module, datamodule=DigitsDataModule())
+
+
+def _own(trainer: L.Trainer, module: L.LightningModule) -> None:
+    trainer.fit(module)
+
+
+# name -> (trial i's module, how it is fitted)
+MODELS: dict[str, tuple[Callable[[int], L.LightningModule], Callable[[L.Trainer, L.LightningModule], None]]] = {
+    "mlp-sgd": (lambda i: DigitsMLP(hidden_dim=32, lr=0.05 * (i + 1)), _digits),
+    "mlp-adam": (lambda i: DigitsMLP(hidden_dim=32, lr=1e-3 * (i + 1), optimizer="adam"), _digits),
+    "mlp-adamw": (lambda i: DigitsMLP(hidden_dim=32, lr=3e-3 * (i + 1), optimizer="adamw", weight_decay=0.01), _digits),
+    "mlp-dropout": (lambda i: DigitsMLP(hidden_dim=32, lr=0.05 * (i + 1), dropout=0.2), _digits),
+    "cnn-sgd": (lambda i: DigitsCNN(lr=0.02 * (i + 1)), _digits),
+    "cnn-adam": (lambda i: CNNAdam(lr=0.02 * (i + 1)), _digits),
+    "densenet-adam": (lambda i: DenseNetAdam(lr=1e-3 * (i + 1)), _digits),
+    "attention-adamw": (lambda i: TinyAttentionLM(lr=1e-3 * (i + 1)), _own),
+    "tied-adamw": (lambda i: TiedAttentionLM(lr=1e-3 * (i + 1)), _own),
+    "mha-adamw": (lambda i: TorchAttention(lr=1e-3 * (i + 1)), _digits),
+}
+
+
+def check(name: str, clip: float | None, accelerator: str) -> str:
+    """One fused fit of ``name``'s 3 trials; its check's table row."""
+    make, fit = MODELS[name]
+    trials = [seeded(lambda i=i: make(i), [i])[0] for i in range(3)]
+    fused = FusedLightningModule([copy.deepcopy(t) for t in trials], backend="vmap", compile=True, summary=False)
+    trainer = L.Trainer(
+        max_steps=6,
+        accelerator=accelerator,
+        devices=1,
+        gradient_clip_val=clip,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
+    fit(trainer, fused)
+    whole = fused._training_step.whole
+    if not whole.checks:
+        measured = f"not checked: {whole.reason}"
+    elif whole.unchecked:
+        measured = f"not compared: {whole.unchecked}"
+    else:
+        measured = f"{whole.worst:.2g}"
+    return f"| {name} | {clip or ''} | {measured} | {whole.whole_steps} of 6 | {whole.failure or ''} |"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--clip", nargs="+", type=float, default=[0.0, 0.05], help="gradient_clip_val (0: none)")
+    parser.add_argument("--accelerator", default="gpu" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--no-left-out", action="store_true", help="compare noise-gradient elements too")
+    args = parser.parse_args(argv)
+    if args.no_left_out:
+        whole_step._noise = lambda update, grads: {}  # type: ignore[assignment]
+    torch.manual_seed(0)
+    device = torch.cuda.get_device_name(0) if args.accelerator == "gpu" else "CPU"
+    print(
+        f"Device: {device}, torch {torch.__version__}, Lightning {L.__version__}, {datetime.date.today()}; "
+        f"bound: {whole_step.WHOLE_CHECK_RELATIVE} of each group's change"
+        f"{'; noise-gradient elements compared too' if args.no_left_out else ''}.\n"
+    )
+    print("| model | clip | first whole step's error / bound | steps whole | failure |")
+    print("|---|---|---|---|---|")
+    for name in args.models:
+        for clip in args.clip:
+            print(check(name, clip or None, args.accelerator), flush=True)
+    print(f"\nCommand: `python benchmarks/whole_step_check.py {' '.join(argv or sys.argv[1:])}`")
+
+
+if __name__ == "__main__":
+    main()
