@@ -3,10 +3,12 @@
 With ``compile=True`` a steady fused step runs as one compiled function (``lightning_hydro.fused.step.whole_step``).
 The first whole step of each fused update is run twice, compiled and eagerly from the same state, and compared
 group by group (the parameters, the buffers, each optimizer state); the eager result is kept, and a difference
-over the bound makes every later step run eagerly. This script fits a few small fused groups (3 trials, 6 steps)
-under ``compile=True`` and prints, per model, what that check measured: its largest error in units of what float
-rounding allows (<= 1: the same step; the bound is ``WHOLE_CHECK_RELATIVE`` of each group's change plus 1e-6 of
-its size), or why it did not compare.
+over the bound makes every later step run eagerly. The split step's compiled forward and backward are checked the
+same way at their first call (``compiled_step.CompiledStep``: losses, gradients, buffers). This script fits a few
+small fused groups (3 trials, 6 steps) under ``compile=True`` and prints, per model, what both checks measured:
+the largest error in units of what float rounding allows (<= 1: the same step; for the whole step the bound is
+``WHOLE_CHECK_RELATIVE`` of each group's change plus 1e-6 of its size), or why they did not compare. The whole step
+runs in 32- and 64-bit precision only; under ``bf16-mixed`` only the split step is compiled.
 
 ``--no-left-out`` runs the check without leaving out the parameter elements whose gradient is rounding noise (see
 ``whole_step._noise``): then Adam's steps on such elements (a bias feeding BatchNorm) read as errors.
@@ -113,7 +115,7 @@ MODELS: dict[str, tuple[Callable[[int], L.LightningModule], Callable[[L.Trainer,
 }
 
 
-def check(name: str, clip: float | None, accelerator: str) -> str:
+def check(name: str, clip: float | None, accelerator: str, precision: str) -> str:
     """One fused fit of ``name``'s 3 trials; its check's table row."""
     make, fit = MODELS[name]
     trials = [seeded(lambda i=i: make(i), [i])[0] for i in range(3)]
@@ -123,6 +125,7 @@ def check(name: str, clip: float | None, accelerator: str) -> str:
         accelerator=accelerator,
         devices=1,
         gradient_clip_val=clip,
+        precision=precision,  # type: ignore[arg-type]
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -135,10 +138,18 @@ def check(name: str, clip: float | None, accelerator: str) -> str:
     if not whole.checks:
         measured = f"not checked: {whole.reason}"
     elif whole.unchecked:
-        measured = f"not compared: {whole.unchecked}"
+        measured = "not compared: random numbers"
     else:
         measured = f"{whole.worst:.2g}"
-    return f"| {name} | {clip or ''} | {measured} | {whole.whole_steps} of 6 | {whole.failure or ''} |"
+    split = fused._training_step.policy.backend.compiled_step
+    if split is None or not split.checks:
+        first = "not checked" if split is None else f"not checked: {split.failure}"
+    elif split.unchecked:
+        first = "not compared: random numbers"
+    else:
+        first = f"{split.worst:.2g}"
+    failure = whole.failure or (split.failure if split is not None else "")
+    return f"| {name} | {precision} | {clip or ''} | {first} | {measured} | {whole.whole_steps} of 6 | {failure} |"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -146,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--clip", nargs="+", type=float, default=[0.0, 0.05], help="gradient_clip_val (0: none)")
     parser.add_argument("--accelerator", default="gpu" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--precision", nargs="+", default=["32-true"], help="e.g. 32-true bf16-mixed")
     parser.add_argument("--no-left-out", action="store_true", help="compare noise-gradient elements too")
     args = parser.parse_args(argv)
     if args.no_left_out:
@@ -157,11 +169,15 @@ def main(argv: list[str] | None = None) -> None:
         f"bound: {whole_step.WHOLE_CHECK_RELATIVE} of each group's change"
         f"{'; noise-gradient elements compared too' if args.no_left_out else ''}.\n"
     )
-    print("| model | clip | first whole step's error / bound | steps whole | failure |")
-    print("|---|---|---|---|---|")
-    for name in args.models:
-        for clip in args.clip:
-            print(check(name, clip or None, args.accelerator), flush=True)
+    print(
+        "| model | precision | clip | split step's first compiled call: error / bound | first whole step's error / "
+        "bound | steps whole | failure |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for precision in args.precision:
+        for name in args.models:
+            for clip in args.clip:
+                print(check(name, clip or None, args.accelerator, precision), flush=True)
     print(f"\nCommand: `python benchmarks/whole_step_check.py {' '.join(argv or sys.argv[1:])}`")
 
 

@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 import torch
 
+from lightning_hydro.backends.compile_check import group_mismatch, rng_states, set_rng_states
+
 __all__ = [
     "COMPILE_SETTINGS",
     "NOT_COMPILED",
@@ -211,11 +213,22 @@ def under_function_mode() -> bool:
     return bool(torch._C._is_torch_function_mode_enabled())
 
 
+# the split step's check in half or mixed precision: inductor keeps intermediates in float32 where eager code rounds
+# them to bfloat16, so a right compiled step differs from eager by several percent (small digits models under
+# bf16-mixed on the CPU: up to 8.7% of the gradients' norm, benchmarks/whole_step_check.py); only a gross error (a
+# step taken twice, a wrong sign) is told apart there
+REDUCED_PRECISION_RELATIVE = 0.5
+
+
 class CompiledStep:
-    """One function under ``torch.compile``, falling back to eager for good on its first failure.
+    """The split step's forward (and through AOTAutograd its backward) under ``torch.compile``.
+
+    It runs eagerly for good after its first failure, and its first call per group size, mode (training or eval) and
+    autocast setting is checked against the eager one (:meth:`_checked_call`).
 
     Args:
-        function: the function to compile (the backend's vmapped call).
+        function: the backend's vmapped call, ``(caller, recorder, method, params, buffers, args)`` -> ``(encoded,
+            logged, metric_args, stored, calls, kind)`` (``VmapBackend.vmapped``).
         setting: True or ``"reduce-overhead"``.
         where: names the step in the fallback's log line (e.g. ``"vmap backend, DigitsMLP.training_step"``).
     """
@@ -224,6 +237,11 @@ class CompiledStep:
         self.function = function
         self.where = where
         self.failure = ""  # why it runs eagerly (empty while compiled)
+        self.mismatch = ""  # its check found the compiled step computing otherwise (then also the failure)
+        self.checks = 0  # compiled calls checked against eager (for tests)
+        self.unchecked = ""  # why the latest check could not compare ("" if it did, or none ran)
+        self.worst = 0.0  # the latest check's error, in units of what float rounding allows (<= 1: the same)
+        self._checked: set[tuple[int, bool, bool]] = set()  # (group size, training, autocast) checked at a first call
         # no CUDA graphs, also under "reduce-overhead": the split step's gradients are its backward graph's outputs,
         # which the update (another graph) would read after cudagraph trees had taken their memory back
         self._compiled = StepCompiler(function, None, where)
@@ -237,8 +255,113 @@ class CompiledStep:
         """The compiled call, or the eager one once compiling has failed."""
         if self.failure or under_function_mode():
             return self.function(*args)
+        params, buffers = args[3], args[4]
+        device = next(iter(params.values())).device if params else torch.device("cpu")
+        # a graph of its own (the first batch's verification runs in eval mode and full precision): checked apart
+        key = (
+            next(iter(params.values())).shape[0] if params else 0,
+            bool(getattr(getattr(args[0], "module", args[0]), "training", True)),
+            torch.is_autocast_enabled(device.type),
+        )
+        # several processes: DDP expects one forward and one backward per step, so no check runs there
+        check = key not in self._checked and not _several_processes()
+        kept = list(buffers.values()) if check else []
+        before = [b.clone() for b in kept]
+        generators = rng_states(device) if check else []
         try:
-            return self._compiled(*args)
+            result = self._compiled(*args)
         except Exception as err:
             self.fall_back(f"torch.compile failed ({compile_error(err)})")
-        return self.function(*args)
+            return self.function(*args)
+        if not check:
+            return result
+        self._checked.add(key)
+        return self._checked_call(args, result, device, (kept, before), generators)
+
+    def _checked_call(
+        self,
+        args: tuple[Any, ...],
+        compiled: Any,
+        device: torch.device,
+        buffers: tuple[list[torch.Tensor], list[torch.Tensor]],
+        generators: list[torch.Tensor],
+    ) -> Any:
+        """After a first compiled call: the same call eagerly from the same state, whose result is kept.
+
+        Compared: each row's loss, the gradients of the sum of the finite losses (taken with ``torch.autograd.grad``
+        from each call's graph; Lightning's backward then runs on the eager one), and the buffers the forward
+        updates (BatchNorm's statistics), each as one group (:func:`~.compile_check.group_mismatch`; 1e-3 of its
+        size in float32, :data:`REDUCED_PRECISION_RELATIVE` in half or mixed precision). A difference beyond that
+        makes the step run eagerly from now on, said in one log line. A step that draws random numbers is not
+        compared (compiled code draws its own). Its cost, once per group size: one eager forward and two
+        backwards, a copy of the gradients and of the buffers.
+        """
+        kept, before = buffers
+        trainable = [p for p in args[3].values() if p.requires_grad]
+        compiled_buffers = [b.clone() for b in kept]
+        compiled_losses, compiled_grads = _losses_and_gradients(compiled, trainable, retain=False)
+        with torch.no_grad():
+            for buffer, value in zip(kept, before):
+                buffer.copy_(value)
+        set_rng_states(device, generators)
+        eager = self.function(*args)
+        self.checks += 1
+        self.unchecked = ""
+        if not all(torch.equal(a, b) for a, b in zip(generators, rng_states(device))):
+            self.unchecked = "the step draws random numbers (compiled code draws its own), so it was not compared"
+            log.info("lightning_hydro: compile=True: the check of %s: %s.", self.where, self.unchecked)
+            return eager
+        eager_losses, eager_grads = _losses_and_gradients(eager, trainable, retain=True)
+        relative = REDUCED_PRECISION_RELATIVE if reduced_precision_step(device, trainable) else 1e-3
+        compared = [(before, compiled_buffers, kept)]
+        if compiled_losses is not None and eager_losses is not None:
+            compared.append(([torch.zeros_like(eager_losses)], [compiled_losses], [eager_losses]))
+        if compiled_grads is not None and eager_grads is not None:
+            compared.append(([torch.zeros_like(g) for g in eager_grads], compiled_grads, eager_grads))
+        ratios = [group_mismatch(b, c, e, relative=relative).to(device) for b, c, e in compared if e]
+        self.worst = float(torch.stack(ratios).max()) if ratios else 0.0  # the check's one host read
+        if self.worst > 1.0:
+            self.mismatch = (
+                f"its first compiled call computed otherwise than the eager one on {device.type} (an error "
+                f"{self.worst:.3g}x what float rounding allows); the eager result was kept"
+            )
+            self.fall_back(self.mismatch)
+        return eager
+
+
+def _several_processes() -> bool:
+    return (
+        torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_world_size() > 1
+    )
+
+
+def reduced_precision_step(device: torch.device, params: list[torch.Tensor]) -> bool:
+    """Whether a step computes in half or mixed precision (autocast on, or half parameters)."""
+    if torch.is_autocast_enabled(device.type) or torch.is_autocast_enabled("cpu"):
+        return True
+    return any(p.dtype in (torch.float16, torch.bfloat16) for p in params)
+
+
+def _losses_and_gradients(
+    result: tuple[Any, ...], params: list[torch.Tensor], *, retain: bool
+) -> tuple[torch.Tensor | None, list[torch.Tensor] | None]:
+    """A vmapped call's ``[B]`` losses (detached) and the gradients of the sum of the finite ones (None: no loss).
+
+    ``retain``: keep the call's graph (Lightning's backward runs on it after).
+    """
+    encoded, kind = result[0], result[5]
+    losses = encoded if kind == "tensor" else encoded.get("loss") if kind == "dict" else None
+    if not isinstance(losses, torch.Tensor):
+        return None, None
+    losses = losses.reshape(-1)
+    if not losses.requires_grad or not params:
+        return losses.detach(), None
+    total = torch.where(torch.isfinite(losses.detach()), losses, 0.0).sum()
+    try:
+        grads = torch.autograd.grad(total, params, retain_graph=retain, allow_unused=True)
+    except RuntimeError as err:  # a backward that cannot run twice here (activation checkpointing): no gradients
+        log.info("lightning_hydro: compile=True: the first compiled call's check compares no gradients (%s).", err)
+        return losses.detach(), None
+    return losses.detach(), [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]

@@ -327,6 +327,11 @@ class VmapBackend(Backend):
             self._compiled.fall_back(reason)
 
     @property
+    def compiled_step(self) -> CompiledStep | None:
+        """The compiled ``training_step`` of the split step (None: not compiled, or not called yet)."""
+        return self._compiled
+
+    @property
     def compile_failure(self) -> str:
         """Why ``compile`` fell back to eager (empty if it did not, or compile is off)."""
         return "" if self._compiled is None else self._compiled.failure

@@ -20,18 +20,19 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from lightning_hydro.backends.compile_check import mismatch
 from lightning_hydro.backends.compiled_step import NOT_COMPILED, CompileSetting, compile_error, own_code
 
 if TYPE_CHECKING:
     from lightning_hydro.fused.step.fused_update import FusedUpdate
 
-__all__ = ["CompiledUpdate", "group_mismatch", "mismatch"]
+__all__ = ["CompiledUpdate"]
 
 log = logging.getLogger("lightning_hydro")
 
@@ -125,48 +126,3 @@ class CompiledUpdate:
         """Run the update eagerly from now on (``failure``: why), said in one log line."""
         self.failure = failure
         log.warning("lightning_hydro: compile=%r runs the fused optimizer update eagerly: %s.", self.setting, said)
-
-
-def mismatch(before: Tensor, compiled: Tensor, eager: Tensor, *, relative: float = 1e-3) -> Tensor:
-    """How far ``compiled`` is from ``eager``, in units of what float rounding allows (<= 1: the same step).
-
-    Allowed: ``relative`` of the step's change to the tensor (1e-3 by default) plus 1e-6 of its size (inductor
-    fuses and reorders the arithmetic); NaNs where both are NaN agree. Not floating point: 0 if equal, else inf.
-    A 0-dim float64 tensor (float32 on MPS) on the tensors' device (no host read).
-    """
-    return group_mismatch([before], [compiled], [eager], relative=relative)
-
-
-def group_mismatch(
-    before: Sequence[Tensor],
-    compiled: Sequence[Tensor],
-    eager: Sequence[Tensor],
-    *,
-    relative: float = 1e-3,
-    ignore: Sequence[Tensor | None] = (),
-) -> Tensor:
-    """:func:`mismatch` of several tensors taken as one (norms over all of them; non-float ones must be equal).
-
-    A tensor whose own change is rounding noise (a bias that BatchNorm cancels, whose gradient is exactly zero in
-    theory) is then measured against the change of its whole group, not against its own noise. ``ignore``: per
-    tensor, a bool mask of elements left out (None: none).
-    """
-    device = eager[0].device
-    precise = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
-    zero = torch.zeros((), dtype=precise, device=device)
-    error2, change2, size2, exact = zero, zero, zero, zero
-    masks = list(ignore) + [None] * (len(eager) - len(ignore))
-    for b, c, e, left_out in zip(before, compiled, eager, masks):
-        if not e.is_floating_point():
-            exact = torch.maximum(exact, torch.where((c == e).all(), 0.0, float("inf")).to(precise))
-            continue
-        b, c, e = b.to(precise), c.to(precise), e.to(precise)
-        agree = (c == e) | (c.isnan() & e.isnan())
-        if left_out is not None:
-            agree = agree | left_out
-        error2 = error2 + torch.where(agree, 0.0, c - e).square().sum()  # a NaN where eager has none: a NaN error
-        change2 = change2 + torch.where(agree, 0.0, e - b).nan_to_num().square().sum()
-        size2 = size2 + e.nan_to_num().square().sum()
-    error = error2.sqrt()
-    ratio = torch.where(error == 0, 0.0, error / (relative * change2.sqrt() + 1e-6 * size2.sqrt()))
-    return torch.maximum(ratio.nan_to_num(nan=float("inf"), posinf=float("inf")), exact)

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 from torch.func import grad_and_value
 
+from lightning_hydro.backends.compile_check import group_mismatch, rng_states, set_rng_states
 from lightning_hydro.backends.compiled_step import (
     CompileSetting,
     StepCompiler,
@@ -43,7 +44,6 @@ from lightning_hydro.backends.compiled_step import (
 )
 from lightning_hydro.backends.trial_attributes import state_writes
 from lightning_hydro.backends.vmap_backend import VmapBackend
-from lightning_hydro.fused.step.compiled_update import group_mismatch
 from lightning_hydro.fused.step.fused_update import (
     FusedUpdate,
     clip_rows_by_norm,
@@ -354,20 +354,20 @@ class WholeStep:
         backend, group, device = call[0], call[0].group, update.device
         written = _unique([*group.params.values(), *group.buffers.values(), *update.device_tensors(())])
         before = [t.clone() for t in written]
-        generators = _rng_states(device)
+        generators = rng_states(device)
         compiled(*call)  # raises before running if it cannot compile: then nothing is checked yet
         self._checked.add(update)
         result = [t.clone() for t in written]
         with torch.no_grad():
             for tensor, value in zip(written, before):
                 tensor.copy_(value)
-        _set_rng_states(device, generators)
+        set_rng_states(device, generators)
         grads: list[Tensor] = []
         eager_step: Callable[..., Any] = _whole_step  # the same Python, not compiled
         eager = eager_step(*call, grads_out=grads)
         self.checks += 1
         self.unchecked = ""
-        if not all(torch.equal(a, b) for a, b in zip(generators, _rng_states(device))):
+        if not all(torch.equal(a, b) for a, b in zip(generators, rng_states(device))):
             self.unchecked = "the step draws random numbers (compiled code draws its own), so it was not compared"
             log.info("lightning_hydro: compile=%r: the first whole step's check: %s.", self.setting, self.unchecked)
             return eager
@@ -457,17 +457,3 @@ def _noise(update: FusedUpdate, grads: list[Tensor]) -> dict[int, Tensor]:
     count = sum(g[0].numel() for g in grads)
     floor = 1e-3 * (squares / count).sqrt()  # [B]
     return {id(p): g.abs().to(precise) <= floor.view(-1, *([1] * (g.dim() - 1))) for p, g in zip(params, grads)}
-
-
-def _rng_states(device: torch.device) -> list[Tensor]:
-    """The states of the generators a step on ``device`` draws from (the CPU's, and the device's own on CUDA)."""
-    states = [torch.get_rng_state()]
-    if device.type == "cuda":
-        states.append(torch.cuda.get_rng_state(device))
-    return states
-
-
-def _set_rng_states(device: torch.device, states: list[Tensor]) -> None:
-    torch.set_rng_state(states[0])
-    if device.type == "cuda":
-        torch.cuda.set_rng_state(states[1], device)

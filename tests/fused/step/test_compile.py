@@ -55,6 +55,62 @@ def test_a_compiled_fit_trains_each_trial_like_the_eager_fit():
         assert max_state_difference(compiled.unfuse(tid), eager.unfuse(tid)) <= 1e-5
 
 
+def _accumulating_fit(compile: bool, steps: int = 8, **trials: Any) -> FusedLightningModule:
+    """2 digits MLPs, gradients accumulated over 2 batches: the split step all along (no whole step)."""
+    lrs = [0.05, 0.1]
+    modules = [seeded(lambda lr=lr: DigitsMLP(hidden_dim=32, lr=lr, **trials), [i])[0] for i, lr in enumerate(lrs)]
+    fused = FusedLightningModule(modules, backend="vmap", compile=compile, summary=False)
+    fit_digits(make_trainer(max_steps=steps, limit_val_batches=0, accumulate_grad_batches=2), fused)
+    return fused
+
+
+def test_the_split_steps_first_compiled_call_is_checked_against_the_eager_one():
+    compiled = _accumulating_fit(True)
+    step = compiled._training_step.policy.backend.compiled_step
+    assert step is not None
+    # the first batch's verification (eval mode, full precision: a graph of its own), then the first training call
+    assert step.checks == 2
+    assert (step.unchecked, step.failure) == ("", "")
+    assert step.worst <= 1e-2
+    assert compiled._training_step.whole.reason.startswith("gradients are accumulated")
+
+
+def test_a_compiled_forward_that_computes_otherwise_is_found_at_its_first_call_and_runs_eagerly(monkeypatch, caplog):
+    # a miscompiled forward and backward (here: a loss 1.5x too large, so gradients 1.5x too) in a fit that never
+    # runs whole: the split step's first compiled call is checked against the eager one, and the eager result kept
+    from lightning_hydro.backends import compiled_step
+
+    class Miscompiled:
+        def __init__(self, function: Any, mode: Any, where: str) -> None:
+            self.function = function
+
+        def __call__(self, *args: Any) -> Any:
+            encoded, *rest = self.function(*args)
+            return (encoded * 1.5, *rest)
+
+    eager = _accumulating_fit(False)
+    monkeypatch.setattr(compiled_step, "StepCompiler", Miscompiled)
+    with caplog.at_level(logging.WARNING, logger="lightning_hydro"):
+        compiled = _accumulating_fit(True)
+    step = compiled._training_step.policy.backend.compiled_step
+    assert step is not None
+    assert step.checks == 1  # the verification's call: found there, eager from then on
+    assert step.failure == step.mismatch
+    assert step.mismatch.startswith("its first compiled call computed otherwise than the eager one on cpu")
+    assert len([r for r in caplog.records if "falls back to eager" in r.getMessage()]) == 1
+    for tid in (0, 1):
+        assert max_state_difference(compiled.unfuse(tid), eager.unfuse(tid)) <= 1e-6
+
+
+def test_a_compiled_forward_that_draws_random_numbers_is_not_compared():
+    compiled = _accumulating_fit(True, dropout=0.3)
+    step = compiled._training_step.policy.backend.compiled_step
+    assert step is not None
+    assert step.checks == 2
+    assert step.unchecked.startswith("the step draws random numbers")  # the training call (verification: eval)
+    assert step.failure == ""
+
+
 class PrintingMLP(DigitsMLP):
     """Its step prints: torch.compile cannot keep that in one graph."""
 
@@ -309,7 +365,7 @@ def test_a_compiled_update_that_computes_otherwise_keeps_the_fit_off_the_whole_s
 
 
 def test_what_the_compiled_updates_check_takes_for_the_same_step():
-    from lightning_hydro.fused.step.compiled_update import mismatch
+    from lightning_hydro.backends.compile_check import mismatch
 
     before = torch.tensor([1.0, 2.0, float("nan"), 4.0])
     eager = torch.tensor([0.9, 2.1, float("nan"), 4.0])  # a step of 0.1 on two entries; a NaN the step left alone

@@ -1,0 +1,79 @@
+"""What the ``compile=`` checks share: how far a compiled result is from the eager one, and the random generators.
+
+Each compiled piece of a fused step is checked once against the same work run eagerly from the same state: the
+fused update's device work (:mod:`lightning_hydro.fused.step.compiled_update`), the whole step
+(:mod:`lightning_hydro.fused.step.whole_step`) and the split step's forward and backward
+(:class:`~lightning_hydro.backends.compiled_step.CompiledStep`). They measure the difference with
+:func:`group_mismatch`, and put the random number generators back between the two runs (:func:`rng_states`), so
+that a step that draws random numbers is recognised: compiled code draws its own, so such a step is not compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["group_mismatch", "mismatch", "rng_states", "set_rng_states"]
+
+
+def mismatch(before: Tensor, compiled: Tensor, eager: Tensor, *, relative: float = 1e-3) -> Tensor:
+    """How far ``compiled`` is from ``eager``, in units of what float rounding allows (<= 1: the same step).
+
+    Allowed: ``relative`` of the step's change to the tensor (1e-3 by default) plus 1e-6 of its size (inductor
+    fuses and reorders the arithmetic); NaNs where both are NaN agree. Not floating point: 0 if equal, else inf.
+    A 0-dim float64 tensor (float32 on MPS) on the tensors' device (no host read).
+    """
+    return group_mismatch([before], [compiled], [eager], relative=relative)
+
+
+@torch.no_grad()
+def group_mismatch(
+    before: Sequence[Tensor],
+    compiled: Sequence[Tensor],
+    eager: Sequence[Tensor],
+    *,
+    relative: float = 1e-3,
+    ignore: Sequence[Tensor | None] = (),
+) -> Tensor:
+    """:func:`mismatch` of several tensors taken as one (norms over all of them; non-float ones must be equal).
+
+    A tensor whose own change is rounding noise (a bias that BatchNorm cancels, whose gradient is exactly zero in
+    theory) is then measured against the change of its whole group, not against its own noise. ``ignore``: per
+    tensor, a bool mask of elements left out (None: none).
+    """
+    device = eager[0].device
+    precise = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+    zero = torch.zeros((), dtype=precise, device=device)
+    error2, change2, size2, exact = zero, zero, zero, zero
+    masks = list(ignore) + [None] * (len(eager) - len(ignore))
+    for b, c, e, left_out in zip(before, compiled, eager, masks):
+        if not e.is_floating_point():
+            exact = torch.maximum(exact, torch.where((c == e).all(), 0.0, float("inf")).to(precise))
+            continue
+        b, c, e = b.to(precise), c.to(precise), e.to(precise)
+        agree = (c == e) | (c.isnan() & e.isnan())
+        if left_out is not None:
+            agree = agree | left_out
+        error2 = error2 + torch.where(agree, 0.0, c - e).square().sum()  # a NaN where eager has none: a NaN error
+        change2 = change2 + torch.where(agree, 0.0, e - b).nan_to_num().square().sum()
+        size2 = size2 + e.nan_to_num().square().sum()
+    error = error2.sqrt()
+    ratio = torch.where(error == 0, 0.0, error / (relative * change2.sqrt() + 1e-6 * size2.sqrt()))
+    return torch.maximum(ratio.nan_to_num(nan=float("inf"), posinf=float("inf")), exact)
+
+
+def rng_states(device: torch.device) -> list[Tensor]:
+    """The states of the generators a step on ``device`` draws from (the CPU's, and the device's own on CUDA)."""
+    states = [torch.get_rng_state()]
+    if device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(device))
+    return states
+
+
+def set_rng_states(device: torch.device, states: list[Tensor]) -> None:
+    """Put back what :func:`rng_states` returned."""
+    torch.set_rng_state(states[0])
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(states[1], device)
