@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import torch
@@ -204,6 +206,23 @@ def compile_error(err: BaseException) -> str:
     return f"{type(err).__name__}: {first_line}"
 
 
+_eager_only = threading.local()
+
+
+@contextmanager
+def eager_calls() -> Iterator[None]:
+    """Within: compiled steps run their eager function.
+
+    The first batch's verification runs the step once in eval mode and full precision: not worth a graph of its own.
+    """
+    before = getattr(_eager_only, "on", False)
+    _eager_only.on = True
+    try:
+        yield
+    finally:
+        _eager_only.on = before
+
+
 def under_function_mode() -> bool:
     """Whether a ``TorchFunctionMode`` is on (the first batch's check records the step's torch calls with one).
 
@@ -253,11 +272,11 @@ class CompiledStep:
 
     def __call__(self, *args: Any) -> Any:
         """The compiled call, or the eager one once compiling has failed."""
-        if self.failure or under_function_mode():
+        if self.failure or under_function_mode() or getattr(_eager_only, "on", False):
             return self.function(*args)
         params, buffers = args[3], args[4]
         device = next(iter(params.values())).device if params else torch.device("cpu")
-        # a graph of its own (the first batch's verification runs in eval mode and full precision): checked apart
+        # a graph of its own (eval mode: a validation step; another autocast setting): checked apart
         key = (
             next(iter(params.values())).shape[0] if params else 0,
             bool(getattr(getattr(args[0], "module", args[0]), "training", True)),

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from lightning_hydro.backends.compiled_step import eager_calls
 from lightning_hydro.backends.errors import FusionMismatchError, explain_backward_error, name_failed_backward
 from lightning_hydro.backends.python_state import PythonState, copy_template
 from lightning_hydro.backends.trial_attributes import scan_attributes, uncompared_reads
@@ -314,6 +315,7 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
         torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
         torch.autocast(device.type, enabled=False),
         _restored(state),
+        eager_calls(),  # compile=: not worth a graph of its own (eval mode, full precision) for one check
     ):
         fused = backend.run("training_step", batch, batch_idx).loss()
         state.restore()
