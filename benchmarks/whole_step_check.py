@@ -36,11 +36,13 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' model zoo
 
+from compile_step import TemplateNetTrial  # the template's SimpleDenseNet, Adam
+
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsMLP
 from lightning_hydro.demos.digits import DigitsDataModule
 from lightning_hydro.fused.step import whole_step
-from tests.helpers import DigitsCNN, TiedAttentionLM, TinyAttentionLM, seeded
+from tests.helpers import DigitsCNN, TiedAttentionLM, TinyAttentionLM, make_trainer, seeded
 
 
 class CNNAdam(DigitsCNN):
@@ -48,26 +50,6 @@ class CNNAdam(DigitsCNN):
 
     def configure_optimizers(self) -> Any:
         return torch.optim.Adam(self.parameters(), lr=self.hparams["lr"] * 0.1)
-
-
-class DenseNetAdam(L.LightningModule):
-    """lightning-hydra-template's SimpleDenseNet (Linear-BatchNorm1d-ReLU blocks) on the digits, Adam."""
-
-    def __init__(self, lr: float) -> None:
-        super().__init__()
-        from lightning_hydro.demos.template_mnist import SimpleDenseNet
-
-        self.lr = lr
-        self.net = SimpleDenseNet(input_size=64, lin1_size=32, lin2_size=32, lin3_size=16)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        loss = F.cross_entropy(self.net(x), y)
-        self.log("train_loss", loss)
-        return loss
-
-    def configure_optimizers(self) -> Any:
-        return torch.optim.Adam(self.parameters(), lr=self.lr)
 
 
 class TorchAttention(L.LightningModule):
@@ -108,7 +90,7 @@ MODELS: dict[str, tuple[Callable[[int], L.LightningModule], Callable[[L.Trainer,
     "mlp-dropout": (lambda i: DigitsMLP(hidden_dim=32, lr=0.05 * (i + 1), dropout=0.2), _digits),
     "cnn-sgd": (lambda i: DigitsCNN(lr=0.02 * (i + 1)), _digits),
     "cnn-adam": (lambda i: CNNAdam(lr=0.02 * (i + 1)), _digits),
-    "densenet-adam": (lambda i: DenseNetAdam(lr=1e-3 * (i + 1)), _digits),
+    "densenet-adam": (lambda i: TemplateNetTrial(lr=1e-3 * (i + 1)), _digits),
     "attention-adamw": (lambda i: TinyAttentionLM(lr=1e-3 * (i + 1)), _own),
     "tied-adamw": (lambda i: TiedAttentionLM(lr=1e-3 * (i + 1)), _own),
     "mha-adamw": (lambda i: TorchAttention(lr=1e-3 * (i + 1)), _digits),
@@ -120,18 +102,8 @@ def check(name: str, clip: float | None, accelerator: str, precision: str) -> st
     make, fit = MODELS[name]
     trials = [seeded(lambda i=i: make(i), [i])[0] for i in range(3)]
     fused = FusedLightningModule([copy.deepcopy(t) for t in trials], backend="vmap", compile=True, summary=False)
-    trainer = L.Trainer(
-        max_steps=6,
-        accelerator=accelerator,
-        devices=1,
-        gradient_clip_val=clip,
-        precision=precision,  # type: ignore[arg-type]
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
+    trainer = make_trainer(
+        max_steps=6, accelerator=accelerator, gradient_clip_val=clip, precision=precision, limit_val_batches=0
     )
     fit(trainer, fused)
     whole = fused._training_step.whole

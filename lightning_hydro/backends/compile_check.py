@@ -15,7 +15,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["group_mismatch", "mismatch", "rng_states", "set_rng_states"]
+__all__ = ["RANDOM", "drew_random", "group_mismatch", "mismatch", "put_back", "rng_states", "set_rng_states"]
+
+# why a check did not compare
+RANDOM = "the step draws random numbers (compiled code draws its own), so it was not compared"
 
 
 def mismatch(before: Tensor, compiled: Tensor, eager: Tensor, *, relative: float = 1e-3) -> Tensor:
@@ -77,3 +80,15 @@ def set_rng_states(device: torch.device, states: list[Tensor]) -> None:
     torch.set_rng_state(states[0])
     if device.type == "cuda":
         torch.cuda.set_rng_state(states[1], device)
+
+
+def drew_random(device: torch.device, states: list[Tensor]) -> bool:
+    """Whether a generator moved on since :func:`rng_states` returned ``states`` (the step drew random numbers)."""
+    return not all(torch.equal(a, b) for a, b in zip(states, rng_states(device)))
+
+
+@torch.no_grad()
+def put_back(tensors: Sequence[Tensor], values: Sequence[Tensor]) -> None:
+    """Copy each of ``values`` into its tensor in ``tensors`` (the state before a compiled run)."""
+    for tensor, value in zip(tensors, values):
+        tensor.copy_(value)

@@ -27,7 +27,14 @@ from typing import Any, Literal
 
 import torch
 
-from lightning_hydro.backends.compile_check import group_mismatch, rng_states, set_rng_states
+from lightning_hydro.backends.compile_check import (
+    RANDOM,
+    drew_random,
+    group_mismatch,
+    put_back,
+    rng_states,
+    set_rng_states,
+)
 
 __all__ = [
     "COMPILE_SETTINGS",
@@ -319,15 +326,13 @@ class CompiledStep:
         trainable = [p for p in args[3].values() if p.requires_grad]
         compiled_buffers = [b.clone() for b in kept]
         compiled_losses, compiled_grads = _losses_and_gradients(compiled, trainable, retain=False)
-        with torch.no_grad():
-            for buffer, value in zip(kept, before):
-                buffer.copy_(value)
+        put_back(kept, before)
         set_rng_states(device, generators)
         eager = self.function(*args)
         self.checks += 1
         self.unchecked = ""
-        if not all(torch.equal(a, b) for a, b in zip(generators, rng_states(device))):
-            self.unchecked = "the step draws random numbers (compiled code draws its own), so it was not compared"
+        if drew_random(device, generators):
+            self.unchecked = RANDOM
             log.info("lightning_hydro: compile=True: the check of %s: %s.", self.where, self.unchecked)
             return eager
         eager_losses, eager_grads = _losses_and_gradients(eager, trainable, retain=True)

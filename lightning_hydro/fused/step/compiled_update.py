@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lightning_hydro.backends.compile_check import mismatch
+from lightning_hydro.backends.compile_check import mismatch, put_back
 from lightning_hydro.backends.compiled_step import NOT_COMPILED, CompileSetting, compile_error, own_code
 
 if TYPE_CHECKING:
@@ -100,8 +100,7 @@ class CompiledUpdate:
         size or slot change makes a new one).
         """
         compiled = [t.clone() for t in written]
-        for tensor, value in zip(written, before):
-            tensor.copy_(value)
+        put_back(written, before)
         update.device_step(grads, skip, prepared)
         try:
             ratios = [mismatch(b, c, e).to(update.device) for b, c, e in zip(before, compiled, written)]

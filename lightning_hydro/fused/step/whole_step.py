@@ -33,7 +33,14 @@ import torch
 from torch import Tensor
 from torch.func import grad_and_value
 
-from lightning_hydro.backends.compile_check import group_mismatch, rng_states, set_rng_states
+from lightning_hydro.backends.compile_check import (
+    RANDOM,
+    drew_random,
+    group_mismatch,
+    put_back,
+    rng_states,
+    set_rng_states,
+)
 from lightning_hydro.backends.compiled_step import (
     CompileSetting,
     StepCompiler,
@@ -358,17 +365,15 @@ class WholeStep:
         compiled(*call)  # raises before running if it cannot compile: then nothing is checked yet
         self._checked.add(update)
         result = [t.clone() for t in written]
-        with torch.no_grad():
-            for tensor, value in zip(written, before):
-                tensor.copy_(value)
+        put_back(written, before)
         set_rng_states(device, generators)
         grads: list[Tensor] = []
         eager_step: Callable[..., Any] = _whole_step  # the same Python, not compiled
         eager = eager_step(*call, grads_out=grads)
         self.checks += 1
         self.unchecked = ""
-        if not all(torch.equal(a, b) for a, b in zip(generators, rng_states(device))):
-            self.unchecked = "the step draws random numbers (compiled code draws its own), so it was not compared"
+        if drew_random(device, generators):
+            self.unchecked = RANDOM
             log.info("lightning_hydro: compile=%r: the first whole step's check: %s.", self.setting, self.unchecked)
             return eager
         position = {id(t): i for i, t in enumerate(written)}
