@@ -10,12 +10,24 @@ that a step that draws random numbers is recognised: compiled code draws its own
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 from torch import Tensor
 
-__all__ = ["RANDOM", "drew_random", "group_mismatch", "mismatch", "put_back", "rng_states", "set_rng_states"]
+__all__ = [
+    "RANDOM",
+    "drew_random",
+    "eager_again",
+    "group_mismatch",
+    "mismatch",
+    "put_back",
+    "rng_states",
+    "set_rng_states",
+]
+
+T = TypeVar("T")
 
 # why a check did not compare
 RANDOM = "the step draws random numbers (compiled code draws its own), so it was not compared"
@@ -92,3 +104,20 @@ def put_back(tensors: Sequence[Tensor], values: Sequence[Tensor]) -> None:
     """Copy each of ``values`` into its tensor in ``tensors`` (the state before a compiled run)."""
     for tensor, value in zip(tensors, values):
         tensor.copy_(value)
+
+
+def eager_again(
+    written: Sequence[Tensor],
+    before: Sequence[Tensor],
+    device: torch.device,
+    states: list[Tensor],
+    eager: Callable[[], T],
+) -> tuple[T, bool]:
+    """After a compiled run: ``written`` and the generators put back as they were before it, then ``eager`` run.
+
+    Returns what ``eager`` returned, and whether it drew random numbers (then the two runs cannot be compared).
+    """
+    put_back(written, before)
+    set_rng_states(device, states)
+    result = eager()
+    return result, drew_random(device, states)

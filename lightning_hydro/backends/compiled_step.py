@@ -27,14 +27,7 @@ from typing import Any, Literal
 
 import torch
 
-from lightning_hydro.backends.compile_check import (
-    RANDOM,
-    drew_random,
-    group_mismatch,
-    put_back,
-    rng_states,
-    set_rng_states,
-)
+from lightning_hydro.backends.compile_check import RANDOM, eager_again, group_mismatch, rng_states
 
 __all__ = [
     "COMPILE_SETTINGS",
@@ -326,12 +319,10 @@ class CompiledStep:
         trainable = [p for p in args[3].values() if p.requires_grad]
         compiled_buffers = [b.clone() for b in kept]
         compiled_losses, compiled_grads = _losses_and_gradients(compiled, trainable, retain=False)
-        put_back(kept, before)
-        set_rng_states(device, generators)
-        eager = self.function(*args)
+        eager, random = eager_again(kept, before, device, generators, lambda: self.function(*args))
         self.checks += 1
         self.unchecked = ""
-        if drew_random(device, generators):
+        if random:
             self.unchecked = RANDOM
             log.info("lightning_hydro: compile=True: the check of %s: %s.", self.where, self.unchecked)
             return eager

@@ -33,14 +33,7 @@ import torch
 from torch import Tensor
 from torch.func import grad_and_value
 
-from lightning_hydro.backends.compile_check import (
-    RANDOM,
-    drew_random,
-    group_mismatch,
-    put_back,
-    rng_states,
-    set_rng_states,
-)
+from lightning_hydro.backends.compile_check import RANDOM, eager_again, group_mismatch, rng_states
 from lightning_hydro.backends.compiled_step import (
     CompileSetting,
     StepCompiler,
@@ -365,14 +358,12 @@ class WholeStep:
         compiled(*call)  # raises before running if it cannot compile: then nothing is checked yet
         self._checked.add(update)
         result = [t.clone() for t in written]
-        put_back(written, before)
-        set_rng_states(device, generators)
         grads: list[Tensor] = []
         eager_step: Callable[..., Any] = _whole_step  # the same Python, not compiled
-        eager = eager_step(*call, grads_out=grads)
+        eager, random = eager_again(written, before, device, generators, lambda: eager_step(*call, grads_out=grads))
         self.checks += 1
         self.unchecked = ""
-        if drew_random(device, generators):
+        if random:
             self.unchecked = RANDOM
             log.info("lightning_hydro: compile=%r: the first whole step's check: %s.", self.setting, self.unchecked)
             return eager
