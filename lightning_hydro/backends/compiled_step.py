@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -33,15 +33,18 @@ __all__ = [
     "COMPILE_SETTINGS",
     "NOT_COMPILED",
     "RECOMPILE_LIMIT",
+    "REDUCED_PRECISION_RELATIVE",
     "CompileSetting",
     "CompiledStep",
     "StepCompiler",
     "check_compile_setting",
     "compile_error",
+    "eager_calls",
     "keep_static",
     "mark_static_tensors",
     "own_code",
     "raised_compiling",
+    "reduced_precision_step",
     "refused_recompile",
     "under_function_mode",
 ]
@@ -352,7 +355,7 @@ def _several_processes() -> bool:
     )
 
 
-def reduced_precision_step(device: torch.device, params: list[torch.Tensor]) -> bool:
+def reduced_precision_step(device: torch.device, params: Iterable[torch.Tensor]) -> bool:
     """Whether a step computes in half or mixed precision (autocast on, or half parameters)."""
     if torch.is_autocast_enabled(device.type) or torch.is_autocast_enabled("cpu"):
         return True

@@ -38,6 +38,7 @@ from lightning_hydro.backends.compiled_step import (
     check_compile_setting,
     keep_static,
     mark_static_tensors,
+    reduced_precision_step,
 )
 from lightning_hydro.backends.deferred_metrics import DeferredValue, MetricRecorder, metric_paths, stack_values
 from lightning_hydro.backends.errors import FusionError, FusionMismatchError, explain_step_error
@@ -314,9 +315,7 @@ class VmapBackend(Backend):
 
     def _reduced_precision(self) -> bool:
         """Whether this step may compute in half or mixed precision (autocast on, or half parameters)."""
-        if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled(self.group.device.type):
-            return True
-        return any(p.dtype in (torch.float16, torch.bfloat16) for p in self.group.params.values())
+        return reduced_precision_step(self.group.device, self.group.params.values())
 
     def stop_compiling(self, reason: str) -> None:
         """Run ``training_step`` eagerly from now on (``reason``: why, said in one log line)."""

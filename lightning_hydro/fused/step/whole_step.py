@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from lightning_hydro.backends import Backend, StepOutputs
     from lightning_hydro.optim.group_optimizer import TrialGroupOptimizer
 
-__all__ = ["WholeStep", "compile_whole_step", "whole_step_blocker"]
+__all__ = ["WHOLE_CHECK_RELATIVE", "WholeStep", "compile_whole_step", "whole_step_blocker"]
 
 log = logging.getLogger("lightning_hydro")
 
