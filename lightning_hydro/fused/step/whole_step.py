@@ -65,9 +65,9 @@ log = logging.getLogger("lightning_hydro")
 # the hooks that see a step's loss or gradients between the backward and the update: a whole step has no "between"
 _BETWEEN_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
 _PRECISIONS = ("32-true", "64-true", "32", "64")
-# the first whole step's check allows this much of each tensor's change (and 1e-6 of its size) as float rounding;
-# looser than the update's own check (1e-3), whose gradients are the same on both sides: here the compiled
-# gradients round otherwise, and Adam turns a rounding-level gradient into a step of the learning rate's size
+# the first whole step's check allows this much of each group's change (the parameters, the buffers, each optimizer
+# state; and 1e-6 of its size) as float rounding: looser than the update's own check (1e-3 per tensor), whose
+# gradients are the same on both sides, where here the compiled gradients round otherwise
 WHOLE_CHECK_RELATIVE = 1e-2
 
 
