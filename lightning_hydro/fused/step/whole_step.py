@@ -388,8 +388,8 @@ class WholeStep:
             log.warning(
                 "lightning_hydro: compile=%r runs every step eagerly from now on: %s.", self.setting, self.failure
             )
-            backend.stop_compiling(f"the whole step {self.failure}")
-            update.stop_compiling(f"the whole step {self.failure}")
+            backend.stop_compiling(f"the whole step's check: {self.failure}")
+            update.stop_compiling(f"the whole step's check: {self.failure}")
         return eager
 
     def _names_of(self, update: FusedUpdate, params: Mapping[str, Tensor]) -> list[str]:

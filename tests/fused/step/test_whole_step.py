@@ -86,8 +86,9 @@ def test_a_whole_step_that_computes_otherwise_is_found_at_its_first_step_and_the
     lines = [r.getMessage() for r in caplog.records if "runs every step eagerly from now on" in r.getMessage()]
     assert len(lines) == 1
     # the split step's compiled pieces run eagerly too: the forward and backward, and the update
-    assert compiled._training_step.policy.backend.compile_failure.startswith("the whole step its first compiled")
-    assert compiled._optimizer.fused._compiled.failure.startswith("the whole step its first compiled")
+    said = "the whole step's check: its first compiled step computed otherwise"
+    assert compiled._training_step.policy.backend.compile_failure.startswith(said)
+    assert compiled._optimizer.fused._compiled.failure.startswith(said)
     _assert_same_training(compiled, eager, 1e-5)
 
 
