@@ -10,7 +10,7 @@ that a step that draws random numbers is recognised: compiled code draws its own
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 import torch
@@ -25,6 +25,7 @@ __all__ = [
     "put_back",
     "rng_states",
     "set_rng_states",
+    "unique_tensors",
 ]
 
 T = TypeVar("T")
@@ -121,3 +122,11 @@ def eager_again(
     set_rng_states(device, states)
     result = eager()
     return result, drew_random(device, states)
+
+
+def unique_tensors(tensors: Iterable[Tensor]) -> list[Tensor]:
+    """``tensors`` without repeats (by identity), in order: what a check copies and puts back, each once."""
+    unique: dict[int, Tensor] = {}
+    for tensor in tensors:
+        unique.setdefault(id(tensor), tensor)
+    return list(unique.values())

@@ -136,7 +136,7 @@ class VmapBackend(Backend):
         self._state = StepState(self.name)
         self._active: ActiveCall | None = None  # the running call's Python state, read inside the mapped function
         self._ties_key: tuple[MethodCaller, int] | None = None  # (caller, state generation) _ties was found for
-        self._ties = self._tie = True  # whether the template has tied weights; what the running call passes
+        self._ties = True  # whether the template has tied weights (the mapped call reads it)
         self._checked_generation = state_generation()  # the trials' settings are checked just below
         self._settings: SettingsReader | None = None  # reads the trials' settings cheaply (check_settings)
         self._settings_seen: tuple[Any, ...] | None = None  # what it read at the last full check
@@ -242,7 +242,7 @@ class VmapBackend(Backend):
             self._recorder = MetricRecorder(template)
         caller, recorder = self._caller, self._recorder
         assert recorder is not None
-        self._tie = self._ties_in(caller)
+        self._find_ties(caller)
         params: dict[str, Tensor] = {f"module.{name}": p for name, p in self.group.params.items()}
         buffers = {f"module.{name}": b for name, b in self.group.buffers.items()}
         buffers.update({f"module.{name}": b for name, b in self.extra_buffers().items()})
@@ -301,7 +301,7 @@ class VmapBackend(Backend):
         )
         return StepOutputs(output=output, logs=logs), extra
 
-    def _ties_in(self, caller: MethodCaller) -> bool:
+    def _find_ties(self, caller: MethodCaller) -> None:
         """Whether the template holds one tensor under two names (tied weights), which ``functional_call`` must tie.
 
         Found once per caller and again after the trials' own code ran (a hook may tie weights). Without ties,
@@ -311,7 +311,6 @@ class VmapBackend(Backend):
         key = (caller, state_generation())
         if self._ties_key != key:
             self._ties_key, self._ties = key, holds_tied_tensors(caller)
-        return self._ties
 
     def _reduced_precision(self) -> bool:
         """Whether this step may compute in half or mixed precision (autocast on, or half parameters)."""
@@ -353,7 +352,7 @@ class VmapBackend(Backend):
         """
         keep_static(params, buffers)
         side: dict[str, Any] = {}
-        tie = self._tie
+        tie = self._ties  # found by _call for this caller
         active, logs = self._active, self._logs
         chunked = self.chunk_size is not None and self.chunk_size < self.group.size
 

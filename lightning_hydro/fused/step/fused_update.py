@@ -45,6 +45,7 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
+from lightning_hydro.backends.compile_check import unique_tensors
 from lightning_hydro.backends.compiled_step import CompileSetting
 from lightning_hydro.fused.step.compiled_update import CompiledUpdate
 from lightning_hydro.fused.step.row_hyperparameters import RowHyperparameters
@@ -227,10 +228,7 @@ class FusedUpdate(RowStates, ABC):
         found += [t for t in vars(self).values() if isinstance(t, Tensor)]
         if self._factors is not None:
             found += [t for t in vars(self._factors).values() if isinstance(t, Tensor)]
-        unique: dict[int, Tensor] = {}
-        for tensor in found:
-            unique.setdefault(id(tensor), tensor)
-        return list(unique.values())
+        return unique_tensors(found)
 
     def stop_compiling(self, reason: str) -> None:
         """Run the device work eagerly from now on, this update's and the later ones' of the group (``reason``: why)."""
@@ -353,11 +351,7 @@ class FusedUpdate(RowStates, ABC):
         """
         factors = self._factors
         assert factors is not None
-        shapes = [(-1, *([1] * (self.params[i].dim() - 1))) for i in part.indices]
-        return {
-            name: [table[factors.index(name), i].view(shape) for i, shape in zip(part.indices, shapes)]
-            for name in self.NEUTRAL
-        }
+        return factors.views_in(table, part.indices)
 
     def _mask(self, skip_rows: SkipRows) -> Tensor:
         if isinstance(skip_rows, Tensor):

@@ -35,7 +35,7 @@ Example::
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -111,11 +111,14 @@ class RowHyperparameters:
         self._double_index = torch.tensor([self._index[name] for name in doubles], dtype=torch.long, device=device)
         self._doubles = {name: d for d, name in enumerate(doubles)}
         self.doubles = torch.zeros((len(doubles), *count[1:]), dtype=_host_dtype(device), device=device)
-        self._views = {
-            name: [self.table[k, i].view(-1, *([1] * (p.dim() - 1))) for i, p in enumerate(params)]
-            for name, k in self._index.items()
-        }
+        self._shapes = [(-1, *([1] * (p.dim() - 1))) for p in params]  # a parameter's factor shape, [B, 1, ...]
+        self._views = self.views_in(self.table, range(len(params)))
         self._host_values: list[list[tuple[float, ...]]] = []  # [row][group] -> factors, as last copied
+
+    def views_in(self, table: Tensor, indices: Iterable[int]) -> dict[str, list[Tensor]]:
+        """Each factor of the parameters ``indices`` as ``[B, 1, ...]`` views of ``table`` (this table's layout)."""
+        indices = list(indices)
+        return {name: [table[k, i].view(self._shapes[i]) for i in indices] for name, k in self._index.items()}
 
     def views(self, name: str) -> list[Tensor]:
         """Factor ``name`` for each parameter, as ``[B, 1, ...]`` views of this step's table (stable objects)."""

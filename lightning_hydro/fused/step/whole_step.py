@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 from torch.func import grad_and_value
 
-from lightning_hydro.backends.compile_check import RANDOM, eager_again, group_mismatch, rng_states
+from lightning_hydro.backends.compile_check import RANDOM, eager_again, group_mismatch, rng_states, unique_tensors
 from lightning_hydro.backends.compiled_step import (
     CompileSetting,
     StepCompiler,
@@ -352,7 +352,7 @@ class WholeStep:
         what the step writes, and one host read. The first recorded CUDA graph's replays are not checked.
         """
         backend, group, device = call[0], call[0].group, update.device
-        written = _unique([*group.params.values(), *group.buffers.values(), *update.device_tensors(())])
+        written = unique_tensors([*group.params.values(), *group.buffers.values(), *update.device_tensors(())])
         before = [t.clone() for t in written]
         generators = rng_states(device)
         compiled(*call)  # raises before running if it cannot compile: then nothing is checked yet
@@ -412,14 +412,6 @@ class WholeStep:
         self._marked.add(update)
         for tensor in [*group.params.values(), *group.buffers.values(), *update.device_tensors(())]:
             torch._dynamo.mark_static_address(tensor, guard=False)
-
-
-def _unique(tensors: Iterable[Tensor]) -> list[Tensor]:
-    """``tensors`` without repeats (by identity), in order."""
-    unique: dict[int, Tensor] = {}
-    for tensor in tensors:
-        unique.setdefault(id(tensor), tensor)
-    return list(unique.values())
 
 
 def _kinds(written: list[Tensor], group: Any, update: FusedUpdate) -> list[list[Tensor]]:
