@@ -8,7 +8,7 @@
 #     run(command="bash benchmarks/device_check.sh", carry=[".whl"], timeout_s=540)
 # What comes back under $OUT (at most 8 files): env.txt, tests.txt and tests_compile.txt (pytest -m gpu, with --durations),
 # update.md (benchmarks/compiled_update_check.py: which fused updates compile right here), whole.md
-# (benchmarks/whole_step_check.py: each model's first compiled whole step against eager),
+# (benchmarks/whole_step_check.py: each model's first three compiled whole steps against eager),
 # bench.md (the table, a line per cell as measured), bench.log (the cells' errors), stages.txt (what ran, what
 # was skipped for time). Rerun one stage alone: STAGES="bench" bash benchmarks/device_check.sh
 #
@@ -80,7 +80,7 @@ if [[ " $STAGES " == *" tests "* ]]; then
   {
     run_capped 150 220 "compiled update check" python3 benchmarks/compiled_update_check.py ${small[@]+"${small[@]}"} \
       --optimizers sgd-momentum adam adamw > "$OUT/update.md" 2>&1
-    # the first compiled whole step against the same step run eagerly, per model (what the library's check measures)
+    # the first three compiled whole steps against the same step run eagerly, per model (what the library's check measures)
     run_capped 90 220 "whole step check" python3 benchmarks/whole_step_check.py ${whole[@]+"${whole[@]}"} \
       > "$OUT/whole.md" 2>&1
   } &

@@ -1,14 +1,15 @@
-"""How close is each model's first compiled whole step to the same step run eagerly? (issue 22)
+"""How close are each model's first compiled whole steps to the same steps run eagerly? (issue 22)
 
 With ``compile=True`` a steady fused step runs as one compiled function (``lightning_hydro.fused.step.whole_step``).
-The first whole step of each fused update is run twice, compiled and eagerly from the same state, and compared
-group by group (the parameters, the buffers, each optimizer state); the eager result is kept, and a difference
-over the bound makes every later step run eagerly. The split step's compiled forward and backward are checked the
-same way at their first call (``compiled_step.CompiledStep``: losses, gradients, buffers). This script fits a few
-small fused groups (3 trials, 6 steps) under ``compile=True`` and prints, per model, what both checks measured:
-the largest error in units of what float rounding allows (<= 1: the same step; for the whole step the bound is
-``WHOLE_CHECK_RELATIVE`` of each group's change plus 1e-6 of its size), or why they did not compare. The whole step
-runs in 32- and 64-bit precision only; under ``bf16-mixed`` only the split step is compiled.
+The first three whole steps of each fused update are run twice, compiled and eagerly from the same state, and
+compared group by group (the parameters, the buffers, each optimizer state); the eager result is kept, and a
+difference over the bound makes every later step run eagerly. The split step's compiled forward and backward are
+checked the same way at their first three calls (``compiled_step.CompiledStep``: losses, gradients, buffers). This
+script fits a few small fused groups (3 trials, 6 steps) under ``compile=True`` and prints, per model, what both
+checks measured: the largest error of their checks, in units of what float rounding allows (<= 1: the same step;
+for the whole step the bound is ``WHOLE_CHECK_RELATIVE`` of each group's change plus 1e-6 of its size), or why
+they did not compare. The whole step runs in 32- and 64-bit precision only; under ``bf16-mixed`` only the split
+step is compiled.
 
 ``--no-left-out`` runs the check without leaving out the parameter elements whose gradient is rounding noise (see
 ``whole_step._noise``): then Adam's steps on such elements (a bias feeding BatchNorm) read as errors.
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{'; noise-gradient elements compared too' if args.no_left_out else ''}.\n"
     )
     print(
-        "| model | precision | clip | split step's first compiled call: error / bound | first whole step's error / "
+        "| model | precision | clip | split step's first compiled calls: error / bound | first whole steps' error / "
         "bound | steps whole | failure |"
     )
     print("|---|---|---|---|---|---|---|")

@@ -1,23 +1,32 @@
 """What the ``compile=`` checks share: how far a compiled result is from the eager one, and the random generators.
 
-Each compiled piece of a fused step is checked once against the same work run eagerly from the same state: the
-fused update's device work (:mod:`lightning_hydro.fused.step.compiled_update`), the whole step
-(:mod:`lightning_hydro.fused.step.whole_step`) and the split step's forward and backward
-(:class:`~lightning_hydro.backends.compiled_step.CompiledStep`). They measure the difference with
-:func:`group_mismatch`, and put the random number generators back between the two runs (:func:`rng_states`), so
-that a step that draws random numbers is recognised: compiled code draws its own, so such a step is not compared.
+Each compiled piece of a fused step is checked against the same work run eagerly from the same state, at its
+first :data:`CHECKED_CALLS` calls (per fused update, or per graph): the fused update's device work
+(:mod:`lightning_hydro.fused.step.compiled_update`), the whole step (:mod:`lightning_hydro.fused.step.whole_step`)
+and the split step's forward and backward (:class:`~lightning_hydro.backends.compiled_step.CompiledStep`). They
+measure the difference with :func:`group_mismatch`, and put the random number generators back between the two runs
+(:func:`rng_states`), so that a step that draws random numbers is recognised: compiled code draws its own, so such
+a step is not compared.
+
+Why the first three calls, not only the first: the first step starts from empty optimizer state, while the second
+reads state that compiled code wrote (a wrong read of it shows only then); and under ``"reduce-overhead"`` on a
+GPU, inductor's CUDA graph trees (``torch/_inductor/cudagraph_trees.py``) run a function's first call as a warm-up,
+record its graph at the second and replay the graph from the third, so the three checks see one of each.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+import weakref
+from collections.abc import Callable, Hashable, Iterable, MutableMapping, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
 __all__ = [
+    "CHECKED_CALLS",
     "RANDOM",
+    "CheckSchedule",
     "drew_random",
     "eager_again",
     "group_mismatch",
@@ -29,6 +38,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+# each compiled function is checked at this many first calls (per fused update, or per graph; see above)
+CHECKED_CALLS = 3
 
 # why a check did not compare
 RANDOM = "the step draws random numbers (compiled code draws its own), so it was not compared"
@@ -130,3 +142,40 @@ def unique_tensors(tensors: Iterable[Tensor]) -> list[Tensor]:
     for tensor in tensors:
         unique.setdefault(id(tensor), tensor)
     return list(unique.values())
+
+
+class CheckSchedule:
+    """Which calls are checked: each key's (a fused update, a graph's key) first :data:`CHECKED_CALLS`.
+
+    Args:
+        weak: keys held weakly (a fused update: a slot change replaces it, and its count goes with it).
+
+    Example::
+
+        >>> schedule = CheckSchedule()
+        >>> [schedule.take("graph") for _ in range(4)]
+        [1, 2, 3, 0]
+    """
+
+    def __init__(self, weak: bool = False) -> None:
+        self.weak = weak
+        self._done: MutableMapping[Any, int] = weakref.WeakKeyDictionary() if weak else {}
+
+    def due(self, key: Hashable) -> bool:
+        """Whether the next call of ``key`` is checked."""
+        return self._done.get(key, 0) < CHECKED_CALLS
+
+    def take(self, key: Hashable) -> int:
+        """Count a check of ``key``'s call: its number (1 for the first), or 0 if none was due."""
+        if not self.due(key):
+            return 0
+        done = self._done[key] = self._done.get(key, 0) + 1
+        return done
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Weak keys are not pickled (``ddp_spawn`` pickles the module): their counts start again."""
+        return {"weak": self.weak, "_done": {} if self.weak else dict(self._done)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.weak = state["weak"]
+        self._done = weakref.WeakKeyDictionary() if self.weak else dict(state["_done"])

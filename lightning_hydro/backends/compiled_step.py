@@ -27,7 +27,14 @@ from typing import Any, Literal
 
 import torch
 
-from lightning_hydro.backends.compile_check import RANDOM, eager_again, group_mismatch, rng_states
+from lightning_hydro.backends.compile_check import (
+    CHECKED_CALLS,
+    RANDOM,
+    CheckSchedule,
+    eager_again,
+    group_mismatch,
+    rng_states,
+)
 
 __all__ = [
     "COMPILE_SETTINGS",
@@ -245,8 +252,8 @@ REDUCED_PRECISION_RELATIVE = 0.5
 class CompiledStep:
     """The split step's forward (and through AOTAutograd its backward) under ``torch.compile``.
 
-    It runs eagerly for good after its first failure, and its first call per group size, mode (training or eval) and
-    autocast setting is checked against the eager one (:meth:`_checked_call`).
+    It runs eagerly for good after its first failure, and its first calls per group size, mode (training or eval)
+    and autocast setting are checked against the eager one (:meth:`_checked_call`).
 
     Args:
         function: the backend's vmapped call, ``(caller, recorder, method, params, buffers, args)`` -> ``(encoded,
@@ -262,8 +269,9 @@ class CompiledStep:
         self.mismatch = ""  # its check found the compiled step computing otherwise (then also the failure)
         self.checks = 0  # compiled calls checked against eager (for tests)
         self.unchecked = ""  # why the latest check could not compare ("" if it did, or none ran)
-        self.worst = 0.0  # the latest check's error, in units of what float rounding allows (<= 1: the same)
-        self._checked: set[tuple[int, bool, bool]] = set()  # (group size, training, autocast) checked at a first call
+        self.worst = 0.0  # the largest error of the checks so far, in units of what float rounding allows (<= 1)
+        # by (group size, training, autocast): a graph's first calls are checked
+        self._schedule = CheckSchedule()
         # no CUDA graphs, also under "reduce-overhead": the split step's gradients are its backward graph's outputs,
         # which the update (another graph) would read after cudagraph trees had taken their memory back
         self._compiled = StepCompiler(function, None, where)
@@ -286,7 +294,7 @@ class CompiledStep:
             torch.is_autocast_enabled(device.type),
         )
         # several processes: DDP expects one forward and one backward per step, so no check runs there
-        check = key not in self._checked and not _several_processes()
+        check = self._schedule.due(key) and not _several_processes()
         kept = list(buffers.values()) if check else []
         before = [b.clone() for b in kept]
         generators = rng_states(device) if check else []
@@ -297,8 +305,8 @@ class CompiledStep:
             return self.function(*args)
         if not check:
             return result
-        self._checked.add(key)
-        return self._checked_call(args, result, device, (kept, before), generators)
+        number = self._schedule.take(key)
+        return self._checked_call(args, result, device, (kept, before), generators, number)
 
     def _checked_call(
         self,
@@ -307,15 +315,17 @@ class CompiledStep:
         device: torch.device,
         buffers: tuple[list[torch.Tensor], list[torch.Tensor]],
         generators: list[torch.Tensor],
+        number: int,
     ) -> Any:
-        """After a first compiled call: the same call eagerly from the same state, whose result is kept.
+        """After one of a graph's first compiled calls (``number``: which): the same call eagerly, whose result is kept.
 
         Compared: each row's loss, the gradients of the sum of the finite losses (taken with ``torch.autograd.grad``
         from each call's graph; Lightning's backward then runs on the eager one), and the buffers the forward
         updates (BatchNorm's statistics), each as one group (:func:`~.compile_check.group_mismatch`; 1e-3 of its
         size in float32, :data:`REDUCED_PRECISION_RELATIVE` in half or mixed precision). A difference beyond that
         makes the step run eagerly from now on, said in one log line. A step that draws random numbers is not
-        compared (compiled code draws its own). Its cost, once per group size: one eager forward and two
+        compared (compiled code draws its own). Its cost, at each of the first
+        :data:`~lightning_hydro.backends.compile_check.CHECKED_CALLS` calls per group size: one eager forward and two
         backwards, a copy of the gradients and of the buffers.
         """
         kept, before = buffers
@@ -327,7 +337,8 @@ class CompiledStep:
         self.unchecked = ""
         if random:
             self.unchecked = RANDOM
-            log.info("lightning_hydro: compile=True: the check of %s: %s.", self.where, self.unchecked)
+            if number == 1:
+                log.info("lightning_hydro: compile=True: the check of %s: %s.", self.where, self.unchecked)
             return eager
         eager_losses, eager_grads = _losses_and_gradients(eager, trainable, retain=True)
         relative = REDUCED_PRECISION_RELATIVE if reduced_precision_step(device, trainable) else 1e-3
@@ -337,11 +348,12 @@ class CompiledStep:
         if compiled_grads is not None and eager_grads is not None:
             compared.append(([torch.zeros_like(g) for g in eager_grads], compiled_grads, eager_grads))
         ratios = [group_mismatch(b, c, e, relative=relative).to(device) for b, c, e in compared if e]
-        self.worst = float(torch.stack(ratios).max()) if ratios else 0.0  # the check's one host read
-        if self.worst > 1.0:
+        worst = float(torch.stack(ratios).max()) if ratios else 0.0  # the check's one host read
+        self.worst = max(self.worst, worst)
+        if worst > 1.0:
             self.mismatch = (
-                f"its first compiled call computed otherwise than the eager one on {device.type} (an error "
-                f"{self.worst:.3g}x what float rounding allows); the eager result was kept"
+                f"its compiled call (check {number} of {CHECKED_CALLS}) computed otherwise than the eager one on "
+                f"{device.type} (an error {worst:.3g}x what float rounding allows); the eager result was kept"
             )
             self.fall_back(self.mismatch)
         return eager
@@ -380,6 +392,6 @@ def _losses_and_gradients(
     try:
         grads = torch.autograd.grad(total, params, retain_graph=retain, allow_unused=True)
     except RuntimeError as err:  # a backward that cannot run twice here (activation checkpointing): no gradients
-        log.info("lightning_hydro: compile=True: the first compiled call's check compares no gradients (%s).", err)
+        log.info("lightning_hydro: compile=True: the compiled call's check compares no gradients (%s).", err)
         return losses.detach(), None
     return losses.detach(), [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]

@@ -118,10 +118,10 @@ class FusedLightningModule(EvaluationHooks):
         compile: ``True`` runs the vmap/hfta training step (forward and backward) under ``torch.compile``, and
             the fused optimizer update too (:mod:`.step.compiled_update`). Once steady, the whole step is one
             compiled function (:mod:`.step.whole_step`); ``"reduce-overhead"`` records it as a CUDA graph on a GPU.
-            What cannot be compiled runs eagerly, said in one log line. So does an update whose first compiled
-            step computes otherwise than its eager one, and Adam's update off the CPU
-            (``FusedAdamUpdate.COMPILED_ON``). ``backend="auto"`` times the candidates eagerly, then compiles its
-            choice.
+            What cannot be compiled runs eagerly, said in one log line. So does a compiled piece whose check
+            (each one's first three calls also run eagerly) finds it computing otherwise, and Adam's update off
+            the CPU (``FusedAdamUpdate.COMPILED_ON``). ``backend="auto"`` times the candidates eagerly, then
+            compiles its choice.
 
     Trials that use manual optimization (``automatic_optimization = False``: several optimizers, a GAN) run their
     own ``training_step`` one after another on the loop backend, each stepping its own optimizers (see

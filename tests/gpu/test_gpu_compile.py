@@ -91,8 +91,8 @@ def test_a_whole_step_on_cuda_trains_each_trial_as_the_eager_fit(compile):
     print(f"compile={compile!r}: {whole.whole_steps} whole steps; inductor counters {dict(counters['inductor'])}")
     assert whole.reason == ""
     assert whole.whole_steps == 19
-    print(f"the first whole step's check: {whole.checks} run, error {whole.worst:.3g} of the bound")
-    assert (whole.checks, whole.unchecked, whole.failure) == (1, "", "")
+    print(f"the whole step's checks: {whole.checks} run, largest error {whole.worst:.3g} of the bound")
+    assert (whole.checks, whole.unchecked, whole.failure) == (3, "", "")  # warm-up, recording, first replay
     if compile == "reduce-overhead":
         assert counters["inductor"]["cudagraph_skips"] == 0  # every compiled graph ran as a CUDA graph
     for tid in range(4):
@@ -137,7 +137,7 @@ def test_the_compiled_adam_update_on_cuda_trains_as_the_eager_one(monkeypatch):
 
 
 def test_with_adams_gate_lifted_the_checks_keep_a_compiled_cuda_fit_as_the_eager_one(monkeypatch):
-    """The safety net under the gate: each update's first compiled step, and the first whole step, against eager.
+    """The safety net under the gate: each update's first three compiled steps, and whole steps, against eager.
 
     Adam's compiled update trained wrongly on CUDA (H200, torch 2.11, 2026-11-27). With COMPILED_ON lifted, either
     it is right now (then the strict xfail above passes too), or a check finds it and the fit goes on eagerly. Either

@@ -19,14 +19,13 @@ one log line.
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from lightning_hydro.backends.compile_check import mismatch, put_back
+from lightning_hydro.backends.compile_check import CHECKED_CALLS, CheckSchedule, mismatch, put_back
 from lightning_hydro.backends.compiled_step import NOT_COMPILED, CompileSetting, compile_error, own_code
 
 if TYPE_CHECKING:
@@ -54,7 +53,7 @@ class CompiledUpdate:
         self.calls = 0  # compiled calls that ran (tests)
         self.mismatch = ""  # a compiled step computed otherwise than the eager one (then also the failure)
         self._compiled: Callable[..., None] | None = None
-        self._checked: weakref.WeakSet[FusedUpdate] = weakref.WeakSet()  # updates whose first step was checked
+        self._schedule = CheckSchedule(weak=True)  # each update's first compiled steps are checked
 
     def __call__(self, update: FusedUpdate, grads: list[list[Tensor]], skip: Tensor, prepared: Any) -> None:
         """The update's device work for one step: compiled, else eager."""
@@ -68,8 +67,8 @@ class CompiledUpdate:
         if self._compiled is None:
             # no CUDA graph, also under "reduce-overhead": see compiled_step.CompiledStep
             self._compiled = torch.compile(own_code(_device_step), fullgraph=True, dynamic=False)
-        checked = update in self._checked
-        written = [] if checked else update.device_tensors(grads)
+        check = self._schedule.due(update)
+        written = update.device_tensors(grads) if check else []
         before = [t.clone() for t in written]
         try:
             self._compiled(update, grads, skip, prepared)
@@ -79,9 +78,8 @@ class CompiledUpdate:
             update.device_step(grads, skip, prepared)
             return
         self.calls += 1
-        if not checked:
-            self._checked.add(update)
-            self._check(update, grads, skip, prepared, written, before)
+        if check:
+            self._check(update, grads, skip, prepared, written, before, self._schedule.take(update))
 
     def _check(
         self,
@@ -91,13 +89,15 @@ class CompiledUpdate:
         prepared: Any,
         written: list[Tensor],
         before: list[Tensor],
+        number: int,
     ) -> None:
-        """After an update's first compiled step: the same step eagerly from the same state, whose result is kept.
+        """After one of an update's first compiled steps (``number``): the same step eagerly, whose result is kept.
 
         If the compiled step computed otherwise (beyond float rounding), the update runs eagerly from now on, and
         the whole step is not used (:meth:`FusedUpdate.why_not_compiled`): said in one log line. One extra eager
-        step and two copies of what the step writes (before, and the compiled result), once per update (a new group
-        size or slot change makes a new one).
+        step and two copies of what the step writes (before, and the compiled result), at each of an update's first
+        :data:`~lightning_hydro.backends.compile_check.CHECKED_CALLS` compiled steps (a new group size or slot
+        change makes a new update).
         """
         compiled = [t.clone() for t in written]
         put_back(written, before)
@@ -106,12 +106,12 @@ class CompiledUpdate:
             ratios = [mismatch(b, c, e).to(update.device) for b, c, e in zip(before, compiled, written)]
             worst = float(torch.stack(ratios).max()) if ratios else 0.0  # the check's one host read
         except (RuntimeError, TypeError) as err:  # the eager step has run: its result stands either way
-            self.mismatch = f"its first compiled step could not be checked against the eager one ({compile_error(err)})"
+            self.mismatch = f"its compiled step could not be checked against the eager one ({compile_error(err)})"
         else:
             if worst > 1.0:
                 self.mismatch = (
-                    f"its compiled step computed otherwise than the eager one on {update.device.type} (an error "
-                    f"{worst:.3g}x what float rounding allows)"
+                    f"its compiled step computed otherwise than the eager one on {update.device.type} (check "
+                    f"{number} of {CHECKED_CALLS}: an error {worst:.3g}x what float rounding allows)"
                 )
         if self.mismatch:
             self._eager_from_now(self.mismatch, self.mismatch)

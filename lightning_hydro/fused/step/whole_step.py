@@ -33,7 +33,15 @@ import torch
 from torch import Tensor
 from torch.func import grad_and_value
 
-from lightning_hydro.backends.compile_check import RANDOM, eager_again, group_mismatch, rng_states, unique_tensors
+from lightning_hydro.backends.compile_check import (
+    CHECKED_CALLS,
+    RANDOM,
+    CheckSchedule,
+    eager_again,
+    group_mismatch,
+    rng_states,
+    unique_tensors,
+)
 from lightning_hydro.backends.compiled_step import (
     CompileSetting,
     StepCompiler,
@@ -65,7 +73,7 @@ log = logging.getLogger("lightning_hydro")
 # the hooks that see a step's loss or gradients between the backward and the update: a whole step has no "between"
 _BETWEEN_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
 _PRECISIONS = ("32-true", "64-true", "32", "64")
-# the first whole step's check allows this much of each group's change (the parameters, the buffers, each optimizer
+# the whole step's checks allow this much of each group's change (the parameters, the buffers, each optimizer
 # state; and 1e-6 of its size) as float rounding: looser than the update's own check (1e-3 per tensor), whose
 # gradients are the same on both sides, where here the compiled gradients round otherwise
 WHOLE_CHECK_RELATIVE = 1e-2
@@ -190,21 +198,21 @@ class WholeStep:
         self._may_trace = True  # the next call may trace one (else a call that needs one runs split first)
         self._relearning = False  # a split step is relearning them (for a step that needed a new graph)
         self._assumed: tuple[int, ...] = ()  # the parameters the graphs so far were traced for
-        # each update's first whole step is checked against the same step run eagerly (see _checked_call)
-        self._checked: weakref.WeakSet[FusedUpdate] = weakref.WeakSet()
+        # each update's first whole steps are checked against the same step run eagerly (see _checked_call)
+        self._schedule = CheckSchedule(weak=True)
         self.checks = 0  # whole steps checked against eager (for tests and the report)
         self.unchecked = ""  # why the latest check could not compare ("" if it did, or none ran)
-        self.worst = 0.0  # the latest check's error, in units of what float rounding allows (<= 1: the same step)
+        self.worst = 0.0  # the largest error of the checks so far, in units of what float rounding allows (<= 1: same)
 
     def __getstate__(self) -> dict[str, Any]:
         """Without the compiled function and the caches (``ddp_spawn`` pickles the module): rebuilt on use."""
         state = dict(self.__dict__)
-        state["_compiled"], state["_names"], state["_marked"], state["_checked"] = None, None, None, None
+        state["_compiled"], state["_names"], state["_marked"] = None, None, None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._names, self._marked, self._checked = weakref.WeakKeyDictionary(), weakref.WeakSet(), weakref.WeakSet()
+        self._names, self._marked = weakref.WeakKeyDictionary(), weakref.WeakSet()
 
     def configure(self, trainer: Any, trial_hooks: Iterable[str]) -> None:
         """Take the trainer's set-up (at the start of each training epoch: gradient accumulation may change)."""
@@ -297,7 +305,7 @@ class WholeStep:
 
         needs_graph: list[bool] = []
         stance: Literal["default", "fail_on_recompile"] = "default" if self._may_trace else "fail_on_recompile"
-        check = update not in self._checked
+        check = self._schedule.due(update)
 
         def step(caller: Any, recorder: Any, method: str, params: Any, buffers: Any, args: Any) -> tuple[Any, Any]:
             try:
@@ -338,7 +346,7 @@ class WholeStep:
         return out, report
 
     def _checked_call(self, compiled: Callable[..., Any], call: tuple[Any, ...], update: FusedUpdate) -> Any:
-        """An update's first whole step, compiled, then checked against the same step run eagerly.
+        """One of an update's first whole steps, compiled, then checked against the same step run eagerly.
 
         Every tensor the step writes (the stacked parameters and buffers, the update's state, counters and factors)
         is copied; the compiled step runs; its result is copied, the tensors and the random number generators are
@@ -348,15 +356,17 @@ class WholeStep:
         step's compiled pieces), said in one log line. A step that draws random numbers (dropout) cannot be
         compared (compiled code draws its own), which is said in the log too.
 
-        Its cost, once per update (a new group size or slot change makes a new one): one eager step, two copies of
-        what the step writes, and one host read. The first recorded CUDA graph's replays are not checked.
+        Each update's first :data:`~lightning_hydro.backends.compile_check.CHECKED_CALLS` whole steps are checked
+        (a new group size or slot change makes a new update): under ``"reduce-overhead"`` on a GPU they are the
+        CUDA graph's warm-up, its recording and its first replay. Each check costs one eager step, two copies of
+        what the step writes, and one host read. Later replays are not checked.
         """
         backend, group, device = call[0], call[0].group, update.device
         written = unique_tensors([*group.params.values(), *group.buffers.values(), *update.device_tensors(())])
         before = [t.clone() for t in written]
         generators = rng_states(device)
         compiled(*call)  # raises before running if it cannot compile: then nothing is checked yet
-        self._checked.add(update)
+        number = self._schedule.take(update)
         result = [t.clone() for t in written]
         grads: list[Tensor] = []
         eager_step: Callable[..., Any] = _whole_step  # the same Python, not compiled
@@ -365,7 +375,8 @@ class WholeStep:
         self.unchecked = ""
         if random:
             self.unchecked = RANDOM
-            log.info("lightning_hydro: compile=%r: the first whole step's check: %s.", self.setting, self.unchecked)
+            if number == 1:
+                log.info("lightning_hydro: compile=%r: the whole step's check: %s.", self.setting, self.unchecked)
             return eager
         position = {id(t): i for i, t in enumerate(written)}
         noise = _noise(update, grads)
@@ -379,11 +390,12 @@ class WholeStep:
             ).to(device)
             for kind in _kinds(written, group, update)
         ]
-        worst = self.worst = float(torch.stack(ratios).max()) if ratios else 0.0  # the check's one host read
+        worst = float(torch.stack(ratios).max()) if ratios else 0.0  # the check's one host read
+        self.worst = max(self.worst, worst)
         if worst > 1.0:
             self.failure = (
-                f"its first compiled step computed otherwise than the same step run eagerly on {device.type} (an "
-                f"error {worst:.3g}x what float rounding allows); the eager result was kept"
+                f"its compiled step (check {number} of {CHECKED_CALLS}) computed otherwise than the same step run "
+                f"eagerly on {device.type} (an error {worst:.3g}x what float rounding allows); the eager result kept"
             )
             log.warning(
                 "lightning_hydro: compile=%r runs every step eagerly from now on: %s.", self.setting, self.failure

@@ -11,6 +11,7 @@ from torch import nn
 
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.backends import make_backend
+from lightning_hydro.backends.compile_check import CHECKED_CALLS
 from lightning_hydro.demos import DigitsMLP
 from lightning_hydro.stacking.stacked_state import StackedState
 from tests.helpers import fit_digits, make_trainer, max_state_difference, seeded
@@ -64,29 +65,34 @@ def _accumulating_fit(compile: bool, steps: int = 8, **trials: Any) -> FusedLigh
     return fused
 
 
-def test_the_split_steps_first_compiled_call_is_checked_against_the_eager_one():
+def test_the_split_steps_first_compiled_calls_are_checked_against_the_eager_one():
     compiled = _accumulating_fit(True)
     step = compiled._training_step.policy.backend.compiled_step
     assert step is not None
-    # the first training call (the first batch's verification runs eagerly: eval mode, full precision)
-    assert step.checks == 1
+    # the first training calls (the first batch's verification runs eagerly: eval mode, full precision)
+    assert step.checks == CHECKED_CALLS == 3
     assert (step.unchecked, step.failure) == ("", "")
     assert step.worst <= 1e-2
     assert compiled._training_step.whole.reason.startswith("gradients are accumulated")
 
 
-def test_a_compiled_forward_that_computes_otherwise_is_found_at_its_first_call_and_runs_eagerly(monkeypatch, caplog):
+@pytest.mark.parametrize("wrong_from", [1, 3])
+def test_a_compiled_forward_that_computes_otherwise_is_found_at_a_checked_call_and_runs_eagerly(
+    wrong_from, monkeypatch, caplog
+):
     # a miscompiled forward and backward (here: a loss 1.5x too large, so gradients 1.5x too) in a fit that never
-    # runs whole: the split step's first compiled call is checked against the eager one, and the eager result kept
+    # runs whole: the split step's first compiled calls are checked against the eager one, and the eager result kept;
+    # wrong from the third call on, it is found at the third check
     from lightning_hydro.backends import compiled_step
 
     class Miscompiled:
         def __init__(self, function: Any, mode: Any, where: str) -> None:
-            self.function = function
+            self.function, self.calls = function, 0
 
         def __call__(self, *args: Any) -> Any:
+            self.calls += 1
             encoded, *rest = self.function(*args)
-            return (encoded * 1.5, *rest)
+            return (encoded * 1.5 if self.calls >= wrong_from else encoded, *rest)
 
     eager = _accumulating_fit(False)
     monkeypatch.setattr(compiled_step, "StepCompiler", Miscompiled)
@@ -94,21 +100,24 @@ def test_a_compiled_forward_that_computes_otherwise_is_found_at_its_first_call_a
         compiled = _accumulating_fit(True)
     step = compiled._training_step.policy.backend.compiled_step
     assert step is not None
-    assert step.checks == 1  # the first training call: found there, eager from then on
+    assert step.checks == wrong_from  # found at the first wrong call, eager from then on
     assert step.failure == step.mismatch
-    assert step.mismatch.startswith("its first compiled call computed otherwise than the eager one on cpu")
+    said = f"its compiled call (check {wrong_from} of 3) computed otherwise than the eager one on cpu"
+    assert step.mismatch.startswith(said)
     assert len([r for r in caplog.records if "falls back to eager" in r.getMessage()]) == 1
     for tid in (0, 1):
         assert max_state_difference(compiled.unfuse(tid), eager.unfuse(tid)) <= 1e-6
 
 
-def test_a_compiled_forward_that_draws_random_numbers_is_not_compared():
-    compiled = _accumulating_fit(True, dropout=0.3)
+def test_a_compiled_forward_that_draws_random_numbers_is_not_compared(caplog):
+    with caplog.at_level(logging.INFO, logger="lightning_hydro"):
+        compiled = _accumulating_fit(True, dropout=0.3)
     step = compiled._training_step.policy.backend.compiled_step
     assert step is not None
-    assert step.checks == 1
+    assert step.checks == 3
     assert step.unchecked.startswith("the step draws random numbers")
     assert step.failure == ""
+    assert len([r for r in caplog.records if "the step draws random numbers" in r.getMessage()]) == 1  # said once
 
 
 class PrintingMLP(DigitsMLP):
@@ -317,17 +326,21 @@ def test_reduce_overhead_records_no_cuda_graph_for_the_pieces_of_a_split_step(mo
     assert whole._compiled.mode == "reduce-overhead"
 
 
-def _miscompiling(monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch.compile of the fused update's device work gives a step that computes otherwise: it steps twice."""
+def _miscompiling(monkeypatch: pytest.MonkeyPatch, wrong_from: int = 1) -> None:
+    """torch.compile of the fused update's device work gives a step that computes otherwise: from its
+    ``wrong_from``-th call on, it steps twice."""
     real_compile = torch.compile
 
     def compile_(function: Any, **kwargs: Any) -> Any:
         if "_device_step" not in getattr(function, "__name__", ""):
             return real_compile(function, **kwargs)
+        calls = []
 
         def twice(update: Any, grads: Any, skip: Any, prepared: Any) -> None:
+            calls.append(1)
             function(update, grads, skip, prepared)
-            function(update, grads, skip, prepared)
+            if len(calls) >= wrong_from:
+                function(update, grads, skip, prepared)
 
         return twice
 
@@ -338,7 +351,7 @@ def _miscompiling(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_compiled_update_that_computes_otherwise_is_found_at_its_first_step_and_runs_eagerly(
     kind, monkeypatch, caplog
 ):
-    # as Adam's compiled update did on CUDA (H200, torch 2.11): the first compiled step of each update is checked
+    # as Adam's compiled update did on CUDA (H200, torch 2.11): the first compiled steps of each update are checked
     # against the eager step from the same state, and the eager result kept
 
     _miscompiling(monkeypatch)
@@ -346,6 +359,14 @@ def test_a_compiled_update_that_computes_otherwise_is_found_at_its_first_step_an
     assert "computed otherwise than the eager one on cpu" in line
     assert compiled.mismatch == compiled.failure
     assert compiled.calls == 1  # the first step ran compiled (and was checked), the others eagerly
+
+
+def test_a_compiled_update_that_goes_wrong_at_its_second_step_is_found_there(monkeypatch, caplog):
+    # a wrong read of the state compiled code wrote shows only from the second step on: checked there too
+    _miscompiling(monkeypatch, wrong_from=2)
+    compiled, line = _fallen_back(caplog, optimizer="adamw", state=True)
+    assert "computed otherwise than the eager one on cpu (check 2 of 3" in line
+    assert compiled.calls == 2
 
 
 def test_a_compiled_update_that_computes_otherwise_keeps_the_fit_off_the_whole_step(monkeypatch, caplog):
@@ -388,6 +409,6 @@ def test_a_check_that_cannot_run_leaves_the_eager_result_and_the_update_eager(mo
 
     monkeypatch.setattr(compiled_update, "mismatch", cannot)
     compiled, line = _fallen_back(caplog)
-    assert compiled.mismatch.startswith("its first compiled step could not be checked against the eager one")
+    assert compiled.mismatch.startswith("its compiled step could not be checked against the eager one")
     assert "a stand-in for a device that cannot compare" in line
     assert compiled.calls == 1
