@@ -18,7 +18,9 @@ Timing: after ``--warmup`` steps, ``--steps`` steps between two synchronisations
 CUDA), so GPU times include the work, not only its launch. Peak memory: ``torch.cuda.max_memory_allocated`` over
 the timed steps (CPU: the process's peak resident size, which includes the interpreter). Kernels and host
 syncs per step: ``torch.profiler`` over ``--profile-steps`` more steps (CUDA: kernel launches, and the
-synchronising CUDA runtime calls; CPU: the aten ops, and ``aten::_local_scalar_dense``, a value read).
+synchronising CUDA runtime calls; CPU: the aten ops, and ``aten::_local_scalar_dense``, a value read). Data:
+every Lightning row is fed the same fixed batches, each handed out whole (no per-sample collation in the training
+process, as with a loader's worker processes) and pinned on CUDA; the raw floors read them from the device.
 
 Models (the issue's; ``--small`` shrinks them to run on a CPU in minutes):
 
@@ -59,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, stack_module_state, vmap
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
 from lightning_hydro import FusedLightningModule
 
@@ -215,17 +217,34 @@ def make_batches(model: str, size: Size, count: int = 8) -> list[tuple[Tensor, T
     return batches
 
 
-class RandomBatches(L.LightningDataModule):
-    """The fixed batches, cycled for as many steps as asked (a Lightning run's data)."""
+class _WholeBatches(Dataset):
+    """The fixed batches cycled as a dataset of whole batches: ``steps`` items, each one batch."""
 
     def __init__(self, batches: list[tuple[Tensor, Tensor]], steps: int) -> None:
+        self.batches, self.steps = batches, steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        return self.batches[index % len(self.batches)]
+
+
+class RandomBatches(L.LightningDataModule):
+    """The fixed batches, cycled for as many steps as asked (a Lightning run's data).
+
+    The loader hands out each batch whole (``batch_size=None``: no per-sample indexing and collation in the
+    training process, as with a loader's worker processes), pinned on CUDA (``pin``) so that Lightning's copy to
+    the device does not wait for the device's queued work: the rows then time the step, as the raw floors do,
+    and not the batch's assembly (every Lightning row, fused or not, is fed the same way).
+    """
+
+    def __init__(self, batches: list[tuple[Tensor, Tensor]], steps: int, pin: bool = False) -> None:
         super().__init__()
-        xs = torch.cat([x for x, _ in batches] * (steps // len(batches) + 1))
-        ys = torch.cat([y for _, y in batches] * (steps // len(batches) + 1))
-        self.data, self.batch_size = TensorDataset(xs, ys), batches[0][0].shape[0]
+        self.data, self.pin = _WholeBatches(batches, steps), pin
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.data, batch_size=self.batch_size, shuffle=False)
+        return DataLoader(self.data, batch_size=None, shuffle=False, pin_memory=self.pin)
 
 
 # -- measuring -------------------------------------------------------------------------------------------------
@@ -364,7 +383,8 @@ def lightning_run(args: argparse.Namespace, module: L.LightningModule, precision
     window = Window(args.warmup, args.steps, args.profile_steps, barrier)
     trainer = _trainer(args, total, [window], precision)
     size = SIZES[(args.model, args.small)]
-    trainer.fit(module, datamodule=RandomBatches(make_batches(args.model, size), total))
+    pin = args.device in ("cuda", "gpu")
+    trainer.fit(module, datamodule=RandomBatches(make_batches(args.model, size), total, pin=pin))
     return window
 
 
