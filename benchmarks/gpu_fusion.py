@@ -8,7 +8,11 @@ For each model and group size B, the time of one *round* (every trial takes one 
   all of them hold together (on a GPU the device's used memory, CUDA contexts included; on a CPU the sum of the
   processes' peak resident sizes);
 - ``fused-vmap``, ``fused-hfta`` (and ``-compile``: ``compile=True``; ``-graphs``: ``compile="reduce-overhead"``):
-  one FusedLightningModule of the B trials in one Lightning run;
+  one FusedLightningModule of the B trials in one Lightning run; ``fused-auto``: the default ``backend="auto"``,
+  which runs a group of one on its own module (the ``loop`` backend) and times the others on the first batch;
+- ``lightning-floor``: the raw eager step below (the same vmapped loss and foreach update) as a minimal
+  LightningModule under Lightning's automatic optimization, fed as the other Lightning rows: what Lightning's own
+  loop adds to the raw step, so that ``fused-vmap`` over it is the fused step's own overhead;
 - hand-written floors, without Lightning: ``raw-eager`` (stack_module_state + functional_call + vmap, backward,
   a foreach optimizer update with per-trial learning rates), ``raw-compile`` (its loss under ``torch.compile``,
   the update compiled apart) and, on CUDA, ``raw-graphs`` (the whole step, update included, captured in one
@@ -71,8 +75,10 @@ ROWS = (
     "concurrent",
     "fused-vmap",
     "fused-hfta",
+    "fused-auto",
     "fused-vmap-compile",
     "fused-vmap-graphs",
+    "lightning-floor",
     "raw-eager",
     "raw-compile",
     "raw-graphs",
@@ -398,7 +404,7 @@ def measure_sequential(args: argparse.Namespace, count: int, precision: str) -> 
 def measure_fused(args: argparse.Namespace, count: int, precision: str, row: str) -> Measurement:
     """One FusedLightningModule of the B trials (backend and compile setting from the row's name)."""
     size = SIZES[(args.model, args.small)]
-    backend = "hfta" if row.startswith("fused-hfta") else "vmap"
+    backend = "hfta" if row.startswith("fused-hfta") else "auto" if row == "fused-auto" else "vmap"
     compile_setting: bool | str = "reduce-overhead" if row.endswith("-graphs") else row.endswith("-compile")
     trials = [make_trial(args.model, size, i) for i in range(count)]
     fused = FusedLightningModule(
@@ -507,6 +513,56 @@ class RawGroup:
         torch._foreach_add_(params, steps)
 
 
+class _RawUpdate(torch.optim.Optimizer):
+    """The raw group's foreach update as a torch optimizer (what Lightning's automatic optimization steps)."""
+
+    def __init__(self, group: RawGroup) -> None:
+        super().__init__(list(group.params.values()), {})
+        self.group = group
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
+        if closure is not None:
+            with torch.enable_grad():
+                closure()
+        grads = [p.grad for p in self.group.params.values()]
+        if all(g is not None for g in grads):
+            self.group.update(grads)  # type: ignore[arg-type]
+
+
+class LightningFloor(L.LightningModule):
+    """The raw eager step (:class:`RawGroup`) under Lightning's automatic optimization: Lightning's own cost.
+
+    The stacked parameters are made on the module's device when Lightning asks for the optimizer (after it moved
+    the module there), as nn.Parameters of the module.
+    """
+
+    def __init__(self, model: str, size: Size, count: int) -> None:
+        super().__init__()
+        self.spec = (model, size, count)
+        self.stacked = nn.ParameterList()
+        self.raw: RawGroup | None = None
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        group = RawGroup(*self.spec, self.device)
+        group.params = {name: nn.Parameter(p.detach()) for name, p in group.params.items()}
+        self.stacked.extend(group.params.values())
+        self.raw = group
+        return _RawUpdate(group)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        assert self.raw is not None
+        x, y = batch
+        return self.raw.loss(self.raw.params, x, y)
+
+
+def measure_lightning_floor(args: argparse.Namespace, count: int, precision: str) -> Measurement:
+    """The raw eager step of the B trials in one Lightning run (automatic optimization)."""
+    size = SIZES[(args.model, args.small)]
+    window = lightning_run(args, LightningFloor(args.model, size, count), precision)
+    return Measurement(window.ms, window.peak, window.kernels, window.syncs)
+
+
 def _batches_on(args: argparse.Namespace, device: torch.device) -> Iterator[tuple[Tensor, Tensor]]:
     size = SIZES[(args.model, args.small)]
     batches = [(x.to(device), y.to(device)) for x, y in make_batches(args.model, size)]
@@ -586,6 +642,8 @@ def measure(args: argparse.Namespace, row: str, count: int, precision: str) -> M
         return measure_concurrent(args, count, precision)
     if row.startswith("fused-"):
         return measure_fused(args, count, precision, row)
+    if row == "lightning-floor":
+        return measure_lightning_floor(args, count, precision)
     return measure_raw(args, count, precision, row)
 
 
