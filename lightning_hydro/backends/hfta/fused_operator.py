@@ -5,18 +5,25 @@ buffers, hooks and names untouched). Its forward calls a :class:`TrialFunction` 
 is the fused rule: under ``torch.func.vmap`` torch hands the rule the physical tensors (trial dim
 included) and their batch dims, and ordinary autograd records whatever the rule computes, so the outer
 ``loss.sum().backward()`` needs no hand-written backward.
+
+Under ``torch.compile`` dynamo traces an autograd Function's ``forward``, not its ``vmap`` rule, so a fused
+operator there runs the torch module's own forward, which vmap's batching rules map over the trials (what the vmap
+backend runs, and inductor then fuses): where every trial's per-trial settings equal the module's own
+(:attr:`FusedModule.settings_agree`). Where they differ (trials with different dropout rates, say) it raises as
+outside vmap, and the compiled step falls back to eager.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from lightning_hydro.backends.hfta.errors import FusedCallError
-from lightning_hydro.backends.hfta.per_trial import PerTrial
+from lightning_hydro.backends.hfta.per_trial import PerTrial, values_equal
 
 InDims = tuple[int | None, ...]
 FusedModuleT = TypeVar("FusedModuleT", bound="FusedModule")
@@ -86,6 +93,17 @@ class FusedModule(nn.Module):
     num_trials: int
     module_path: str
     trial_anchor: TrialAnchor | None
+    #: every trial's per-trial settings equal the module's own: the torch module's forward serves each trial
+    settings_agree: bool = False
+    #: False: the class's ``forward`` runs under ``torch.compile`` as it is (it calls the torch forward itself)
+    torch_forward_when_compiling: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Each fused ``forward`` runs the torch module's own under ``torch.compile`` (see the module's docstring)."""
+        super().__init_subclass__(**kwargs)
+        forward = cls.__dict__.get("forward")
+        if forward is not None and cls.__dict__.get("torch_forward_when_compiling", True):
+            cls.forward = _torch_forward_when_compiling(forward)
 
     @classmethod
     def fuse(
@@ -123,11 +141,19 @@ class FusedModule(nn.Module):
         """Gathers :attr:`per_trial_attributes` from ``trials`` (slot order)."""
         self.trial_settings = {name: PerTrial.gather(trials, name) for name in self.per_trial_attributes}
         self.num_trials = len(trials)
+        self._settings_changed()
 
     def select_trials(self, slots: Sequence[int]) -> None:
         """Keeps the settings of the trials in ``slots`` only, in that order (after trials are removed)."""
         self.trial_settings = {name: values.select(slots) for name, values in self.trial_settings.items()}
         self.num_trials = len(slots)
+        self._settings_changed()
+
+    def _settings_changed(self) -> None:
+        self.settings_agree = all(
+            values.is_uniform and values_equal(values.first, getattr(self, name))
+            for name, values in self.trial_settings.items()
+        )
 
     def setting(self, name: str) -> PerTrial[Any]:
         """The per-trial values of attribute ``name``."""
@@ -276,3 +302,15 @@ def drop_per_trial(
     keep = random_uniform(randomness, mask_shape, like) < keep_probability
     scale = torch.where(keep_probability > 0, 1.0 / keep_probability, torch.zeros_like(keep_probability))
     return samples * (keep * scale)
+
+
+def _torch_forward_when_compiling(fused_forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``fused_forward``, but under ``torch.compile`` the torch module's own where the trials' settings agree."""
+
+    @functools.wraps(fused_forward)
+    def forward(self: FusedModule, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling() and self.settings_agree:
+            return type(self).fused_from.forward(self, *args, **kwargs)
+        return fused_forward(self, *args, **kwargs)
+
+    return forward

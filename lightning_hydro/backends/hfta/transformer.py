@@ -18,6 +18,8 @@ from lightning_hydro.backends.hfta.fused_operator import FusedModule
 
 
 class _PythonPathOnly(FusedModule):
+    torch_forward_when_compiling = False  # its forward is the torch one already (its submodules are fused)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The torch module's own forward, with ``torch.backends.mha`` fast path disabled meanwhile."""
         enabled = torch.backends.mha.get_fastpath_enabled()

@@ -153,15 +153,47 @@ def test_the_whole_step_equals_eager_for_each_fused_update_and_clipping(optimize
     _assert_same_training(compiled, eager, 1e-5)
 
 
-@pytest.mark.slow
-def test_hfta_whose_fused_operators_dynamo_cannot_trace_runs_split_and_eager_with_the_reason():
-    # dynamo traces an autograd.Function's forward, not its vmap rule: hfta's fused operators refuse to run so
+def test_hfta_compiles_as_the_torch_modules_under_vmap_and_trains_as_its_eager_fit():
+    # dynamo traces an autograd.Function's forward, not its vmap rule: under torch.compile each fused operator runs
+    # the torch module's own forward (vmap's batching rules), which the compile checks hold to the eager hfta step
     eager = _fit(_trials("adam"), False, backend="hfta")
     compiled = _fit(_trials("adam"), True, backend="hfta")
     whole = compiled._training_step.whole
-    assert whole.whole_steps == 0
-    assert whole.reason.startswith("torch.compile failed")
-    _assert_same_training(compiled, eager, 1e-6)
+    assert (whole.whole_steps, whole.reason, whole.failure) == (11, "", "")
+    assert (whole.checks, whole.worst <= 1e-2) == (3, True)
+    assert compiled._training_step.policy.backend.name == "hfta"
+    _assert_same_training(compiled, eager, 1e-5)
+
+
+def test_hfta_trials_with_their_own_dropout_rates_are_not_compiled_as_one_torch_module(caplog):
+    # the torch module's forward would drop every trial's units at the template's rate: hfta's rule honours each
+    # trial's, so these trials keep it, eagerly (and no compile check compares steps that draw random numbers)
+    trials = [
+        seeded(lambda p=p: DigitsMLP(hidden_dim=16, lr=0.05, optimizer="adam", dropout=p), [i])[0]
+        for i, p in enumerate((0.1, 0.3, 0.5))
+    ]
+    with caplog.at_level(logging.WARNING, logger="lightning_hydro"):
+        compiled = _fit(trials, True, steps=4, backend="hfta")
+    backend = compiled._training_step.policy.backend
+    assert backend.name == "hfta"
+    assert backend.compile_failure.startswith("torch.compile failed")
+    assert compiled._training_step.whole.whole_steps == 0
+    assert any("falls back to eager" in r.getMessage() for r in caplog.records)
+    fused = [m for m in backend.template().modules() if type(m).__name__ == "FusedDropout"]
+    assert fused
+    assert not any(m.settings_agree for m in fused)
+
+
+@pytest.mark.slow
+def test_a_batchnorm_network_on_hfta_compiles_and_trains_as_its_eager_fit():
+    def trials() -> list[L.LightningModule]:
+        return [seeded(lambda lr=lr: _BatchNormNet(lr), [i])[0] for i, lr in enumerate((1e-3, 3e-3, 1e-2))]
+
+    eager, compiled = _fit(trials(), False, backend="hfta"), _fit(trials(), True, backend="hfta")
+    whole = compiled._training_step.whole
+    assert (whole.whole_steps, whole.failure) == (11, ""), whole.reason
+    for tid in eager.results:
+        assert learned_state_difference(compiled.unfuse(tid), eager.unfuse(tid)) <= 1e-5
 
 
 def test_every_group_compiles_into_a_cache_of_its_own():
