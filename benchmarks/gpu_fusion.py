@@ -78,6 +78,7 @@ ROWS = (
     "fused-auto",
     "fused-vmap-compile",
     "fused-vmap-graphs",
+    "fused-hfta-compile",
     "lightning-floor",
     "raw-eager",
     "raw-compile",
