@@ -18,6 +18,7 @@ Run::
 
     python benchmarks/whole_step_check.py                    # on CUDA if present, else the CPU
     python benchmarks/whole_step_check.py --models cnn-adam --no-left-out
+    python benchmarks/whole_step_check.py --backend hfta                     # hfta's operators, compiled as torch's
 """
 
 from __future__ import annotations
@@ -98,11 +99,11 @@ MODELS: dict[str, tuple[Callable[[int], L.LightningModule], Callable[[L.Trainer,
 }
 
 
-def check(name: str, clip: float | None, accelerator: str, precision: str) -> str:
+def check(name: str, clip: float | None, accelerator: str, precision: str, backend: str = "vmap") -> str:
     """One fused fit of ``name``'s 3 trials; its check's table row."""
     make, fit = MODELS[name]
     trials = [seeded(lambda i=i: make(i), [i])[0] for i in range(3)]
-    fused = FusedLightningModule([copy.deepcopy(t) for t in trials], backend="vmap", compile=True, summary=False)
+    fused = FusedLightningModule([copy.deepcopy(t) for t in trials], backend=backend, compile=True, summary=False)
     trainer = make_trainer(
         max_steps=6, accelerator=accelerator, gradient_clip_val=clip, precision=precision, limit_val_batches=0
     )
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--accelerator", default="gpu" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--precision", nargs="+", default=["32-true"], help="e.g. 32-true bf16-mixed")
     parser.add_argument("--no-left-out", action="store_true", help="compare noise-gradient elements too")
+    parser.add_argument("--backend", choices=("vmap", "hfta"), default="vmap")
     args = parser.parse_args(argv)
     if args.no_left_out:
         whole_step._noise = lambda update, grads: {}  # type: ignore[assignment]
@@ -139,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.cuda.get_device_name(0) if args.accelerator == "gpu" else "CPU"
     print(
         f"Device: {device}, torch {torch.__version__}, Lightning {L.__version__}, {datetime.date.today()}; "
-        f"bound: {whole_step.WHOLE_CHECK_RELATIVE} of each group's change"
+        f"backend {args.backend}; bound: {whole_step.WHOLE_CHECK_RELATIVE} of each group's change"
         f"{'; noise-gradient elements compared too' if args.no_left_out else ''}.\n"
     )
     print(
@@ -150,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     for precision in args.precision:
         for name in args.models:
             for clip in args.clip:
-                print(check(name, clip or None, args.accelerator, precision), flush=True)
+                print(check(name, clip or None, args.accelerator, precision, args.backend), flush=True)
     print(f"\nCommand: `python benchmarks/whole_step_check.py {' '.join(argv or sys.argv[1:])}`")
 
 

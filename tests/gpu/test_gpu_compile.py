@@ -58,7 +58,9 @@ def test_the_compiled_step_on_cuda_gives_the_eager_gradients(model):
         assert (compiled[name] - g).norm() / g.norm() <= 1e-5, name
 
 
-def _fit_on_cuda(setting: bool | str, optimizer: str, steps: int = 20, clip: float | None = 1.0) -> Any:
+def _fit_on_cuda(
+    setting: bool | str, optimizer: str, steps: int = 20, clip: float | None = 1.0, backend: str = "vmap"
+) -> Any:
     from lightning_hydro import FusedLightningModule
     from tests.helpers import fit_digits, make_trainer
 
@@ -66,7 +68,7 @@ def _fit_on_cuda(setting: bool | str, optimizer: str, steps: int = 20, clip: flo
         seeded(lambda lr=lr: DigitsMLP(hidden_dim=64, lr=lr, optimizer=optimizer), [i])[0]
         for i, lr in enumerate([1e-3, 3e-3, 1e-2, 3e-2])
     ]
-    fused = FusedLightningModule(trials, backend="vmap", compile=setting, summary=False)  # type: ignore[arg-type]
+    fused = FusedLightningModule(trials, backend=backend, compile=setting, summary=False)  # type: ignore[arg-type]
     trainer = make_trainer(accelerator="gpu", max_steps=steps, limit_val_batches=0, gradient_clip_val=clip)
     fit_digits(trainer, fused)
     return fused
@@ -95,6 +97,19 @@ def test_a_whole_step_on_cuda_trains_each_trial_as_the_eager_fit(compile):
     assert (whole.checks, whole.unchecked, whole.failure) == (3, "", "")  # warm-up, recording, first replay
     if compile == "reduce-overhead":
         assert counters["inductor"]["cudagraph_skips"] == 0  # every compiled graph ran as a CUDA graph
+    for tid in range(4):
+        assert max_state_difference(compiled.unfuse(tid).cpu(), eager.unfuse(tid).cpu()) <= 1e-5
+
+
+def test_hfta_compiled_on_cuda_runs_whole_and_trains_as_its_eager_fit():
+    """hfta's fused operators run the torch modules' own forward under torch.compile (not run on a GPU yet)."""
+    from tests.helpers import max_state_difference
+
+    eager = _fit_on_cuda(False, "sgd", backend="hfta")
+    compiled = _fit_on_cuda(True, "sgd", backend="hfta")
+    whole = compiled._training_step.whole
+    print(f"hfta compiled: {whole.whole_steps} whole steps, checks {whole.checks}, largest error {whole.worst:.3g}")
+    assert (whole.whole_steps, whole.reason, whole.failure) == (19, "", "")
     for tid in range(4):
         assert max_state_difference(compiled.unfuse(tid).cpu(), eager.unfuse(tid).cpu()) <= 1e-5
 
