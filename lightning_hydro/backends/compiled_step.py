@@ -27,14 +27,7 @@ from typing import Any, Literal
 
 import torch
 
-from lightning_hydro.backends.compile_check import (
-    CHECKED_CALLS,
-    RANDOM,
-    CheckSchedule,
-    eager_again,
-    group_mismatch,
-    rng_states,
-)
+from lightning_hydro.backends import compile_check
 
 __all__ = [
     "COMPILE_SETTINGS",
@@ -271,7 +264,7 @@ class CompiledStep:
         self.unchecked = ""  # why the latest check could not compare ("" if it did, or none ran)
         self.worst = 0.0  # the largest error of the checks so far, in units of what float rounding allows (<= 1)
         # by (group size, training, autocast): a graph's first calls are checked
-        self._schedule = CheckSchedule()
+        self._schedule = compile_check.CheckSchedule()
         # no CUDA graphs, also under "reduce-overhead": the split step's gradients are its backward graph's outputs,
         # which the update (another graph) would read after cudagraph trees had taken their memory back
         self._compiled = StepCompiler(function, None, where)
@@ -297,7 +290,7 @@ class CompiledStep:
         check = self._schedule.due(key) and not _several_processes()
         kept = list(buffers.values()) if check else []
         before = [b.clone() for b in kept]
-        generators = rng_states(device) if check else []
+        generators = compile_check.rng_states(device) if check else []
         try:
             result = self._compiled(*args)
         except Exception as err:
@@ -332,11 +325,11 @@ class CompiledStep:
         trainable = [p for p in args[3].values() if p.requires_grad]
         compiled_buffers = [b.clone() for b in kept]
         compiled_losses, compiled_grads = _losses_and_gradients(compiled, trainable, retain=False)
-        eager, random = eager_again(kept, before, device, generators, lambda: self.function(*args))
+        eager, random = compile_check.eager_again(kept, before, device, generators, lambda: self.function(*args))
         self.checks += 1
         self.unchecked = ""
         if random:
-            self.unchecked = RANDOM
+            self.unchecked = compile_check.RANDOM
             if number == 1:
                 log.info("lightning_hydro: compile=True: the check of %s: %s.", self.where, self.unchecked)
             return eager
@@ -347,13 +340,14 @@ class CompiledStep:
             compared.append(([torch.zeros_like(eager_losses)], [compiled_losses], [eager_losses]))
         if compiled_grads is not None and eager_grads is not None:
             compared.append(([torch.zeros_like(g) for g in eager_grads], compiled_grads, eager_grads))
-        ratios = [group_mismatch(b, c, e, relative=relative).to(device) for b, c, e in compared if e]
+        ratios = [compile_check.group_mismatch(b, c, e, relative=relative).to(device) for b, c, e in compared if e]
         worst = float(torch.stack(ratios).max()) if ratios else 0.0  # the check's one host read
         self.worst = max(self.worst, worst)
         if worst > 1.0:
             self.mismatch = (
-                f"its compiled call (check {number} of {CHECKED_CALLS}) computed otherwise than the eager one on "
-                f"{device.type} (an error {worst:.3g}x what float rounding allows); the eager result was kept"
+                f"its compiled call (check {number} of {compile_check.CHECKED_CALLS}) computed otherwise than the "
+                f"eager one on {device.type} (an error {worst:.3g}x what float rounding allows); the eager result was "
+                "kept"
             )
             self.fall_back(self.mismatch)
         return eager
