@@ -30,6 +30,7 @@ __all__ = [
     "drew_random",
     "eager_again",
     "group_mismatch",
+    "largest",
     "mismatch",
     "put_back",
     "rng_states",
@@ -90,6 +91,14 @@ def group_mismatch(
     error = error2.sqrt()
     ratio = torch.where(error == 0, 0.0, error / (relative * change2.sqrt() + 1e-6 * size2.sqrt()))
     return torch.maximum(ratio.nan_to_num(nan=float("inf"), posinf=float("inf")), exact)
+
+
+def largest(ratios: Sequence[Tensor], device: torch.device) -> float:
+    """The largest of a check's ratios (:func:`group_mismatch`), gathered on ``device``: the check's one host read.
+
+    0.0 when nothing was compared.
+    """
+    return float(torch.stack([r.to(device) for r in ratios]).max()) if ratios else 0.0
 
 
 def rng_states(device: torch.device) -> list[Tensor]:

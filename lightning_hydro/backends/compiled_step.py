@@ -340,8 +340,8 @@ class CompiledStep:
             compared.append(([torch.zeros_like(eager_losses)], [compiled_losses], [eager_losses]))
         if compiled_grads is not None and eager_grads is not None:
             compared.append(([torch.zeros_like(g) for g in eager_grads], compiled_grads, eager_grads))
-        ratios = [compile_check.group_mismatch(b, c, e, relative=relative).to(device) for b, c, e in compared if e]
-        worst = float(torch.stack(ratios).max()) if ratios else 0.0  # the check's one host read
+        ratios = [compile_check.group_mismatch(b, c, e, relative=relative) for b, c, e in compared if e]
+        worst = compile_check.largest(ratios, device)
         self.worst = max(self.worst, worst)
         if worst > 1.0:
             self.mismatch = (

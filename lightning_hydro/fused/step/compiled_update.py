@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lightning_hydro.backends.compile_check import CHECKED_CALLS, CheckSchedule, mismatch, put_back
+from lightning_hydro.backends.compile_check import CHECKED_CALLS, CheckSchedule, largest, mismatch, put_back
 from lightning_hydro.backends.compiled_step import NOT_COMPILED, CompileSetting, compile_error, own_code
 
 if TYPE_CHECKING:
@@ -103,8 +103,7 @@ class CompiledUpdate:
         put_back(written, before)
         update.device_step(grads, skip, prepared)
         try:
-            ratios = [mismatch(b, c, e).to(update.device) for b, c, e in zip(before, compiled, written)]
-            worst = float(torch.stack(ratios).max()) if ratios else 0.0  # the check's one host read
+            worst = largest([mismatch(b, c, e) for b, c, e in zip(before, compiled, written)], update.device)
         except (RuntimeError, TypeError) as err:  # the eager step has run: its result stands either way
             self.mismatch = f"its compiled step could not be checked against the eager one ({compile_error(err)})"
         else:

@@ -39,6 +39,7 @@ from lightning_hydro.backends.compile_check import (
     CheckSchedule,
     eager_again,
     group_mismatch,
+    largest,
     rng_states,
     unique_tensors,
 )
@@ -387,10 +388,10 @@ class WholeStep:
                 kind,
                 relative=WHOLE_CHECK_RELATIVE,
                 ignore=[noise.get(id(t)) for t in kind],
-            ).to(device)
+            )
             for kind in _kinds(written, group, update)
         ]
-        worst = float(torch.stack(ratios).max()) if ratios else 0.0  # the check's one host read
+        worst = largest(ratios, device)
         self.worst = max(self.worst, worst)
         if worst > 1.0:
             self.failure = (
