@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -45,6 +45,8 @@ class AutoChoice:
     order: list[str] = field(default_factory=list)  # the candidates in order of preference
     trials: int = 0  # the group's size
     side_by_side: int | None = None  # separate runs the device runs at once at full speed, where known (CPU cores)
+    eligible: list[str] | None = None  # the candidates it may choose when one of them runs (None: every one)
+    why_eligible: str = ""  # why only those (e.g. compile applies to the fused backends)
 
     def describe(self) -> str:
         """One line saying what was chosen and the measured step times."""
@@ -90,17 +92,28 @@ class AutoChoice:
 
     def _margin_rule(self) -> str:
         """Why the chosen backend won: the first in order of preference within ``margin`` of the fastest."""
-        order = ", ".join(name for name in self.order if name in self.seconds)
+        pool = self._pool()
+        order = ", ".join(name for name in self.order if name in pool)
+        of_them = "" if len(pool) == len(self.seconds) else " of them"
         rule = (
-            f"auto keeps the first of {order} whose time is within {self.margin:.0%} of the fastest, so that "
-            "timing noise does not flip the choice"
+            f"auto keeps the first of {order} whose time is within {self.margin:.0%} of the fastest{of_them}, so "
+            "that timing noise does not flip the choice"
         )
-        fastest = min(self.seconds, key=self.seconds.__getitem__)
+        if of_them:
+            rule = f"{self.why_eligible}: {rule}"
+        fastest = min(pool, key=pool.__getitem__)
         chosen = self.backend.name
-        if fastest != chosen and chosen in self.seconds:
-            slower = self.seconds[chosen] / self.seconds[fastest] - 1.0
+        if fastest != chosen and chosen in pool:
+            slower = pool[chosen] / pool[fastest] - 1.0
             rule += f": {chosen} took {slower:.1%} longer than {fastest}"
         return rule
+
+    def _pool(self) -> dict[str, float]:
+        """The timed candidates the choice was made among: the eligible ones that ran, else every one that ran."""
+        if self.eligible is None:
+            return self.seconds
+        pool = {name: s for name, s in self.seconds.items() if name in self.eligible}
+        return pool or self.seconds
 
 
 def _cores(device: torch.device) -> int | None:
@@ -134,6 +147,8 @@ def choose_backend(
     repeats: int = 3,
     timed: bool = True,
     margin: float = 0.1,
+    eligible: Collection[str] | None = None,
+    why_eligible: str = "",
 ) -> AutoChoice:
     """Time ``run_step(backend)`` for each candidate and return the fastest.
 
@@ -148,6 +163,9 @@ def choose_backend(
         timed: pick the fastest (True) or the first that runs (False).
         margin: a later candidate must be this much faster than an earlier one to be chosen (0.1: 10%), so
             that timing noise on a loaded machine does not flip the choice between near-equal backends.
+        eligible: the candidates to choose among when one of them runs; the others are timed too (the report
+            weighs fusion against them) and chosen only when none of these can run. None: every candidate.
+        why_eligible: why only those, said in the report (e.g. ``"compile=True applies to hfta and vmap"``).
 
     Raises:
         FusionError: if no candidate can run the model (the last reason is re-raised).
@@ -157,7 +175,7 @@ def choose_backend(
     if len(factories) == 1:  # nothing to compare: no timing runs (they could update user state, e.g. metrics)
         ((name, factory),) = factories.items()
         return AutoChoice(factory(), skipped={}, seconds={})
-    key = _cache_key(group)
+    key = (*_cache_key(group), None if eligible is None else tuple(sorted(eligible)))
     if timed and key in _CACHE and _CACHE[key] in factories:
         return AutoChoice(factories[_CACHE[key]](), cached=True)
     device = group.device
@@ -170,6 +188,8 @@ def choose_backend(
         order=list(factories),
         trials=group.size,
         side_by_side=_cores(device),
+        eligible=None if eligible is None else [name for name in factories if name in eligible],
+        why_eligible=why_eligible,
     )
     last_error: FusionError | None = None
     built: dict[str, Backend] = {}
@@ -187,7 +207,7 @@ def choose_backend(
                         times.append(time.perf_counter() - start)
                 choice.seconds[name] = statistics.median(times) if times else 0.0
                 built[name] = backend
-                if not timed:
+                if not timed and (eligible is None or name in eligible):
                     break
             except FusionError as err:
                 choice.skipped[name] = str(err)
@@ -210,8 +230,9 @@ def choose_backend(
     # the error's traceback holds this frame (and its callers'), which holds the error: a cycle that would
     # keep the tensors of the step being run (its autograd graph included) alive until the collector runs
     del last_error
-    best = min(choice.seconds.values())
-    fastest = next(n for n in choice.seconds if choice.seconds[n] <= best * (1.0 + margin))  # in preference order
+    pool = choice._pool()
+    best = min(pool.values())
+    fastest = next(n for n in pool if pool[n] <= best * (1.0 + margin))  # in preference order
     choice.backend = built[fastest]
     if timed:
         _CACHE[key] = fastest

@@ -120,8 +120,8 @@ class FusedLightningModule(EvaluationHooks):
             compiled function (:mod:`.step.whole_step`); ``"reduce-overhead"`` records it as a CUDA graph on a GPU.
             What cannot be compiled runs eagerly, said in one log line. So does a compiled piece whose check
             (each one's first three calls also run eagerly) finds it computing otherwise, and Adam's update off
-            the CPU (``FusedAdamUpdate.COMPILED_ON``). ``backend="auto"`` times the candidates eagerly, then
-            compiles its choice.
+            the CPU (``FusedAdamUpdate.COMPILED_ON``). ``backend="auto"`` times the candidates eagerly and compiles
+            the faster of hfta and vmap; it takes the (eager) loop only where neither runs the model.
 
     Trials that use manual optimization (``automatic_optimization = False``: several optimizers, a GAN) run their
     own ``training_step`` one after another on the loop backend, each stepping its own optimizers (see

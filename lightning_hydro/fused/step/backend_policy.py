@@ -53,7 +53,8 @@ class BackendPolicy:
         verify: check each trial's first fused batch against its own module.
         deterministic: under ``"auto"``, choose without timing.
         compile: run the vmap/hfta training step under torch.compile (see
-            :mod:`lightning_hydro.backends.compiled_step`); ``"auto"`` times the candidates eagerly.
+            :mod:`lightning_hydro.backends.compiled_step`); ``"auto"`` times the candidates eagerly and keeps a
+            fused one (the loop only where neither hfta nor vmap runs the model).
     """
 
     def __init__(
@@ -138,8 +139,16 @@ class BackendPolicy:
             rank_zero_info(self.report)
             return self.backend
         candidates = [(name, partial(make_backend, name, group)) for name in ("hfta", "vmap", "loop")]
+        # compile applies to the fused backends: auto keeps one of them (timed eagerly: compiled, each runs faster)
+        # and the eager loop only when neither runs the model; the loop's time still weighs fusion in the report
+        fused_only = {
+            "eligible": ("hfta", "vmap"),
+            "why_eligible": f"compile={self.compile!r} applies to hfta and vmap, timed here eagerly",
+        }
         with preserved_metric_states(group.modules):  # timing steps must not count in torchmetrics
-            choice = choose(group, candidates, run_step, timed=not self.deterministic)
+            choice = choose(
+                group, candidates, run_step, timed=not self.deterministic, **(fused_only if self.compile else {})
+            )
         self.backend = choice.backend if not self.compile else self._make(choice.backend.name)
         self.slots.book.set_backend(self.slots.trial_ids, choice.backend.name)
         self.report = f"FusedLightningModule: {choice.describe()}{deferred_note(choice.backend)}."
