@@ -465,9 +465,10 @@ def main(argv: list[str] | None = None) -> str:
                 )
             ms = {c: 1000 * statistics.median(v) for c, v in cells.items()}
             fused = ms.get("fused[vmap]", ms[columns[0]])
+            vs_loop = f"{ms['fused[loop]'] / fused:.2f}x" if "fused[loop]" in ms else "(loop not run)"
             row = (
                 f"| {width} | {count} | {' | '.join(f'{ms[c]:.2f}' for c in columns)} | "
-                f"{ms.get('fused[loop]', float('nan')) / fused:.2f}x | {ms['separate'] / fused:.2f}x | "
+                f"{vs_loop} | {ms['separate'] / fused:.2f}x | "
                 f"{100 * (fused / ms['raw vmap'] - 1):+.0f}% | {100 * (fused / ms['lightning vmap'] - 1):+.0f}% | "
                 f"{100 * (fused / ms['lightning vmap (automatic)'] - 1):+.0f}% |"
             )
