@@ -253,6 +253,15 @@ class FusedLightningModule(EvaluationHooks):
         return self._policy.report
 
     @property
+    def compile_report(self) -> str:
+        """What ``compile=`` did so far, in one line: the training steps run whole, their checks, what ran eagerly.
+
+        E.g. ``compile=True: 11 training steps ran whole (forward, backward and update as one compiled function); 3
+        checked against the same step run eagerly, the largest difference 0.0012 of what float rounding allows``.
+        """
+        return self._training_step.compile_report(self._optimizers.compiled_update_failure)
+
+    @property
     def max_slots(self) -> int:
         """How many trials the group may hold at once."""
         return self._slots.max_slots

@@ -70,6 +70,11 @@ class TrialOptimizers:
         self._compiled_update = CompiledUpdate(compile) if compile else None
 
     @property
+    def compiled_update_failure(self) -> str:
+        """Why the group's compiled optimizer update runs eagerly (empty while compiled, or with compile off)."""
+        return "" if self._compiled_update is None else self._compiled_update.failure
+
+    @property
     def manual_steps(self) -> ManualSteps | None:
         """The guard of the trials' own steps under manual optimization (None: automatic optimization)."""
         return self._manual_steps

@@ -103,6 +103,34 @@ class TrainingStep:
         bad = self.health.record_losses(group.trial_ids, loss)  # stays on the device: no host sync
         return sum_of_finite(loss, bad)
 
+    def compile_report(self, update_failure: str) -> str:
+        """What ``compile=`` did so far, in one line (``update_failure``: why the split step's update runs eagerly)."""
+        whole = self.whole
+        if not whole.setting:
+            return "compile is off"
+        text = (
+            f"compile={whole.setting!r}: {whole.whole_steps} training steps ran whole (forward, backward and update "
+            f"as one compiled function)"
+        )
+        if whole.checks:
+            text += (
+                f"; {whole.checks} checked against the same step run eagerly, the largest difference "
+                f"{whole.worst:.2g} of what float rounding allows"
+            )
+        if whole.failure:
+            text += f"; every later step runs split: {whole.failure}"
+        elif whole.reason:
+            text += f"; the latest step ran split: {whole.reason}"
+        backend = self.policy.backend
+        failure = getattr(backend, "compile_failure", "")
+        if failure and failure not in text:  # (the whole step's reason may say it already)
+            text += f"; the split step's forward and backward run eagerly: {failure}"
+        elif backend is not None and backend.name == "loop" and "'loop'" not in text:
+            text += "; the 'loop' backend runs eagerly"
+        if update_failure:
+            text += f"; the split step's update runs eagerly: {update_failure}"
+        return text
+
     def _run_whole(self, backend: Any, batch: Any, batch_idx: int) -> Tensor | None:
         """The step as one compiled function (:mod:`.whole_step`); None: it could not compile (run it split)."""
         optimizer = self.policy.slots.optimizer

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor
 from torch.func import grad_and_value
+from torch.utils._pytree import tree_leaves
 
 from lightning_hydro.backends.compile_check import (
     CHECKED_CALLS,
@@ -165,6 +166,11 @@ def _whole_step(
     return result, (losses, summed, by_loss, by_grads, skip)
 
 
+def _batch_shapes(batch: Any) -> tuple[Any, ...]:
+    """The shapes and dtypes of the batch's tensors (what makes a step of static shapes need a graph of its own)."""
+    return tuple((tuple(t.shape), t.dtype) for t in tree_leaves(batch) if isinstance(t, Tensor))
+
+
 def compile_whole_step(setting: CompileSetting) -> Callable[..., Any]:
     """The whole step under ``torch.compile`` (one graph; ``"reduce-overhead"``: CUDA graphs on a GPU).
 
@@ -198,6 +204,10 @@ class WholeStep:
         # a new graph is traced only right after a split step has learned which parameters take gradients:
         self._may_trace = True  # the next call may trace one (else a call that needs one runs split first)
         self._relearning = False  # a split step is relearning them (for a step that needed a new graph)
+        # and, once it has, the next batch of the refused batch's shapes may trace one too (an epoch's short last
+        # batch comes back an epoch later: without this, it would run split every epoch)
+        self._refused: tuple[Any, ...] | None = None  # the shapes of the latest batch that needed a new graph
+        self._trace_for: set[tuple[Any, ...]] = set()  # batch shapes a split step has relearned for, one use each
         self._assumed: tuple[int, ...] = ()  # the parameters the graphs so far were traced for
         # each update's first whole steps are checked against the same step run eagerly (see _checked_call)
         self._schedule = CheckSchedule(weak=True)
@@ -244,6 +254,7 @@ class WholeStep:
             return refused
         if optimizer.fused.last_active is None:
             self._may_trace = True  # a new update (a slot change): its first split step learns, the next traces
+            self._trace_for.clear()
             return "the fused update has not stepped yet (its first step learns which parameters take gradients)"
         if self._relearning:  # a split step has just learned them again, for a step that needed a new graph
             self._relearning = False
@@ -259,6 +270,8 @@ class WholeStep:
                 )
                 return self.failure
             self._may_trace = True
+            if self._refused is not None:
+                self._trace_for.add(self._refused)
         if backend.compile_failure:
             return backend.compile_failure
         writes = state_writes(backend.template())
@@ -305,7 +318,9 @@ class WholeStep:
         failed: list[str] = []
 
         needs_graph: list[bool] = []
-        stance: Literal["default", "fail_on_recompile"] = "default" if self._may_trace else "fail_on_recompile"
+        shapes = _batch_shapes(batch)
+        may_trace = self._may_trace or shapes in self._trace_for
+        stance: Literal["default", "fail_on_recompile"] = "default" if may_trace else "fail_on_recompile"
         check = self._schedule.due(update)
 
         def step(caller: Any, recorder: Any, method: str, params: Any, buffers: Any, args: Any) -> tuple[Any, Any]:
@@ -329,10 +344,11 @@ class WholeStep:
         if masks is None and needs_graph:
             # a new graph (another shape, or a branch of the step's Python): this step runs split and learns which
             # parameters take gradients; the next traces the graph if they are those the graphs so far assume
-            self._assumed, self._relearning = tuple(active), True
+            self._assumed, self._relearning, self._refused = tuple(active), True, shapes
             self.reason = "the step needs a new graph: a split step learns which parameters take gradients first"
             return out, None
         self._may_trace = False
+        self._trace_for.discard(shapes)
         self._assumed = tuple(active)
         if masks is None:
             self.failure = failed[0] if failed else "the whole step returned nothing"

@@ -381,6 +381,10 @@ def test_a_compiled_update_that_computes_otherwise_keeps_the_fit_off_the_whole_s
     whole = compiled._training_step.whole
     assert whole.whole_steps == 0  # the whole step compiles the same device work: it is not trusted either
     assert "FusedSGDUpdate: its compiled step computed otherwise than the eager one" in whole.reason
+    report = compiled.compile_report
+    assert report.startswith("compile=True: 0 training steps ran whole")
+    assert f"; the split step's update runs eagerly: {compiled._optimizers.compiled_update_failure}" in report
+    assert "computed otherwise than the eager one" in compiled._optimizers.compiled_update_failure
     for tid in (0, 1):
         assert max_state_difference(compiled.unfuse(tid), eager.unfuse(tid)) <= 1e-5
 

@@ -50,6 +50,11 @@ def test_a_compiled_fit_runs_its_steady_steps_whole_and_trains_each_trial_as_the
     # the first whole steps were checked against the same step run eagerly: the same within float rounding
     assert (whole.checks, whole.unchecked, whole.failure) == (3, "", "")
     assert whole.worst <= 1e-2
+    assert compiled.compile_report == (
+        "compile=True: 11 training steps ran whole (forward, backward and update as one compiled function); 3 checked "
+        f"against the same step run eagerly, the largest difference {whole.worst:.2g} of what float rounding allows"
+    )
+    assert eager.compile_report == "compile is off"
     _assert_same_training(compiled, eager, 1e-5)
 
 
@@ -179,6 +184,9 @@ def test_hfta_trials_with_their_own_dropout_rates_are_not_compiled_as_one_torch_
     assert backend.compile_failure.startswith("torch.compile failed")
     assert compiled._training_step.whole.whole_steps == 0
     assert any("falls back to eager" in r.getMessage() for r in caplog.records)
+    report = compiled.compile_report
+    assert report.startswith("compile=True: 0 training steps ran whole")
+    assert report.endswith(f"ran split: {backend.compile_failure}")  # said once
     fused = [m for m in backend.template().modules() if type(m).__name__ == "FusedDropout"]
     assert fused
     assert not any(m.settings_agree for m in fused)
@@ -387,6 +395,17 @@ def test_dropout_and_an_epochs_short_last_batch_run_whole():
     assert compiled._training_step.whole.whole_steps == 28, compiled._training_step.whole.reason
     weights = [compiled.unfuse(tid).body[0].weight for tid in (0, 1, 2)]
     assert all(torch.isfinite(w).all() for w in weights)
+
+
+def test_an_epochs_short_last_batch_runs_split_once_and_whole_in_the_later_epochs():
+    # 3 epochs of the digits: 22 batches of 64 and one of 29 each. The first short batch needs a graph of its own: it
+    # runs split, relearning which parameters take gradients; the next short batch, an epoch later, traces that
+    # graph (before, each epoch's short batch ran split: the permission to trace went to the batch after it)
+    eager = _fit(_trials("sgd"), False, steps=69)
+    compiled = _fit(_trials("sgd"), True, steps=69)
+    whole = compiled._training_step.whole
+    assert (whole.whole_steps, whole.failure, whole.reason) == (67, "", "")  # the first step, and the 23rd, split
+    _assert_same_training(compiled, eager, 1e-5)
 
 
 class _BatchNormNet(L.LightningModule):
