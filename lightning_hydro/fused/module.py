@@ -26,6 +26,7 @@ from typing import Any, Literal
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor, nn
 from typing_extensions import override
@@ -258,6 +259,7 @@ class FusedLightningModule(EvaluationHooks):
 
         E.g. ``compile=True: 11 training steps ran whole (forward, backward and update as one compiled function); 3
         checked against the same step run eagerly, the largest difference 0.0012 of what float rounding allows``.
+        Logged (INFO) at the end of each fit with ``compile=``.
         """
         return self._training_step.compile_report(self._optimizers.compiled_update_failure)
 
@@ -616,6 +618,8 @@ class FusedLightningModule(EvaluationHooks):
             # plain stdout (the progress bar is finished): Lightning's print goes through the bar, to stderr
             print(format_results_table(self._slots.book.records, monitor=self.monitor, mode=self.mode))
         self._publish_chosen_trial("fit")
+        if self._policy.compile:
+            rank_zero_info(f"FusedLightningModule: {self.compile_report}.")
 
     def _publish_chosen_trial(self, stage: str) -> None:
         # after Lightning's own updates of the stage's metrics: see TrialPublisher.publish_chosen_trial
