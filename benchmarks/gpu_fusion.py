@@ -417,9 +417,8 @@ def measure_fused(args: argparse.Namespace, count: int, precision: str, row: str
     )
     window = lightning_run(args, fused, precision)
     note = ""
-    if compile_setting:  # did the steady steps run as one compiled function (fused/step/whole_step.py)?
-        whole = fused._training_step.whole
-        note = f"{whole.whole_steps} steps whole" if not whole.reason else f"split: {whole.reason}"
+    if compile_setting:  # did the steady steps run as one compiled function, and what ran eagerly?
+        note = fused.compile_report.split(": ", 1)[1]
     return Measurement(window.ms, window.peak, window.kernels, window.syncs, note)
 
 
