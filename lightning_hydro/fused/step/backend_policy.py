@@ -132,7 +132,9 @@ class BackendPolicy:
         if self.backend is not None:
             return self.backend
         group = self.slots.group
-        if group.size == 1:  # nothing to batch: the trial's own module, as in a plain run (no timing)
+        # nothing to batch: the trial's own module, as in a plain run (no timing); under compile a fused backend
+        # compiles the lone trial's whole step, which the eager loop does not
+        if group.size == 1 and not self.compile:
             self.backend, self.lone = make_backend("loop", group), True
             self.slots.book.set_backend(self.slots.trial_ids, "loop")
             self.report = "FusedLightningModule: backend='auto' runs a group of one trial on 'loop' (nothing to batch)."
@@ -236,7 +238,8 @@ class BackendPolicy:
         group, except at one trial: then there is nothing to batch, and the loop runs the trial's own module
         faster (1.8-1.9x on the digits MLP, 1.4x on ResNet-18: docs/fused.md, docs/hfta.md); the same
         results to float rounding. A group that starts with one trial runs it on the loop without timing, and
-        chooses by timing once a second trial joins.
+        chooses by timing once a second trial joins. Not under ``compile=``: the loop runs eagerly, and a lone
+        trial's compiled whole step on vmap was 1.2-1.5x faster than it on this CPU (docs/fused.md).
         """
         self.rebind()
         if self.requested != "auto" or (self.backend is None and self.parked is None):
@@ -246,7 +249,7 @@ class BackendPolicy:
             if size > 1:  # a group that started with one trial has grown: time the candidates on its next batch
                 self.backend, self.lone = None, False
             return
-        if size == 1 and self.parked is None and not isinstance(self.backend, LoopBackend):
+        if size == 1 and self.parked is None and not isinstance(self.backend, LoopBackend) and not self.compile:
             self.parked, self.backend = self.backend, make_backend("loop", self.slots.group)
             rank_zero_info("FusedLightningModule: one trial left; backend='auto' runs it on 'loop' from now on.")
         elif size > 1 and self.parked is not None:

@@ -13,7 +13,15 @@ from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsMLP
 from lightning_hydro.fused.step import fused_update, whole_step
 from lightning_hydro.fused.step.whole_step import whole_step_blocker
-from tests.helpers import StopTrialAt, fit_digits, learned_state_difference, make_trainer, max_state_difference, seeded
+from tests.helpers import (
+    StopTrialAt,
+    fit_digits,
+    learned_state_difference,
+    make_trainer,
+    max_state_difference,
+    seeded,
+    train_separately,
+)
 
 
 def _trials(optimizer: str, lrs: tuple[float, ...] = (0.05, 0.1, 0.02), **kwargs: Any) -> list[DigitsMLP]:
@@ -410,6 +418,26 @@ def test_an_epochs_short_last_batch_runs_split_once_and_whole_in_the_later_epoch
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("FusedLightningModule: compile=")]
     assert said == [f"FusedLightningModule: {compiled.compile_report}."]
     assert compiled.compile_report.startswith("compile=True: 67 training steps ran whole")
+    _assert_same_training(compiled, eager, 1e-5)
+
+
+def test_under_compile_auto_keeps_a_lone_trial_on_its_compiled_fused_step_and_it_trains_as_alone():
+    # eagerly a lone trial runs on its own module (the loop: nothing to batch); under compile the loop runs eagerly,
+    # and the lone trial's compiled whole step is faster (docs/fused.md): auto keeps the fused backend, from the start
+    # and when early stopping leaves one trial
+    trial = _trials("adam", lrs=(0.05,))[0]
+    alone = train_separately([trial], fit_digits, max_steps=12, limit_val_batches=0)[0]
+    lone = _fit([trial], True, backend="auto")
+    assert (lone.backend, lone._training_step.whole.whole_steps) == ("vmap", 11)
+    assert max_state_difference(lone.unfuse(0), alone) <= 1e-5
+
+    eager = _fit(_trials("adam", lrs=(0.05, 0.1)), False, steps=16, backend="auto", callbacks=[StopTrialAt(6)])
+    assert eager.backend == "loop"
+    compiled = _fit(_trials("adam", lrs=(0.05, 0.1)), True, steps=16, backend="auto", callbacks=[StopTrialAt(6)])
+    assert (compiled.trial_ids, compiled.backend) == ([0], "vmap")
+    whole = compiled._training_step.whole
+    # 5 of the first 6 steps whole; after the stop, a split step learns the new update's parameters, then 9 whole
+    assert (whole.whole_steps, whole.failure) == (14, "")
     _assert_same_training(compiled, eager, 1e-5)
 
 
