@@ -110,7 +110,7 @@ class TrainingStep:
             return "compile is off"
         text = (
             f"compile={whole.setting!r}: {whole.whole_steps} training steps ran whole (forward, backward and update "
-            f"as one compiled function)"
+            "as one compiled function)"
         )
         if whole.checks:
             text += (
