@@ -162,3 +162,18 @@ def test_auto_under_compile_runs_the_loop_only_where_no_fused_backend_runs(monke
     assert fused._policy.for_training(run_step, choose_backend, "DigitsMLP").name == "loop"
     assert "hfta skipped: hfta cannot run this model; vmap skipped: vmap cannot run this model" in fused.backend_report
     auto.clear_backend_cache()
+
+
+@pytest.mark.parametrize(("refuse", "chosen"), [((), "hfta"), (("hfta",), "vmap"), (("hfta", "vmap"), "loop")])
+def test_deterministic_auto_under_compile_takes_the_first_fused_backend_that_runs(monkeypatch, refuse, chosen):
+    no_clock(monkeypatch)
+    ran = []
+
+    def run_step(backend):
+        ran.append(backend.name)
+        if backend.name in refuse:
+            raise FusionError(f"{backend.name} cannot run this model")
+
+    fused = FusedLightningModule(mlps(2), backend="auto", compile=True, deterministic=True, summary=False)
+    fused._policy.for_training(run_step, choose_backend, "DigitsMLP")
+    assert (fused._policy.backend.name, ran) == (chosen, [*refuse, chosen])  # nothing after the first that runs
