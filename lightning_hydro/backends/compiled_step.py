@@ -292,14 +292,15 @@ class CompiledStep:
             return self.function(*args)
         params, buffers = args[3], args[4]
         device = next(iter(params.values())).device if params else torch.device("cpu")
-        if torch.is_autocast_enabled(device.type) and _AUTOCAST_ASSERTS:
+        autocast = torch.is_autocast_enabled(device.type)
+        if autocast and _AUTOCAST_ASSERTS:
             self.fall_back(_AUTOCAST_ASSERTS)
             return self.function(*args)
         # a graph of its own (eval mode: a validation step; another autocast setting): checked apart
         key = (
             next(iter(params.values())).shape[0] if params else 0,
             bool(getattr(getattr(args[0], "module", args[0]), "training", True)),
-            torch.is_autocast_enabled(device.type),
+            autocast,
         )
         # several processes: DDP expects one forward and one backward per step, so no check runs there
         check = self._schedule.due(key) and not _several_processes()

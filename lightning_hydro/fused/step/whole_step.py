@@ -204,10 +204,9 @@ class WholeStep:
         # a new graph is traced only right after a split step has learned which parameters take gradients:
         self._may_trace = True  # the next call may trace one (else a call that needs one runs split first)
         self._relearning = False  # a split step is relearning them (for a step that needed a new graph)
-        # and, once it has, the next batch of the refused batch's shapes may trace one too (an epoch's short last
-        # batch comes back an epoch later: without this, it would run split every epoch)
-        self._refused: tuple[Any, ...] | None = None  # the shapes of the latest batch that needed a new graph
-        self._trace_for: set[tuple[Any, ...]] = set()  # batch shapes a split step has relearned for, one use each
+        # and the next batch of the refused batch's shapes may trace one too, once that split step has relearned
+        # them as assumed (an epoch's short last batch comes back an epoch later: else it would run split every epoch)
+        self._trace_for: set[tuple[Any, ...]] = set()  # batch shapes refused a graph, one use each
         self._assumed: tuple[int, ...] = ()  # the parameters the graphs so far were traced for
         # each update's first whole steps are checked against the same step run eagerly (see _checked_call)
         self._schedule = CheckSchedule(weak=True)
@@ -270,8 +269,6 @@ class WholeStep:
                 )
                 return self.failure
             self._may_trace = True
-            if self._refused is not None:
-                self._trace_for.add(self._refused)
         if backend.compile_failure:
             return backend.compile_failure
         writes = state_writes(backend.template())
@@ -344,7 +341,8 @@ class WholeStep:
         if masks is None and needs_graph:
             # a new graph (another shape, or a branch of the step's Python): this step runs split and learns which
             # parameters take gradients; the next traces the graph if they are those the graphs so far assume
-            self._assumed, self._relearning, self._refused = tuple(active), True, shapes
+            self._assumed, self._relearning = tuple(active), True
+            self._trace_for.add(shapes)  # used only after the relearning above (else every later step is split)
             self.reason = "the step needs a new graph: a split step learns which parameters take gradients first"
             return out, None
         self._may_trace = False
