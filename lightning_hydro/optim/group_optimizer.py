@@ -56,6 +56,9 @@ class RowsToSkip(Protocol):
     def rows_to_skip(self, trial_ids: list[int]) -> Tensor | None:
         """A ``[B]`` bool mask over the rows of ``trial_ids`` (True: do not step), or None: skip none."""
 
+    def reads_each_step(self, device: torch.device) -> bool:
+        """Whether reading the step's masks back to the host costs no wait on ``device`` (then the update may)."""
+
 
 class TrialClipping(Protocol):
     """Clips each trial's gradients with its own module's ``configure_gradient_clipping`` (Lightning's rule per trial).
@@ -79,8 +82,12 @@ class FastPath(Protocol):
     row, stacked.
     """
 
-    def step(self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_rows: Tensor) -> tuple[Tensor, Tensor]:
+    def step(
+        self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_rows: Tensor | Sequence[int], *, read: bool = False
+    ) -> tuple[Tensor, Tensor]:
         """Update every row except ``skip_rows``' and those with non-finite gradients.
+
+        ``read``: reading the masks back to the host costs no wait (:meth:`RowsToSkip.reads_each_step`).
 
         Returns:
             ``[B]`` bool masks: the rows with non-finite gradients, and every row not stepped.
@@ -359,12 +366,14 @@ class TrialGroupOptimizer(Optimizer):
             return None  # the step returned None: nothing to update, as for any torch optimizer
         ids = self.group.trial_ids
         by_loss = None if skip is None else skip.rows_to_skip(ids)
+        if self.fused is not None:  # one update of every row on the device; read back only where that is free
+            read = skip is not None and skip.reads_each_step(self.group.device)
+            param_groups = [self.trials[tid].optimizer.param_groups for tid in ids]
+            by_grads, skipped = self.fused.step(param_groups, () if by_loss is None else by_loss, read=read)
+            self._flag_stepped()
+            return StepReport(tuple(ids), self.no_rows() if by_loss is None else by_loss, by_grads, skipped=skipped)
         if by_loss is None:
             by_loss = self.no_rows()
-        if self.fused is not None:  # one update of every row on the device; nothing read back
-            by_grads, skipped = self.fused.step([self.trials[tid].optimizer.param_groups for tid in ids], by_loss)
-            self._flag_stepped()
-            return StepReport(tuple(ids), by_loss, by_grads, skipped=skipped)
         report = StepReport(tuple(ids), by_loss, self._non_finite_gradients() & ~by_loss, on_host=True)
         stepped, _ = report.read()  # the universal path steps trial by trial: it must know which on the host
         self.group.distribute_grads([self.group.row_of(tid) for tid in stepped])

@@ -42,8 +42,18 @@ ADAM_SETTINGS = [
 ]
 
 
-def run(kind: str, settings: list[dict[str, Any]], steps: int, skip: dict[int, list[int]] | None = None, **common: Any):
-    """Train the stacked rows with the fused update and each row's copy with torch; return both."""
+def run(
+    kind: str,
+    settings: list[dict[str, Any]],
+    steps: int,
+    skip: dict[int, list[int]] | None = None,
+    read: bool = False,
+    **common: Any,
+):
+    """Train the stacked rows with the fused update and each row's copy with torch; return both.
+
+    ``read``: the update may read its skip mask back (the CPU's default), and leaves the masking out of clean steps.
+    """
     stacked, trials = make_stacked()
     cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[kind]
     optimizers = [cls(params, **s, **common) for params, s in zip(trials, settings)]
@@ -55,7 +65,7 @@ def run(kind: str, settings: list[dict[str, Any]], steps: int, skip: dict[int, l
         skipped = (skip or {}).get(step, [])
         for p, grad in zip(stacked, grads):
             p.grad = grad.clone()
-        fused.step([o.param_groups for o in optimizers], skip_rows=skipped)
+        fused.step([o.param_groups for o in optimizers], skip_rows=skipped, read=read)
         for row, (params, opt) in enumerate(zip(trials, optimizers)):
             if row in skipped:
                 continue
@@ -65,12 +75,13 @@ def run(kind: str, settings: list[dict[str, Any]], steps: int, skip: dict[int, l
     return fused, stacked, trials, optimizers
 
 
+@pytest.mark.parametrize("read", [False, True], ids=["masked", "read"])
 @pytest.mark.parametrize(
     ("kind", "settings"),
     [("sgd", SGD_SETTINGS), ("sgd", STEADY_SGD_SETTINGS), ("adam", ADAM_SETTINGS), ("adamw", ADAM_SETTINGS)],
 )
-def test_rows_match_separate_torch_optimizers(kind, settings):
-    _fused, stacked, trials, _ = run(kind, settings, steps=10)
+def test_rows_match_separate_torch_optimizers(kind, settings, read):
+    _fused, stacked, trials, _ = run(kind, settings, steps=10, read=read)
     for row, params in enumerate(trials):
         for p_fused, p_own in zip(stacked, params):
             torch.testing.assert_close(p_fused.detach()[row], p_own.detach(), rtol=1e-6, atol=1e-7)
@@ -84,14 +95,68 @@ def test_amsgrad_matches():
         torch.testing.assert_close(stacked[0].detach()[row], params[0].detach(), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("read", [False, True], ids=["masked", "read"])
 @pytest.mark.parametrize(
     ("kind", "settings"), [("sgd", SGD_SETTINGS), ("sgd", STEADY_SGD_SETTINGS), ("adam", ADAM_SETTINGS)]
 )
-def test_skipped_rows_keep_parameters_and_state(kind, settings):
-    # row 1 is skipped at steps 0 and 3 (a diverged trial would be); it must look as if those steps never came
-    _fused, stacked, trials, _ = run(kind, settings, steps=6, skip={0: [1], 3: [1, 2]})
+def test_skipped_rows_keep_parameters_and_state(kind, settings, read):
+    # row 1 is skipped at steps 0 and 3 (a diverged trial would be); it must look as if those steps never came.
+    # read: the clean steps between leave the masking out, and must first restore the rows' own factors
+    _fused, stacked, trials, _ = run(kind, settings, steps=6, skip={0: [1], 3: [1, 2]}, read=read)
     for row, params in enumerate(trials):
-        torch.testing.assert_close(stacked[0].detach()[row], params[0].detach(), rtol=1e-6, atol=1e-7)
+        for p_fused, p_own in zip(stacked, params):
+            torch.testing.assert_close(p_fused.detach()[row], p_own.detach(), rtol=1e-6, atol=1e-7)
+
+
+def _steady_sgd(read: bool) -> tuple[FusedSGDUpdate, list[nn.Parameter], list[torch.optim.Optimizer]]:
+    stacked, trials = make_stacked()
+    optimizers = [torch.optim.SGD(params, **s) for params, s in zip(trials, STEADY_SGD_SETTINGS)]
+    fused = select_fused_update(optimizers, trials, stacked)
+    assert isinstance(fused, FusedSGDUpdate)
+    return fused, stacked, optimizers
+
+
+def _step(fused: FusedSGDUpdate, stacked: list[nn.Parameter], optimizers: list, read: bool, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for p in stacked:
+        p.grad = torch.randn(p.shape, generator=g)
+    fused.step([o.param_groups for o in optimizers], read=read)
+
+
+def test_a_clean_read_step_writes_neither_the_gradients_nor_the_factors_table():
+    fused, stacked, optimizers = _steady_sgd(read=True)
+    for seed in range(2):  # the first steps start the momentum buffers (a step-dependent table)
+        _step(fused, stacked, optimizers, read=True, seed=seed)
+    factors = fused._factors
+    assert factors is not None
+    table_version = factors.table._version
+    g = torch.Generator().manual_seed(7)
+    for p in stacked:
+        p.grad = torch.randn(p.shape, generator=g)
+    grad_versions = [p.grad._version for p in stacked]
+    fused.step([o.param_groups for o in optimizers], read=True)
+    assert [p.grad._version for p in stacked] == grad_versions  # no masked_fill_
+    assert factors.table._version == table_version  # no store: it holds every row's own factors
+    fused.step([o.param_groups for o in optimizers], read=False)
+    assert [p.grad._version for p in stacked] != grad_versions  # the masked step zeroes skipped rows in place
+    assert factors.table._version != table_version
+
+
+def test_a_clean_read_step_rewrites_the_table_after_a_change_or_a_write_elsewhere():
+    results = []
+    for read in (False, True):
+        fused, stacked, optimizers = _steady_sgd(read)
+        for step in range(8):
+            if step == 3:  # a scheduler's new lr: copied into the base factors
+                optimizers[2].param_groups[0]["lr"] = 0.5
+            if step == 5 and read:  # something else wrote the table (e.g. a compiled step's store): zeros
+                factors = fused._factors
+                assert factors is not None
+                torch._foreach_copy_([factors.table], [torch.zeros_like(factors.table)])
+            _step(fused, stacked, optimizers, read=read, seed=step)
+        results.append([p.detach().clone() for p in stacked])
+    for masked, read_back in zip(*results):
+        assert torch.equal(masked, read_back)  # bitwise: the same arithmetic, only the masking left out
 
 
 @pytest.mark.parametrize(("kind", "settings"), [("sgd", SGD_SETTINGS), ("adam", ADAM_SETTINGS)])

@@ -4,8 +4,8 @@ A training step must not wait for the device to answer "did any trial diverge?":
 sync) costs more than the step of a small model. So each step only *records*, as ``[B]`` device tensors,
 whether a row's loss was finite (:meth:`RowHealth.record_losses`) and, from the optimizer's
 :class:`~lightning_hydro.optim.group_optimizer.StepReport` (:meth:`RowHealth.absorb`), at which optimizer step
-a row was first skipped and why: two ``[B]`` counters, two small device ops per step (a row once skipped stays
-skipped until the read-back, so counting its skipped steps dates its divergence).
+a row was first skipped and why: the report's two ``[B]`` masks are kept, no device op per step, and counted at the
+read-back (a row once skipped stays skipped until then, so counting its skipped steps dates its divergence).
 
 A row that went bad stays skipped (its last finite weights are kept) until the fused module reads everything
 back in one sync (:meth:`RowHealth.read`) and frees its slot: at the end of each training epoch, before a
@@ -86,9 +86,10 @@ class RowHealth:
         self._ids: list[int] = []
         self._loss_bad: Tensor | None = None  # rows whose loss was non-finite since the last optimizer step
         self._bad: Tensor | None = None  # rows skipped since the last read-back (they stay skipped until then)
-        # per row, since the last read-back: optimizer steps skipped, and those skipped with the loss as reason
-        self._skips: Tensor | None = None
-        self._loss_skips: Tensor | None = None
+        # since the last read-back, per optimizer step: the [B] rows skipped, and those skipped with the loss as
+        # reason (counted at the read-back: one op there instead of two each step)
+        self._skipped: list[Tensor] = []
+        self._loss_skipped: list[Tensor] = []
         self._steps: list[int] = []  # the optimizer steps absorbed since the last read-back
         self._absorbed = 0  # optimizer steps seen since the fit started (drives the read-back schedule)
         self._stepped = False  # an optimizer step ran in the open batch (not only gradient accumulation)
@@ -117,6 +118,10 @@ class RowHealth:
         self._loss_bad = bad if self._loss_bad is None else self._loss_bad | bad
         return bad
 
+    def record_finite_losses(self, trial_ids: Sequence[int]) -> None:
+        """A step whose ``[B]`` losses were all read as finite (nothing to record but the rows)."""
+        self._rows_for(trial_ids if isinstance(trial_ids, list) else list(trial_ids))
+
     def rows_to_skip(self, trial_ids: list[int]) -> Tensor | None:
         """The rows the optimizer must not step: a non-finite loss now, or a divergence not yet read back."""
         if trial_ids != self._ids:
@@ -124,6 +129,14 @@ class RowHealth:
         if self._bad is None or self._loss_bad is None:
             return self._loss_bad if self._bad is None else self._bad
         return self._loss_bad | self._bad
+
+    def reads_each_step(self, device: torch.device) -> bool:
+        """Whether a step may read its masks back for free: on the CPU, read back every step as the group is.
+
+        On the CPU an op is done when it returns, and ``check_every`` 1 is its default. Never on an accelerator,
+        whose steady steps stay free of host syncs.
+        """
+        return device.type == "cpu" and self._every(device) == 1
 
     def _every(self, device: torch.device) -> int:
         return self.check_every if self.check_every is not None else 1 if device.type == "cpu" else 32
@@ -145,11 +158,8 @@ class RowHealth:
         self._loss_bad = None
         self._absorbed += 1
         self._bad = skipped = report.skipped
-        if self._skips is None or self._loss_skips is None:
-            self._skips, self._loss_skips = skipped.long(), report.skipped_loss.long()
-        else:
-            self._skips += skipped
-            self._loss_skips += report.skipped_loss
+        self._skipped.append(skipped)
+        self._loss_skipped.append(report.skipped_loss)
         self._steps.append(step)
         due = report.on_host or self._due(skipped.device)
         self._stepped, self._read_due = True, self._read_due or due
@@ -178,12 +188,14 @@ class RowHealth:
 
     def peek(self) -> HealthReadback:
         """What :meth:`read` would return, without forgetting it (for a checkpoint: one sync)."""
-        if self._skips is None or self._loss_skips is None:
-            return HealthReadback()
         n = len(self._steps)
+        if not n:
+            return HealthReadback()
+        masks = torch.stack(self._skipped + self._loss_skipped)  # [2n, B]: one step's masks are its counts
+        counts = masks if n == 1 else masks.view(2, n, masks.shape[1]).sum(1)
         steps: dict[int, int] = {}
         diverged: dict[int, tuple[str, int]] = {}
-        for tid, (skips, loss_skips) in zip(self._ids, torch.stack([self._skips, self._loss_skips], 1).tolist()):
+        for tid, skips, loss_skips in zip(self._ids, *counts.tolist()):
             steps[tid] = n - skips  # stepped until it went bad
             if skips:
                 diverged[tid] = (_REASONS[1 if loss_skips == skips else 2], self._steps[n - skips])
@@ -195,8 +207,8 @@ class RowHealth:
         The losses of micro-batches still accumulating for the next optimizer step stay recorded.
         """
         out = self.peek()
-        self._bad = self._skips = self._loss_skips = None
-        self._steps = []
+        self._bad = None
+        self._skipped, self._loss_skipped, self._steps = [], [], []
         return out
 
     def reslot(self, trial_ids: Sequence[int]) -> None:
@@ -211,7 +223,6 @@ class RowHealth:
 
     def reset(self) -> None:
         """Forget every record (a checkpoint is being loaded)."""
-        self._ids, self._loss_bad = [], None
-        self._bad = self._skips = self._loss_skips = None
-        self._steps = []
+        self._ids, self._loss_bad, self._bad = [], None, None
+        self._skipped, self._loss_skipped, self._steps = [], [], []
         self._stepped = self._read_due = False

@@ -114,6 +114,19 @@ class RowHyperparameters:
         self._shapes = [(-1, *([1] * (p.dim() - 1))) for p in params]  # a parameter's factor shape, [B, 1, ...]
         self._views = self.views_in(self.table, range(len(params)))
         self._host_values: list[list[tuple[float, ...]]] = []  # [row][group] -> factors, as last copied
+        self._base_stored: tuple[int, int] | None = None  # the tables' versions when table was set to base
+
+    def stored_base(self) -> None:
+        """:attr:`table` was just set to :attr:`base` (no row neutral): :meth:`holds_base` until either is written."""
+        self._base_stored = (self.base._version, self.table._version)
+
+    def holds_base(self) -> bool:
+        """Whether :attr:`table` still holds :attr:`base` as :meth:`stored_base` found it.
+
+        By the tables' version counters: every in-place write bumps them (a refresh's copy, a step's store, compiled
+        code's writes included).
+        """
+        return self._base_stored == (self.base._version, self.table._version)
 
     def views_in(self, table: Tensor, indices: Iterable[int]) -> dict[str, list[Tensor]]:
         """Each factor of the parameters ``indices`` as ``[B, 1, ...]`` views of ``table`` (this table's layout)."""

@@ -12,11 +12,14 @@ Lightning calls the fused module's ``training_step`` inside its closure. For a g
    :mod:`lightning_hydro.fused.rank_sync`) and returns the sum of the finite ones: each trial's gradient is then
    its own (a sum, not a mean), and a non-finite trial adds nothing.
 
-None of this reads a value back to the host (DDP's agreement on bad rows is one collective on the device).
+None of this reads a value back to the host (DDP's agreement on bad rows is one collective on the device), except
+where a read costs no wait (the CPU, the group's health read back every step): there the sum is read, and a
+finite one is returned as it is (the same value and gradients as the masked sum, with fewer ops).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -100,7 +103,13 @@ class TrainingStep:
         loss = self.losses = loss.reshape(group.size)
         if self.ranks.world_size > 1:
             loss = self.ranks.losses(loss)  # a row bad on any rank is skipped on all
-        bad = self.health.record_losses(group.trial_ids, loss)  # stays on the device: no host sync
+        health = self.health
+        if health.reads_each_step(loss.device):  # a read costs no wait (the CPU): the plain sum, if it is finite
+            total = loss.sum()
+            if math.isfinite(total.item()):  # every loss is (an overflow only sends it the masked way)
+                health.record_finite_losses(group.trial_ids)
+                return total
+        bad = health.record_losses(group.trial_ids, loss)  # stays on the device: no host sync
         return sum_of_finite(loss, bad)
 
     def compile_report(self, update_failure: str) -> str:

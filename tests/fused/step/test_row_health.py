@@ -19,7 +19,9 @@ def test_a_diverged_row_stays_skipped_until_read_back_and_is_reported_with_its_s
     health.record_losses(ids, torch.tensor([1.0, float("inf"), 2.0]))
     assert health.rows_to_skip(ids).tolist() == [False, True, False]
     assert health.absorb(_report(ids, [False, True, False], [False, False, False]), step=1)  # step 1: read
-    health.read()
+    first = health.read()  # one step's masks are its counts
+    assert first.diverged == {5: ("non-finite loss", 1)}
+    assert first.steps == {4: 1, 5: 0, 6: 1}
     for step in range(2, 6):
         health.record_losses(ids, torch.tensor([1.0, 1.0, 2.0]))
         skip = health.rows_to_skip(ids)  # what the optimizer is told
@@ -54,3 +56,30 @@ def test_rows_cannot_change_with_unread_records():
 def test_check_every_must_be_positive():
     with pytest.raises(ValueError, match=r"divergence_check_every must be a positive number .* got 0"):
         RowHealth(check_every=0)
+
+
+def test_a_loss_divergence_read_back_several_steps_later_keeps_its_reason_and_step():
+    health = RowHealth(check_every=8)
+    ids = [0, 1]
+    for step in range(1, 5):  # read back at 1, 2 and 4 (the ramp); steps 5 to 7 are counted together
+        if health.absorb(_report(ids, [False, False], [False, False]), step=step):
+            health.read()
+    for step in range(5, 8):
+        losses = torch.tensor([1.0, float("nan") if step == 6 else 1.0])
+        health.record_losses(ids, losses)
+        skip = health.rows_to_skip(ids)
+        assert skip is not None
+        assert not health.absorb(StepReport(tuple(ids), skip, torch.tensor([False, False])), step=step)
+    readback = health.read()
+    assert readback.diverged == {1: ("non-finite loss", 6)}
+    assert readback.steps == {0: 3, 1: 1}
+    assert health.read().steps == {}  # forgotten
+
+
+def test_a_step_may_read_its_masks_back_only_on_the_cpu_read_back_every_step():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert RowHealth().reads_each_step(cpu)  # the CPU's default: read back every step
+    assert RowHealth(check_every=1).reads_each_step(cpu)
+    assert not RowHealth(check_every=16).reads_each_step(cpu)  # as on a GPU: the steady steps read nothing
+    assert not RowHealth().reads_each_step(cuda)
+    assert not RowHealth(check_every=1).reads_each_step(cuda)  # a read there waits for the device
