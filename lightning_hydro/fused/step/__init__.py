@@ -34,8 +34,8 @@ trial's own ``training_step`` on the loop, stepping its own optimizers.
 No stage reads a value back to the host or copies one from it, unless a hyperparameter changed (then one
 non-blocking copy from pinned memory): ``tests/fused/step/test_host_syncs.py`` counts both on the CPU, and checks
 the same cases under CUDA's sync debug mode on a GPU. The one exception is where a read waits for nothing: on the
-CPU read back every step (the default there), stage 3 reads whether any row is skipped, and leaves the masking out
-of a step that skips none.
+CPU read back every step (the default there), stage 1 reads the loss sum and stage 3 the gradients' total, and a
+step with no bad row leaves the masking of bad rows out (``tests/fused/step/test_cpu_reads.py``).
 
 Nothing here is public API (users meet it through ``FusedLightningModule``): each name stays in its module.
 """

@@ -10,9 +10,9 @@ hyperparameter changed.
 Rows to skip (diverged trials) come as a ``[B]`` bool mask on the device. They are skipped without knowing
 which they are on the host: their non-finite gradients are zeroed and their factors replaced by neutral ones
 (a multiplier 1, an added term 0), so their parameters and state stay exactly as they were, and every other
-row is computed bitwise as without the mask. Where reading the mask costs no wait (the CPU, whose rows' health
-is read back every step anyway), the step reads whether any row is skipped, and one that skips none leaves the
-masking out (about 8 of some 60 small ops per step, for a small model).
+row is computed bitwise as without the mask. Where a read costs no wait (the CPU, whose rows' health is read
+back every step anyway), the step reads the total of the gradients' row sums and whether any row is to be
+skipped, and one that skips none leaves the masking out: the same values, with fewer small ops.
 
 The arithmetic follows torch's single-tensor implementations operation by operation (scalars computed in
 double precision, as torch computes them on the host), so rows agree with the universal path to float rounding
