@@ -288,17 +288,21 @@ class SyncsAreErrors(L.Callback):
 @pytest.mark.gpu
 @pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
 @pytest.mark.parametrize("scheduled", [False, True], ids=["fixed", "scheduled"])
-def test_no_host_sync_in_a_steady_cuda_step(optimizer, scheduled):
-    """On a GPU: the same cases as above, each steady step run with syncs raising (TF32 irrelevant here)."""
+@pytest.mark.parametrize("check_every", [16, None], ids=["every16", "default"])
+def test_no_host_sync_in_a_steady_cuda_step(optimizer, scheduled, check_every):
+    """On a GPU: the same cases as above, each steady step run with syncs raising (TF32 irrelevant here).
+
+    ``None``: the default, 32 on a GPU; the CPU's reads of the loss sum and the gradients' total stay off there.
+    """
     cls = ScheduledEveryBatch if scheduled else DigitsMLP
     trials = [
         seeded(lambda lr=lr: cls(hidden_dim=32, lr=lr, optimizer=optimizer), [i])[0]
         for i, lr in enumerate([0.01, 0.03, 0.1, 0.3])
     ]
     fused = FusedLightningModule(
-        trials, backend="vmap", summary=False, optimizer_path="fused", divergence_check_every=16
+        trials, backend="vmap", summary=False, optimizer_path="fused", divergence_check_every=check_every
     )
-    reads = _read_back_steps(20, 16)
+    reads = _read_back_steps(20, 32 if check_every is None else check_every)
     trainer = make_trainer(
         accelerator="gpu", max_steps=20, limit_val_batches=0, gradient_clip_val=0.5, callbacks=[SyncsAreErrors(reads)]
     )
