@@ -239,3 +239,25 @@ def test_parameters_outside_every_group_are_not_updated():
         p.grad = torch.ones_like(p)
     fused.step([o.param_groups for o in optimizers])
     assert torch.equal(stacked[1].detach(), before)
+
+
+def test_a_read_step_whose_gradient_total_overflows_still_steps_every_finite_row():
+    # rows' sums finite (3e38 each), their total not: the read finds no proof of a clean step and takes the masked
+    # way, which finds no bad row; every row steps as torch's SGD steps it
+    stacked, trials = make_stacked()
+    optimizers = [torch.optim.SGD(params, lr=1e-39) for params in trials]
+    fused = select_fused_update(optimizers, trials, stacked)
+    assert isinstance(fused, FusedSGDUpdate)
+    grads = [torch.zeros(p.shape) for p in stacked]
+    grads[1][:, 0] = 3e38
+    for p, grad in zip(stacked, grads):
+        p.grad = grad.clone()
+    bad, skipped = fused.step([o.param_groups for o in optimizers], read=True)
+    assert not bad.any()
+    assert not skipped.any()
+    for row, (params, opt) in enumerate(zip(trials, optimizers)):
+        for p, grad in zip(params, grads):
+            p.grad = grad[row].clone()
+        opt.step()
+        for p_fused, p_own in zip(stacked, params):
+            assert torch.equal(p_fused.detach()[row], p_own.detach())
