@@ -55,8 +55,9 @@ def test_eight_trainers_share_rung_records_and_decide_as_a_sequential_replay(tmp
     records = open_store(storage, namespace="sweep").records()
     # no record lost or doubled: a trial stopped at rung k recorded k + 1 values, a completed one all three
     expected = sum(3 if status == "completed" else rung + 1 for status, rung, _ in by_worker.values())
-    assert len(records) == expected
-    assert len({(r.trial_id, r.milestone) for r in records}) == len(records)
+    seen = (by_worker, records)  # every failure below prints the outcomes and the records it judged
+    assert len(records) == expected, seen
+    assert len({(r.trial_id, r.milestone) for r in records}) == len(records), seen
 
     reference = AsyncSuccessiveHalving(CONFIG)  # one process, the same arrival order
     replayed: dict[int, tuple[str, int | None]] = {}
@@ -67,8 +68,8 @@ def test_eight_trainers_share_rung_records_and_decide_as_a_sequential_replay(tmp
                 "completed" if decision.action == "complete" else "stopped",
                 decision.rung,
             )
-    assert replayed == {worker: (status, rung) for worker, (status, rung, _) in by_worker.items()}
+    assert replayed == {worker: (status, rung) for worker, (status, rung, _) in by_worker.items()}, seen
     stopped = [worker for worker, (status, _, _) in by_worker.items() if status == "stopped"]
-    assert stopped  # the rule really stopped some trials...
+    assert stopped, seen  # the rule really stopped some trials...
     for worker in stopped:  # ...and their fits ended right after the rung that stopped them
-        assert by_worker[worker][2] == CONFIG.milestones[by_worker[worker][1]]
+        assert by_worker[worker][2] == CONFIG.milestones[by_worker[worker][1]], seen
