@@ -261,3 +261,33 @@ def test_a_read_step_whose_gradient_total_overflows_still_steps_every_finite_row
         opt.step()
         for p_fused, p_own in zip(stacked, params):
             assert torch.equal(p_fused.detach()[row], p_own.detach())
+
+
+@pytest.mark.parametrize("clip", [False, True], ids=["plain", "clipped"])
+def test_large_finite_float16_gradients_are_not_taken_for_a_divergence(clip):
+    # each row's gradients sum to 3e6 and their norm is 94900: past float16's 65504, finite all the same. Every row
+    # steps as torch's SGD steps it; clipped, as clip_grad_norm_ clips it (its float16 norm is inf: a factor of 0)
+    torch.manual_seed(0)
+    stacked = [nn.Parameter(torch.randn(2, 1000).half()), nn.Parameter(torch.randn(2, 10).half())]
+    trials = [[nn.Parameter(p.detach()[r].clone()) for p in stacked] for r in range(2)]
+    optimizers = [torch.optim.SGD(params, lr=1e-3, momentum=0.9) for params in trials]
+    fused = select_fused_update(optimizers, trials, stacked)
+    assert isinstance(fused, FusedSGDUpdate)
+    grads = [torch.full(p.shape, 3000.0, dtype=torch.float16) for p in stacked]
+    for read in (False, True):
+        for p, grad in zip(stacked, grads):
+            p.grad = grad.clone()
+        if clip:
+            fused.clip_norm(1.0)
+        bad, skipped = fused.step([o.param_groups for o in optimizers], read=read)
+        assert not bad.any()
+        assert not skipped.any()
+        for params, opt in zip(trials, optimizers):
+            for p, grad in zip(params, grads):
+                p.grad = grad[0].clone()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+    for row, params in enumerate(trials):
+        for p_fused, p_own in zip(stacked, params):
+            torch.testing.assert_close(p_fused.detach()[row], p_own.detach(), rtol=1e-3, atol=1e-3)

@@ -107,10 +107,13 @@ def row_sums(grads: Sequence[Tensor], *, concatenate: bool) -> Tensor:
     """``[B]``: each row's sum of the ``[B, ...]`` gradients, on the device; not finite where a row holds a NaN or inf.
 
     ``concatenate`` (small groups): one concatenation and one sum, which beat a reduction per parameter (launches,
-    on a GPU).
+    on a GPU). Summed in at least single precision: a float16 sum overflows at 65504, which finite gradients reach.
     """
     rows = [g.reshape(g.shape[0], -1) for g in grads]
-    return torch.cat(rows, 1).sum(1) if concatenate else torch.stack([r.sum(1) for r in rows]).sum(0)
+    acc = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
+    if concatenate:
+        return torch.cat(rows, 1).sum(1, dtype=acc)
+    return torch.stack([r.sum(1, dtype=acc) for r in rows]).sum(0)
 
 
 def non_finite_rows(grads: Sequence[Tensor], *, concatenate: bool) -> Tensor:
@@ -419,6 +422,7 @@ class FusedUpdate(RowStates, ABC):
             norms is not None
             and len(seen) == len(grads)
             and all(g is s and g._version == v for (s, v), g in zip(seen, grads))
+            and norms[0].dtype != torch.float16  # (norms of float16 gradients overflow at 65504: summed below)
         ):
             return norms[0]  # the gradients are those the clipping norms were taken of
         if not grads:

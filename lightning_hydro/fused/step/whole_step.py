@@ -154,7 +154,11 @@ def _whole_step(
             grads_out.extend(grad_list)
         kind, value = clip
         if kind == "norm":
-            by_grads = not_finite(clip_rows_by_norm(grad_list, value))
+            norms = clip_rows_by_norm(grad_list, value)
+            if norms.dtype == torch.float16:  # its norms overflow at 65504: the clipped gradients' sums, in float32
+                by_grads = non_finite_rows(grad_list, concatenate=update.concatenate)
+            else:
+                by_grads = not_finite(norms)
         else:
             if kind == "value":
                 clip_rows_by_value(grad_list, value)
