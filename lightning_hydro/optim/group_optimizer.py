@@ -338,8 +338,10 @@ class TrialGroupOptimizer(Optimizer):
         grads = [p.grad for p in self.group.params.values() if p.grad is not None]
         if not grads:
             return torch.zeros(self.group.size, dtype=torch.bool, device=self.group.device)
-        # one reduction per parameter: a NaN or inf anywhere in a row makes that row's sum non-finite
-        sums = torch.stack([g.flatten(1).sum(1) for g in grads]).sum(0)  # (an overflow to inf counts too)
+        # one reduction per parameter: a NaN or inf anywhere in a row makes that row's sum non-finite (an overflow to
+        # inf counts too: summed in at least single precision, since float16 overflows at 65504)
+        acc = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
+        sums = torch.stack([g.flatten(1).sum(1, dtype=acc) for g in grads]).sum(0)
         return ~torch.isfinite(sums)
 
     @override

@@ -68,3 +68,19 @@ def test_a_step_without_gradients_updates_nothing_and_reports_none():
     group = StackedState(nn.Module(), trials, [0, 1])
     opts = {t: parse_optimizer_config(m.configure_optimizers(), trial_id=t, module=m) for t, m in enumerate(trials)}
     assert TrialGroupOptimizer(group, opts).step() is None
+
+
+@pytest.mark.parametrize("path", ["fused", "universal"])
+def test_large_finite_float16_gradients_step_every_row(path):
+    # each row's gradients sum past float16's 65504 (3000 in every element): finite, so no row is skipped
+    trials = [DigitsMLP(hidden_dim=8, lr=1e-4).half() for _ in range(2)]
+    group = StackedState(nn.Module(), trials, [0, 1])
+    opts = {t: parse_optimizer_config(m.configure_optimizers(), trial_id=t, module=m) for t, m in enumerate(trials)}
+    opt = TrialGroupOptimizer(group, opts, path=path, fast_path=select_fused_update)
+    for param in group.params.values():
+        param.grad = torch.full_like(param, 3000.0)
+    before = {k: p.detach().clone() for k, p in group.params.items()}
+    report = opt.step()
+    assert report is not None
+    assert report.read() == ([0, 1], {})
+    assert all(not torch.equal(p, before[k]) for k, p in group.params.items())  # every row stepped
