@@ -45,9 +45,23 @@ __all__ = [
     "TrialGroupOptimizer",
     "TrialScheduler",
     "clips_by_value",
+    "row_sums",
 ]
 
 OptimizerPath = Literal["auto", "universal", "fused"]
+
+
+def row_sums(grads: Sequence[Tensor], *, concatenate: bool) -> Tensor:
+    """``[B]``: each row's sum of the ``[B, ...]`` gradients, on the device; not finite where a row holds a NaN or inf.
+
+    ``concatenate`` (small groups): one concatenation and one sum, which beat a reduction per parameter (launches,
+    on a GPU). Summed in at least single precision: a float16 sum overflows at 65504, which finite gradients reach.
+    """
+    rows = [g.reshape(g.shape[0], -1) for g in grads]
+    acc = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
+    if concatenate:
+        return torch.cat(rows, 1).sum(1, dtype=acc)
+    return torch.stack([r.sum(1, dtype=acc) for r in rows]).sum(0)
 
 
 class RowsToSkip(Protocol):
@@ -338,11 +352,7 @@ class TrialGroupOptimizer(Optimizer):
         grads = [p.grad for p in self.group.params.values() if p.grad is not None]
         if not grads:
             return torch.zeros(self.group.size, dtype=torch.bool, device=self.group.device)
-        # one reduction per parameter: a NaN or inf anywhere in a row makes that row's sum non-finite (an overflow to
-        # inf counts too: summed in at least single precision, since float16 overflows at 65504)
-        acc = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
-        sums = torch.stack([g.flatten(1).sum(1, dtype=acc) for g in grads]).sum(0)
-        return ~torch.isfinite(sums)
+        return ~torch.isfinite(row_sums(grads, concatenate=False))  # (an overflow to inf counts too)
 
     @override
     def step(  # type: ignore[override]

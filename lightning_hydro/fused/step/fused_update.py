@@ -54,17 +54,17 @@ from lightning_hydro.fused.step.compiled_update import CompiledUpdate
 from lightning_hydro.fused.step.row_hyperparameters import RowHyperparameters
 from lightning_hydro.fused.step.update_plan import Part, plan_parts
 from lightning_hydro.fused.step.update_rows import AdamRowStates, RowStates, SGDRowStates
+from lightning_hydro.optim.group_optimizer import row_sums
 
 __all__ = [
     "FusedAdamUpdate",
     "FusedSGDUpdate",
     "FusedUpdate",
     "SkipRows",
+    "checked_values",
     "clip_rows_by_norm",
     "clip_rows_by_value",
-    "non_finite_rows",
     "not_finite",
-    "row_sums",
 ]
 
 # rows not to update: row indices known on the host, or a [B] bool mask on the device (no host sync)
@@ -103,25 +103,15 @@ def not_finite(values: Tensor) -> Tensor:
     return (values * 0) != 0
 
 
-def row_sums(grads: Sequence[Tensor], *, concatenate: bool) -> Tensor:
-    """``[B]``: each row's sum of the ``[B, ...]`` gradients, on the device; not finite where a row holds a NaN or inf.
+def checked_values(grads: Sequence[Tensor], norms: Tensor | None, *, concatenate: bool) -> Tensor:
+    """``[B]`` values, on the device, not finite where a row's gradients hold a NaN or inf (or overflow).
 
-    ``concatenate`` (small groups): one concatenation and one sum, which beat a reduction per parameter (launches,
-    on a GPU). Summed in at least single precision: a float16 sum overflows at 65504, which finite gradients reach.
+    ``norms``: the rows' clipping norms of these gradients, if any, read as they are; not float16 ones, which
+    overflow at 65504 where the gradients are finite (then the rows' sums, :func:`row_sums`).
     """
-    rows = [g.reshape(g.shape[0], -1) for g in grads]
-    acc = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
-    if concatenate:
-        return torch.cat(rows, 1).sum(1, dtype=acc)
-    return torch.stack([r.sum(1, dtype=acc) for r in rows]).sum(0)
-
-
-def non_finite_rows(grads: Sequence[Tensor], *, concatenate: bool) -> Tensor:
-    """``[B]`` bool: rows of the ``[B, ...]`` gradients with a NaN or inf (or a sum that overflows), on the device.
-
-    A NaN or inf anywhere in a row makes that row's sum non-finite (:func:`row_sums`).
-    """
-    return not_finite(row_sums(grads, concatenate=concatenate))
+    if norms is not None and norms.dtype != torch.float16:
+        return norms
+    return row_sums(grads, concatenate=concatenate)
 
 
 def _none_in(skip_rows: SkipRows) -> bool:
@@ -417,17 +407,12 @@ class FusedUpdate(RowStates, ABC):
     def _row_sums(self, grads: list[Tensor]) -> Tensor:
         """``[B]`` values, on the device, not finite where a row's gradients hold a NaN or inf (or overflow)."""
         norms, self._norms = self._norms, None
-        seen = [] if norms is None else norms[1]
-        if (
-            norms is not None
-            and len(seen) == len(grads)
-            and all(g is s and g._version == v for (s, v), g in zip(seen, grads))
-            and norms[0].dtype != torch.float16  # (norms of float16 gradients overflow at 65504: summed below)
-        ):
-            return norms[0]  # the gradients are those the clipping norms were taken of
         if not grads:
             return torch.zeros(self.rows, device=self.device)
-        return row_sums(grads, concatenate=self.concatenate)
+        # the clipping norms, where the gradients are those they were taken of
+        seen = [] if norms is None else norms[1]
+        taken = len(seen) == len(grads) and all(g is s and g._version == v for (s, v), g in zip(seen, grads))
+        return checked_values(grads, norms[0] if norms is not None and taken else None, concatenate=self.concatenate)
 
     def _no_rows(self) -> Tensor:
         """An all-False ``[B]`` mask (made once per group size and device; never written)."""

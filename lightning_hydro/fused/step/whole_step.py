@@ -56,9 +56,9 @@ from lightning_hydro.backends.trial_attributes import state_writes
 from lightning_hydro.backends.vmap_backend import VmapBackend
 from lightning_hydro.fused.step.fused_update import (
     FusedUpdate,
+    checked_values,
     clip_rows_by_norm,
     clip_rows_by_value,
-    non_finite_rows,
     not_finite,
 )
 from lightning_hydro.fused.step.row_health import sum_of_finite
@@ -153,16 +153,10 @@ def _whole_step(
         if grads_out is not None:
             grads_out.extend(grad_list)
         kind, value = clip
-        if kind == "norm":
-            norms = clip_rows_by_norm(grad_list, value)
-            if norms.dtype == torch.float16:  # its norms overflow at 65504: the clipped gradients' sums, in float32
-                by_grads = non_finite_rows(grad_list, concatenate=update.concatenate)
-            else:
-                by_grads = not_finite(norms)
-        else:
-            if kind == "value":
-                clip_rows_by_value(grad_list, value)
-            by_grads = non_finite_rows(grad_list, concatenate=update.concatenate)
+        norms = clip_rows_by_norm(grad_list, value) if kind == "norm" else None
+        if kind == "value":
+            clip_rows_by_value(grad_list, value)
+        by_grads = not_finite(checked_values(grad_list, norms, concatenate=update.concatenate))
         by_loss = bad | prior
         skip = by_loss | by_grads
         update.device_step(update.by_part(active, grad_list), skip, prepared)
