@@ -62,6 +62,7 @@ from lightning_hydro.fused.step.manual_steps import ManualSteps, choose_loop_for
 from lightning_hydro.fused.step.row_health import RowHealth
 from lightning_hydro.fused.step.training_step import TrainingStep
 from lightning_hydro.optim.group_optimizer import OptimizerPath, TrialGroupOptimizer
+from lightning_hydro.stacking.held_graphs import held_graph_tensors
 from lightning_hydro.stacking.stacked_state import StackedState
 from lightning_hydro.stopping.trial_record import (
     TimeAttr,
@@ -317,14 +318,9 @@ class FusedLightningModule(EvaluationHooks):
     def unfuse(self, trial_id: int) -> L.LightningModule:
         """A standalone copy of the trial's module with its trained weights and buffers."""
         trial = self.trial_module(trial_id)
-        # a tensor the step kept as an attribute (the Lightning GAN tutorial's self.generated_imgs) is part of an
-        # autograd graph, which deepcopy refuses: the copy gets it detached
-        memo: dict[int, Any] = {
-            id(value): value.detach().clone()
-            for owner in trial.modules()
-            for value in vars(owner).values()
-            if isinstance(value, Tensor) and value.grad_fn is not None
-        }
+        # a tensor the step kept as an attribute (the Lightning GAN tutorial's self.generated_imgs, or in the outputs
+        # list of Lightning's docs) is part of an autograd graph, which deepcopy refuses: the copy gets it detached
+        memo: dict[int, Any] = {id(value): value.detach().clone() for _, _, value in held_graph_tensors(trial)}
         module = copy.deepcopy(trial, memo)
         self._group.detach(module)  # its own compact tensors, not a copy of the whole stacked storage
         for param in module.parameters():

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from lightning_hydro.stacking.held_graphs import release_held_graphs
 from lightning_hydro.stacking.padding import Shape, pad_to, padded_shape, true_region
 from lightning_hydro.stacking.width_plan import plan_widths
 
@@ -301,7 +302,12 @@ class StackedState:
                 param.grad = None
 
     def detach(self, module: nn.Module) -> None:
-        """Give a trial module its own storage again (a copy of its current row): it leaves the group."""
+        """Give a trial module its own storage again (a copy of its current row): it leaves the group.
+
+        The tensors its Python attributes hold let go of the group's autograd graphs
+        (:func:`~lightning_hydro.stacking.held_graphs.release_held_graphs`).
+        """
+        release_held_graphs(module)
         with torch.no_grad():
             for param in module.parameters():
                 param.data = param.data.clone()
@@ -341,8 +347,7 @@ class StackedState:
         with torch.no_grad():
             for name, stacked in self.params.items():
                 row = module.get_parameter(name).detach().to(stacked.device, stacked.dtype)
-                stacked.data = torch.cat([stacked.data, pad_to(row, stacked.shape[1:]).unsqueeze(0)])
-                stacked.grad = None
+                _resize(stacked, torch.cat([stacked.data, pad_to(row, stacked.shape[1:]).unsqueeze(0)]))
             for name, stacked_buffer in self.buffers.items():
                 row = module.get_buffer(name).to(stacked_buffer.device)
                 self._replace_buffer(
@@ -370,7 +375,7 @@ class StackedState:
         with torch.no_grad():
             for name, stacked in self.params.items():
                 if name in shapes:
-                    stacked.data, stacked.grad = stacked.data.new_zeros(shapes[name]), None
+                    _resize(stacked, stacked.data.new_zeros(shapes[name]))
             for name, stacked_buffer in self.buffers.items():
                 if name in shapes:
                     self._replace_buffer(name, stacked_buffer.new_zeros(shapes[name]))
@@ -379,8 +384,7 @@ class StackedState:
         with torch.no_grad():
             for stacked in self.params.values():
                 index = torch.as_tensor(list(rows), dtype=torch.long, device=stacked.device)
-                stacked.data = stacked.data.index_select(0, index)
-                stacked.grad = None
+                _resize(stacked, stacked.data.index_select(0, index))
             for name, stacked_buffer in self.buffers.items():
                 index = torch.as_tensor(list(rows), dtype=torch.long, device=stacked_buffer.device)
                 self._replace_buffer(name, stacked_buffer.index_select(0, index))
@@ -395,7 +399,7 @@ class StackedState:
             for name, stacked in self.params.items():
                 resized = _resized(stacked.data, padded_shape([shapes[name] for shapes in self.true_shapes]))
                 if resized is not None:
-                    stacked.data, stacked.grad = resized, None
+                    _resize(stacked, resized)
             for name, stacked_buffer in self.buffers.items():
                 resized = _resized(stacked_buffer, padded_shape([shapes[name] for shapes in self.true_shapes]))
                 if resized is not None:
@@ -404,6 +408,21 @@ class StackedState:
     def _replace_buffer(self, name: str, value: Tensor) -> None:
         self.storage.register_buffer(storage_key(name), value, persistent=self._persistent[name])
         self.buffers[name] = value
+
+
+def _resize(param: Tensor, data: Tensor) -> None:
+    """Give a stacked parameter ``data`` of another shape (rows added, dropped or padded), and no gradient.
+
+    A parameter's gradient accumulator keeps the shape it was made with, and torch hands the same one to every later
+    backward while any autograd graph made before still holds it: the outputs-list pattern of Lightning's docs
+    (``self.training_step_outputs.append(loss)``) holds each step's graph to the epoch's end, and a trial stopped
+    within the epoch made the next backward fail ("invalid gradient ... expected shape compatible with [3, 10]").
+    ``.data`` of another dtype makes torch forget it (a new shape alone does not), so the next backward makes one of
+    the new shape.
+    """
+    if data.shape != param.shape:
+        param.data = data.new_empty(0, dtype=torch.float64 if data.dtype != torch.float64 else torch.float32)
+    param.data, param.grad = data, None
 
 
 def _shapes(module: nn.Module) -> dict[str, Shape]:

@@ -271,3 +271,33 @@ def test_a_newcomer_with_an_empty_outputs_list_joins_trials_whose_lists_are_fill
         for name in ("training_epoch_mean", "validation_epoch_mean"):
             key = f"{name}/trial_{tid}"
             assert metrics[key] == pytest.approx(expected[key], rel=1e-5), key
+
+
+class StopWithinTheEpoch(L.Callback):
+    """Stops trial 1 after the third batch of the first epoch, with no newcomer: the group shrinks."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.current_epoch == 0 and batch_idx == 2:
+            pl_module.stop_trial(1, "stopped within the epoch")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_trial_stopped_while_the_outputs_lists_hold_each_steps_graph_leaves_the_others_as_alone(backend):
+    # the lists keep each step's loss, with its autograd graph, to the epoch's end: the graphs made for three rows
+    # were alive when the group shrank to two (the next backward failed on the old shape, on every backend)
+    alone = trials(EpochEndOutputs)
+    separate = [copy.deepcopy(m) for m in alone]
+    expected = fit_alone(separate, **FIT)
+    stopped = copy.deepcopy(alone[1])
+    fit_alone([stopped], **{**FIT, "max_steps": 3})
+    fused, metrics = fit_fused(alone, backend, callbacks=[StopWithinTheEpoch()], **FIT)
+    assert fused.results[1]["steps"] == 3
+    assert max_state_difference(fused.unfuse(1), stopped) <= 1e-5
+    # its list (never cleared: it stopped before the epoch's end) lets go of the group's graphs when it leaves
+    held = fused.trial_module(1).training_step_outputs
+    assert len(held) == 3
+    assert all(t.grad_fn is None for t in held)
+    for tid in (0, 2):
+        assert max_state_difference(fused.unfuse(tid), separate[tid]) <= 1e-5, tid
+        for name in ("training_epoch_mean", "validation_epoch_mean"):
+            assert metrics[f"{name}/trial_{tid}"] == pytest.approx(expected[tid][name], rel=1e-5), (tid, name)

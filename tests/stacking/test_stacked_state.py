@@ -104,3 +104,31 @@ def test_a_group_without_rows_takes_recorded_shapes_and_grows_again():
     newcomer = nn.Linear(3, 2)
     state.append(newcomer, 5)
     assert torch.equal(state.params["weight"][0], newcomer.weight)
+
+
+@pytest.mark.parametrize("change", ["remove", "append"])
+def test_a_backward_after_the_rows_change_works_while_a_graph_of_the_old_rows_is_alive(change):
+    # a graph kept alive (a loss in an outputs list) holds the stacked parameters' gradient accumulators, made for
+    # the old number of rows; torch hands them to every later backward unless the parameter forgets them
+    storage = nn.Module()
+    trials = [nn.Linear(3, 2) for _ in range(3)]
+    state = StackedState(storage, trials, [0, 1, 2])
+    x = torch.randn(3, 5, 3)
+    kept = torch.func.vmap(torch.func.functional_call, in_dims=(None, 0, 0))(trials[0], dict(state.params), x).sum()
+    if change == "remove":
+        state.remove([1])
+    else:
+        state.append(nn.Linear(3, 2), 3)
+    rows = state.size
+    out = torch.func.vmap(torch.func.functional_call, in_dims=(None, 0, 0))(
+        trials[0], dict(state.params), torch.randn(rows, 5, 3)
+    )
+    out.sum().backward()
+    assert state.params["weight"].grad.shape == (rows, 2, 3)
+    assert kept.grad_fn is not None  # the old graph was still alive
+    # a change that keeps the shape (the rows reordered) keeps the accumulator: a graph made before still fits
+    state.reorder(list(reversed(state.trial_ids)))
+    kept_now = (state.params["weight"] * 2).sum()
+    state.reorder(list(reversed(state.trial_ids)))
+    kept_now.backward()
+    assert state.params["weight"].grad.shape == (rows, 2, 3)
