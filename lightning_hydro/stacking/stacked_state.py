@@ -347,7 +347,10 @@ class StackedState:
         with torch.no_grad():
             for name, stacked in self.params.items():
                 row = module.get_parameter(name).detach().to(stacked.device, stacked.dtype)
-                _resize(stacked, torch.cat([stacked.data, pad_to(row, stacked.shape[1:]).unsqueeze(0)]))
+                grad = stacked.grad  # a gradient being accumulated goes on; the newcomer's row starts at zero
+                if grad is not None:
+                    grad = torch.cat([grad, grad.new_zeros(1, *grad.shape[1:])])
+                _resize(stacked, torch.cat([stacked.data, pad_to(row, stacked.shape[1:]).unsqueeze(0)]), grad)
             for name, stacked_buffer in self.buffers.items():
                 row = module.get_buffer(name).to(stacked_buffer.device)
                 self._replace_buffer(
@@ -384,7 +387,10 @@ class StackedState:
         with torch.no_grad():
             for stacked in self.params.values():
                 index = torch.as_tensor(list(rows), dtype=torch.long, device=stacked.device)
-                _resize(stacked, stacked.data.index_select(0, index))
+                grad = stacked.grad  # the rows kept keep a gradient being accumulated
+                _resize(
+                    stacked, stacked.data.index_select(0, index), None if grad is None else grad.index_select(0, index)
+                )
             for name, stacked_buffer in self.buffers.items():
                 index = torch.as_tensor(list(rows), dtype=torch.long, device=stacked_buffer.device)
                 self._replace_buffer(name, stacked_buffer.index_select(0, index))
@@ -397,9 +403,10 @@ class StackedState:
             return
         with torch.no_grad():
             for name, stacked in self.params.items():
-                resized = _resized(stacked.data, padded_shape([shapes[name] for shapes in self.true_shapes]))
+                shape = padded_shape([shapes[name] for shapes in self.true_shapes])
+                resized = _resized(stacked.data, shape)
                 if resized is not None:
-                    _resize(stacked, resized)
+                    _resize(stacked, resized, None if stacked.grad is None else _resized(stacked.grad, shape))
             for name, stacked_buffer in self.buffers.items():
                 resized = _resized(stacked_buffer, padded_shape([shapes[name] for shapes in self.true_shapes]))
                 if resized is not None:
@@ -410,8 +417,12 @@ class StackedState:
         self.buffers[name] = value
 
 
-def _resize(param: Tensor, data: Tensor) -> None:
-    """Give a stacked parameter ``data`` of another shape (rows added, dropped or padded), and no gradient.
+def _resize(param: Tensor, data: Tensor, grad: Tensor | None = None) -> None:
+    """Give a stacked parameter ``data`` of another shape (rows added, dropped or padded), and ``grad``.
+
+    ``grad``: the gradient the rows had, in the new shape (None: none). Between two optimizer steps of
+    ``accumulate_grad_batches`` it holds what the window's batches so far have added: dropped, the trials that
+    stay would step on the window's later batches only.
 
     A parameter's gradient accumulator keeps the shape it was made with, and torch hands the same one to every later
     backward while any autograd graph made before still holds it: the outputs-list pattern of Lightning's docs
@@ -422,7 +433,7 @@ def _resize(param: Tensor, data: Tensor) -> None:
     """
     if data.shape != param.shape:
         param.data = data.new_empty(0, dtype=torch.float64 if data.dtype != torch.float64 else torch.float32)
-    param.data, param.grad = data, None
+    param.data, param.grad = data, grad
 
 
 def _shapes(module: nn.Module) -> dict[str, Shape]:
