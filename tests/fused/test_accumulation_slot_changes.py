@@ -19,6 +19,7 @@ import torch
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsMLP
 from tests.fused.group.test_width_padding import cnn_trials
+from tests.fused.step.manual_modules import ManualMLP
 from tests.helpers import fit_digits, make_trainer, max_state_difference, mixed_optimizer_mlps
 
 ACCUMULATE = dict(max_steps=4, limit_val_batches=0, accumulate_grad_batches=2)
@@ -79,3 +80,31 @@ def test_the_widest_trial_stopped_within_an_accumulation_window_leaves_the_narro
     assert fused.stacked.get_parameter("head__weight").shape == (2, 10, 48)
     for tid in (0, 2):
         assert max_state_difference(fused.unfuse(tid), alone[tid]) <= 1e-4, tid
+
+
+class RMSpropMLP(DigitsMLP):
+    """An optimizer the fused update does not implement: every trial steps its own (the universal path)."""
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.RMSprop(self.parameters(), lr=self.hparams["lr"], momentum=0.5)
+
+
+def test_on_the_universal_optimizer_path_a_stop_within_a_window_leaves_the_others_as_alone():
+    trials = [RMSpropMLP(hidden_dim=16, lr=lr) for lr in (1e-3, 3e-3, 5e-4)]
+    alone = _alone(trials, **ACCUMULATE)
+    fused = FusedLightningModule(trials, backend="vmap", summary=False)
+    fit_digits(make_trainer(**ACCUMULATE, callbacks=[StopWithinTheWindow()]), fused)
+    assert fused._optimizers.optimizer.fused is None  # (the universal path indeed)
+    for tid in (0, 2):
+        assert max_state_difference(fused.unfuse(tid), alone[tid]) <= 1e-5, tid
+
+
+def test_under_manual_optimization_a_stop_within_the_steps_own_window_leaves_the_others_as_alone():
+    # the manual-optimization page's accumulation: manual_backward(loss / 2), opt.step() every second batch
+    trials = [ManualMLP(lr=lr, clip=None) for lr in (0.1, 0.05, 0.2)]
+    limits = dict(max_epochs=1, limit_train_batches=6, limit_val_batches=0)
+    alone = _alone(trials, **limits)
+    fused = FusedLightningModule(trials, summary=False)
+    fit_digits(make_trainer(**limits, callbacks=[StopWithinTheWindow()]), fused)
+    for tid in (0, 2):
+        assert max_state_difference(fused.unfuse(tid), alone[tid]) <= 1e-5, tid
