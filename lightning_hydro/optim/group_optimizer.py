@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FastPath",
     "FastPathBuilder",
+    "NoRows",
     "OptimizerPath",
     "RowsToSkip",
     "StepReport",
@@ -62,6 +63,27 @@ def row_sums(grads: Sequence[Tensor], *, concatenate: bool) -> Tensor:
     if concatenate:
         return torch.cat(rows, 1).sum(1, dtype=acc)
     return torch.stack([r.sum(1, dtype=acc) for r in rows]).sum(0)
+
+
+class NoRows:
+    """An all-False ``[B]`` bool mask (a step that skips no row), made once per group size and device; never written.
+
+    Example::
+
+        >>> no_rows = NoRows()
+        >>> no_rows(3, torch.device("cpu")).tolist(), no_rows(3, torch.device("cpu")) is no_rows(3, torch.device("cpu"))
+        ([False, False, False], True)
+    """
+
+    def __init__(self) -> None:
+        self._mask: Tensor | None = None
+
+    def __call__(self, rows: int, device: torch.device) -> Tensor:
+        """The mask for ``rows`` rows on ``device``."""
+        mask = self._mask
+        if mask is None or mask.shape[0] != rows or mask.device != device:
+            mask = self._mask = torch.zeros(rows, dtype=torch.bool, device=device)
+        return mask
 
 
 class RowsToSkip(Protocol):
@@ -238,7 +260,7 @@ class TrialGroupOptimizer(Optimizer):
         self.fused_unavailable = ""
         self._stacked = list(group.params.values())  # the stacked Parameters keep their identity (see StackedState)
         self._unflagged: list[Optimizer] = []  # optimizers whose schedulers have not heard of a fused step yet
-        self._no_rows: Tensor | None = None  # an all-False [B] mask, kept for steps that skip no row
+        self._no_rows = NoRows()  # kept for steps that skip no row
         self._within: StepReport | None = None  # the latest step's update ran within training_step (a whole step)
         self.rebuild()
 
@@ -274,7 +296,6 @@ class TrialGroupOptimizer(Optimizer):
     def rebuild(self) -> None:
         """Choose the path for the current rows; on the fused path, take the trials' state into it."""
         self.materialize()
-        self._no_rows = None
         self._own_clipping = self.clipping is not None and bool(self.trials) and self.clipping.overridden()
         if self.path == "universal" or not self.trials:
             return
@@ -406,10 +427,7 @@ class TrialGroupOptimizer(Optimizer):
 
     def no_rows(self) -> Tensor:
         """An all-False ``[B]`` mask on the group's device (made once per group size)."""
-        mask = self._no_rows
-        if mask is None or mask.shape[0] != self.group.size or mask.device != self.group.device:
-            mask = self._no_rows = torch.zeros(self.group.size, dtype=torch.bool, device=self.group.device)
-        return mask
+        return self._no_rows(self.group.size, self.group.device)
 
     @override
     def state_dict(self) -> dict[str, Any]:

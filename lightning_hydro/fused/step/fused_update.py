@@ -54,7 +54,7 @@ from lightning_hydro.fused.step.compiled_update import CompiledUpdate
 from lightning_hydro.fused.step.row_hyperparameters import RowHyperparameters
 from lightning_hydro.fused.step.update_plan import Part, plan_parts
 from lightning_hydro.fused.step.update_rows import AdamRowStates, RowStates, SGDRowStates
-from lightning_hydro.optim.group_optimizer import row_sums
+from lightning_hydro.optim.group_optimizer import NoRows, row_sums
 
 __all__ = [
     "FusedAdamUpdate",
@@ -160,7 +160,7 @@ class FusedUpdate(RowStates, ABC):
         self._plan_key: tuple[int, ...] | None = None
         self._indices: dict[tuple[int, ...], Tensor] = {}  # device index of the active parameters, by set
         self._host_rows: list[list[Any]] | None = None  # [P][B] counters read back for export, until the next step
-        self._none: Tensor | None = None  # the all-False [B] mask of a step that skips no row
+        self._none = NoRows()  # the mask of a step that skips no row
         self._compiled: CompiledUpdate | None = None  # runs the device work under torch.compile
         # per-row gradient norms of the latest clipping, with the gradients (and their versions) they describe
         self._norms: tuple[Tensor, list[tuple[Tensor, int]]] | None = None
@@ -416,10 +416,7 @@ class FusedUpdate(RowStates, ABC):
 
     def _no_rows(self) -> Tensor:
         """An all-False ``[B]`` mask (made once per group size and device; never written)."""
-        mask = self._none
-        if mask is None or mask.shape[0] != self.rows or mask.device != self.device:
-            mask = self._none = torch.zeros(self.rows, dtype=torch.bool, device=self.device)
-        return mask
+        return self._none(self.rows, self.device)
 
     def _counters(self, active: list[int]) -> Tensor | None:
         """Index of the active parameters' rows of a ``[P, B]`` counter (None: every parameter is active).
