@@ -372,7 +372,7 @@ class TrialGroupOptimizer(Optimizer):
         """``[B]`` bool: rows whose gradients hold a NaN or inf (stays on the device)."""
         grads = [p.grad for p in self.group.params.values() if p.grad is not None]
         if not grads:
-            return torch.zeros(self.group.size, dtype=torch.bool, device=self.group.device)
+            return self.no_rows()
         return ~torch.isfinite(row_sums(grads, concatenate=False))  # (an overflow to inf counts too)
 
     @override

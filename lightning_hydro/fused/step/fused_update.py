@@ -160,7 +160,7 @@ class FusedUpdate(RowStates, ABC):
         self._plan_key: tuple[int, ...] | None = None
         self._indices: dict[tuple[int, ...], Tensor] = {}  # device index of the active parameters, by set
         self._host_rows: list[list[Any]] | None = None  # [P][B] counters read back for export, until the next step
-        self._none = NoRows()  # the mask of a step that skips no row
+        self._no_rows = NoRows()  # the mask of a step that skips no row
         self._compiled: CompiledUpdate | None = None  # runs the device work under torch.compile
         # per-row gradient norms of the latest clipping, with the gradients (and their versions) they describe
         self._norms: tuple[Tensor, list[tuple[Tensor, int]]] | None = None
@@ -302,7 +302,7 @@ class FusedUpdate(RowStates, ABC):
         # read: a finite total says every row's gradients are finite (an overflow only sends it the masked way)
         clean = read and math.isfinite(float(sums.sum())) and _none_in(skip_rows)
         if clean:
-            bad = skip = self._no_rows()
+            bad = skip = self._no_rows(self.rows, self.device)
         else:
             bad = not_finite(sums)
             skip = bad if isinstance(skip_rows, Sequence) and not skip_rows else self._mask(skip_rows) | bad
@@ -413,10 +413,6 @@ class FusedUpdate(RowStates, ABC):
         seen = [] if norms is None else norms[1]
         taken = len(seen) == len(grads) and all(g is s and g._version == v for (s, v), g in zip(seen, grads))
         return checked_values(grads, norms[0] if norms is not None and taken else None, concatenate=self.concatenate)
-
-    def _no_rows(self) -> Tensor:
-        """An all-False ``[B]`` mask (made once per group size and device; never written)."""
-        return self._none(self.rows, self.device)
 
     def _counters(self, active: list[int]) -> Tensor | None:
         """Index of the active parameters' rows of a ``[P, B]`` counter (None: every parameter is active).
