@@ -235,6 +235,36 @@ class _OptimizerForms(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "val/loss"}}
 
 
+@pytest.mark.parametrize(("backend", "optimizer_path"), [("loop", "universal"), ("vmap", "auto"), ("hfta", "auto")])
+def test_a_template_trial_stopped_within_an_accumulation_window_leaves_the_others_as_alone(
+    backend: str, optimizer_path: str
+) -> None:
+    # on the loop each trial's own torchmetrics objects (train/loss, train/acc) hold the step's autograd graph: a trial
+    # stopped within an epoch made the group's next backward fail there; and a stop within an accumulation window
+    # dropped the others' gradients of that window (every backend)
+    from tests.fused.test_accumulation_slot_changes import StopWithinTheWindow
+
+    trials = []
+    for seed, lr in enumerate((1e-3, 3e-3, 1e-2)):
+        torch.manual_seed(seed)
+        trials.append(template_module(lr))
+    limits = dict(max_steps=4, limit_val_batches=2, accumulate_grad_batches=2)
+
+    def fit(module: L.LightningModule, callbacks: list[L.Callback]) -> None:
+        trainer = make_trainer(**limits, callbacks=callbacks)
+        torch.manual_seed(1234)
+        trainer.fit(module, datamodule=DigitsMNISTDataModule(batch_size=64))
+
+    separate = [copy.deepcopy(m) for m in trials]
+    for module in separate:
+        fit(module, [])
+    fused = FusedLightningModule(trials, backend=backend, optimizer_path=optimizer_path, summary=False)
+    fit(fused, [StopWithinTheWindow()])
+    assert fused.results[1]["steps"] == 1
+    states = [learned_state_difference(fused.unfuse(tid), separate[tid]) for tid in (0, 2)]
+    assert max(states) <= (0.0 if backend == "loop" else 1e-5), states
+
+
 @pytest.mark.parametrize("form", ["parameters", "trainer_model", "decay_groups", "plateau"])
 def test_every_configure_optimizers_form_trains_each_trial_as_alone(form: str) -> None:
     trials = []
