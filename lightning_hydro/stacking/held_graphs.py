@@ -5,6 +5,11 @@ and its GAN tutorial keeps ``self.generated_imgs``: each such tensor holds its s
 fused group is the whole group's (its activations, and the stacked parameters' gradient accumulators). A trial that
 leaves the group mid-epoch never reaches the epoch end that would clear its list: it lets go of those graphs here.
 
+torch's own modules hold such tensors too: after a ``functional_call`` (the loop backend runs each trial that way),
+an ``nn.LSTM``/``nn.GRU``/``nn.RNN`` keeps the call's weights in ``_flat_weights``, rows unbound from the stacked
+parameters, and once an optimizer step has changed those in place torch refuses even to read such a row's
+``grad_fn``. Those count as holding a graph (they hold the unbind's), and are released as the others.
+
 Example::
 
     >>> import torch
@@ -53,7 +58,7 @@ def release_held_graphs(module: nn.Module) -> None:
 
 def _walk(container: Any, key: Any, value: Any, seen: set[int]) -> Iterator[tuple[Any, Any, Tensor]]:
     if isinstance(value, Tensor):
-        if value.grad_fn is not None:
+        if _holds_graph(value):
             yield container, key, value
         return
     if not isinstance(value, (list, tuple, dict)) or id(value) in seen:
@@ -62,3 +67,10 @@ def _walk(container: Any, key: Any, value: Any, seen: set[int]) -> Iterator[tupl
     inner = None if isinstance(value, tuple) else value
     for k, v in value.items() if isinstance(value, dict) else enumerate(value):
         yield from _walk(inner, k, v, seen)
+
+
+def _holds_graph(tensor: Tensor) -> bool:
+    try:
+        return tensor.grad_fn is not None
+    except RuntimeError:  # an output of unbind/split whose base changed in place since: it still holds that graph
+        return True

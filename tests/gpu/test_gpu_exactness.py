@@ -38,3 +38,27 @@ def test_fused_first_step_gradients_on_cuda_equal_separate_training(model, backe
     errors = fused_and_separate_first_gradients(trials, fit, backend=backend, accelerator="gpu")
     print(f"{model} on {backend}, CUDA float32 (TF32 off): relative first-step gradient errors {errors}")
     assert max(errors) <= 1e-5, errors
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_recurrent_trials_on_cuda_train_as_alone_when_one_is_stopped(cell):
+    # on CUDA an nn.LSTM/GRU re-packs its weights for cuDNN (flatten_parameters, torch._cudnn_rnn_flatten_weight)
+    # when moved and whenever functional_call hands it other tensors, which the CPU never does: the loop backend's
+    # rows of the stacked weights, and the trial modules bound to them, must come through it unchanged
+    from tests.fused.test_recurrent import fit as fit_recurrent
+    from tests.fused.test_recurrent import trials as recurrent_trials
+    from tests.helpers import StopTrialAt, max_state_difference, train_fused, train_separately
+
+    modules = recurrent_trials(cell)
+    alone = train_separately(modules, fit_recurrent, max_steps=12, accelerator="gpu")
+    fused = train_fused(
+        modules,
+        fit_recurrent,
+        fused_kwargs=dict(backend="loop"),
+        callbacks=[StopTrialAt(5)],
+        max_steps=12,
+        accelerator="gpu",
+    )
+    errors = [max_state_difference(fused.unfuse(trial_id).cpu(), alone[trial_id].cpu()) for trial_id in (0, 2)]
+    print(f"{cell} on loop, CUDA float32 (TF32 off), trial 1 stopped at step 5: relative state errors {errors}")
+    assert max(errors) <= 1e-5, errors

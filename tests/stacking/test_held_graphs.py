@@ -37,3 +37,18 @@ def test_tensors_with_graphs_are_found_in_attributes_lists_dicts_tuples_and_subm
     assert module.inner[0].seen.grad_fn is None
     assert module.net.weight.requires_grad
     assert module.clean.grad_fn is None
+
+
+def test_a_row_unbound_from_a_tensor_changed_in_place_since_is_found_and_released():
+    # what an nn.LSTM keeps in _flat_weights after the loop backend's functional_call and the optimizer's step:
+    # torch then raises on reading the row's grad_fn ("Output 1 of Unbind is a view and its base ... modified")
+    stacked = torch.randn(3, 4, requires_grad=True)
+    module = nn.Linear(4, 1)
+    module.rows = list(stacked.unbind(0))
+    with torch.no_grad():
+        stacked.add_(1.0)
+    assert [key for _, key, _ in held_graph_tensors(module)] == [0, 1, 2]
+    release_held_graphs(module)
+    assert not any(row.requires_grad for row in module.rows)
+    assert list(held_graph_tensors(module)) == []
+    assert torch.equal(module.rows[1], stacked.detach()[1])  # the same values (a view shares its base's storage)
