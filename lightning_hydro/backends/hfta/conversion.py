@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from torch import nn
+from torch.nn.utils.parametrize import is_parametrized
 
 from lightning_hydro.backends.deferred_metrics import metric_paths
 from lightning_hydro.backends.hfta.errors import ConversionError
@@ -182,10 +183,13 @@ def plan_conversion(template: nn.Module, trials: Sequence[nn.Module]) -> Convers
             continue  # inside a fused module (e.g. attention's out_proj): fused with it
         type_name = type(module).__name__
         found = [_submodule(trial, path) for trial in trials]
-        trial_modules = [other for other in found if other is not None and type(other) is type(module)]
+        kind = architecture_type(module)
+        trial_modules = [other for other in found if other is not None and architecture_type(other) is kind]
         if len(trial_modules) != len(trials):
             mismatched = {
-                slot: type(other).__name__ for slot, other in enumerate(found) if type(other) is not type(module)
+                slot: _type_name(other, kind)
+                for slot, other in enumerate(found)
+                if other is None or architecture_type(other) is not kind
             }
             reason = f"trials have {mismatched} here (slot: type); all trials must share one architecture"
             decisions.append(ModuleDecision(path, type_name, "rejected", reason))
@@ -208,6 +212,32 @@ def plan_conversion(template: nn.Module, trials: Sequence[nn.Module]) -> Convers
     anchor = next((name for name, _ in template.named_parameters()), None)
     anchor = anchor or next((name for name, _ in template.named_buffers()), None)
     return ConversionPlan(tuple(decisions), tuple(unverified), anchor)
+
+
+def architecture_type(module: nn.Module) -> type:
+    """The class that says which architecture ``module`` has: for a parametrized module, the class it was made from.
+
+    ``torch.nn.utils.parametrize`` (``parametrizations.weight_norm``, ``spectral_norm``, ``orthogonal``) gives
+    each module it changes a class of its own, made for that instance (every trial's ``ParametrizedLinear`` is
+    another class); trials built by the same code share the class those were made from, and their
+    parametrizations are submodules that conversion compares one by one.
+
+    Example::
+
+        >>> from torch.nn.utils.parametrizations import weight_norm
+        >>> a, b = weight_norm(nn.Linear(2, 2)), weight_norm(nn.Linear(2, 2))
+        >>> type(a) is type(b), architecture_type(a) is architecture_type(b) is nn.Linear
+        (False, True)
+    """
+    if is_parametrized(module):
+        return type(module).__bases__[0]
+    return type(module)
+
+
+def _type_name(module: nn.Module | None, kind: type) -> str:
+    """The name of a trial's module type, in full where it reads as the template's (two classes of one name)."""
+    other = type(module) if module is None else architecture_type(module)
+    return f"{other.__module__}.{other.__qualname__}" if other.__name__ == kind.__name__ else other.__name__
 
 
 def _submodule(root: nn.Module, path: str) -> nn.Module | None:

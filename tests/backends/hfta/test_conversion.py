@@ -184,3 +184,29 @@ def test_running_over_a_different_number_of_trials_says_what_to_do() -> None:
     grouped = convert_to_fused(nn.ELU(), [nn.ELU(1.0), nn.ELU(0.5)])
     with pytest.raises(FusedCallError, match=r"TrialGroupedModule at '' was converted for 2 trials but vmap runs"):
         vmap(grouped)(torch.zeros(3, 1))
+
+
+def test_parametrized_trials_share_their_architecture_and_run_as_alone() -> None:
+    # torch.nn.utils.parametrize makes a class per module (every trial's ParametrizedLinear is another class):
+    # conversion refused them before, saying the trials had {1: 'ParametrizedLinear'} where the template had a
+    # ParametrizedLinear; the class they were made from is what decides
+    trials = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        trials.append(nn.Sequential(nn.utils.parametrizations.weight_norm(nn.Linear(4, 8)), nn.ReLU(), nn.Linear(8, 2)))
+    assert "rejected" not in outcomes(trials).values()
+    model = convert_to_fused(trials[0], trials)
+    params, buffers = stack_module_state(trials)
+    x = torch.randn(5, 4)
+    fused = vmap(lambda p, b: functional_call(model, (p, b), (x,)), in_dims=(0, 0))(params, buffers)
+    for row, trial in enumerate(trials):
+        assert_close(fused[row], trial(x), f"trial {row}")
+
+
+def test_two_classes_of_one_name_are_named_in_full() -> None:
+    class Linear(nn.Linear):  # the user's own Linear, named as torch's
+        pass
+
+    trials = [nn.Sequential(nn.Linear(2, 2)), nn.Sequential(Linear(2, 2))]
+    with pytest.raises(ConversionError, match=r"trials have \{1: '.*test_conversion\..*Linear'\} here \(slot: type\)"):
+        convert_to_fused(trials[0], trials)
