@@ -219,8 +219,9 @@ def name_failed_backward(
     node, where = _anomaly_report(rerun)
     first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     op = f"the backward of {node}" if node else "the backward pass"
+    others = " or ".join(repr(name) for name in ("vmap", "hfta", "loop") if name != backend)
     return FusionError(
         f"backend={backend!r} cannot differentiate {module_name}.{method}: {op} failed ({first_line}), for the op "
-        f"at {where}. Use backend='hfta' or 'loop' (backend='auto' skips this backend by itself). If "
+        f"at {where}. Use backend={others} (backend='auto' skips this backend by itself). If "
         "backend='loop' raises the same error, the step itself is at fault."
     )

@@ -303,7 +303,8 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
         FusionMismatchError: naming the trial, the numbers, and the state the step reads that may differ.
     """
     modules = list(group.modules)
-    names = list(group.params)
+    # the parameters that train: a frozen part (a fine-tuned backbone's requires_grad_(False)) has no gradient
+    names = [name for name, param in group.params.items() if param.requires_grad]
     stacked = [group.params[name] for name in names]
     device = stacked[0].device
     reduction = _reduction_size(batch, stacked)

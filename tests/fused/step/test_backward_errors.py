@@ -53,3 +53,11 @@ def test_a_backward_pass_that_fails_under_vmap_names_the_op_and_the_users_line()
     assert "test_backward_errors.py:" in message
     assert "return RefusedBackward.apply(super().forward(x))" in message
     assert "Use backend='hfta' or 'loop'" in message
+
+
+def test_the_advice_names_the_backends_other_than_the_one_that_failed():
+    # before, hfta's refusal advised "Use backend='hfta' or 'loop'"
+    fused = FusedLightningModule([RefusingMLP(hidden_dim=8), RefusingMLP(hidden_dim=8)], backend="hfta")
+    with pytest.raises(FusionError, match=r"backend='hfta' cannot differentiate") as info:
+        fit_digits(make_trainer(max_steps=1), fused)
+    assert "Use backend='vmap' or 'loop'" in str(info.value)
