@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -180,6 +181,16 @@ def parse_optimizer_config(
             "in Lightning itself: set self.automatic_optimization = False in the module's __init__ and step "
             "them in training_step (opt_a, opt_b = self.optimizers(); self.manual_backward(loss); opt_a.step())."
         )
+    needs_closure = [type(o).__name__ for o in optimizers if _step_needs_closure(o)]
+    if needs_closure and not manual:
+        raise OptimizerConfigError(
+            f"Trial {trial_id}: {needs_closure[0]}.step needs a closure that re-evaluates the trial's loss (as "
+            "LBFGS's line search does), which a fused group's one forward/backward for every trial cannot give "
+            "each trial. Use manual optimization, where each trial's own closure runs (on the loop backend): set "
+            "self.automatic_optimization = False and, in training_step, opt = self.optimizers(); "
+            "opt.step(closure) with a closure that computes the loss, zeroes the gradients, calls "
+            "self.manual_backward(loss) and returns the loss."
+        )
     if module is not None:
         own = {id(p) for p in module.parameters()}
         foreign = sum(1 for o in optimizers for g in o.param_groups for p in g["params"] if id(p) not in own)
@@ -197,3 +208,12 @@ def parse_optimizer_config(
                 "did not return."
             )
     return TrialOptimization(optimizer=optimizers[0], schedulers=specs, more_optimizers=list(optimizers[1:]))
+
+
+def _step_needs_closure(optimizer: Optimizer) -> bool:
+    """Whether the optimizer's ``step`` cannot run without a closure (``torch.optim.LBFGS``)."""
+    try:
+        closure = inspect.signature(type(optimizer).step).parameters.get("closure")
+    except (TypeError, ValueError):  # a step without a signature Python can read: assume the usual optional closure
+        return False
+    return closure is not None and closure.default is inspect.Parameter.empty
