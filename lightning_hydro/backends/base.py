@@ -21,7 +21,7 @@ from lightning_hydro.backends.trial_logging import LogCall
 if TYPE_CHECKING:
     from lightning_hydro.stacking.stacked_state import StackedState
 
-__all__ = ["Backend", "StackedLog", "StepOutputs", "stack_logs", "stack_outputs"]
+__all__ = ["Backend", "StackedLog", "StepOutputs", "rows_without_output", "stack_logs", "stack_outputs"]
 
 
 @dataclass
@@ -48,18 +48,28 @@ class StepOutputs:
     output: Tensor | dict[str, Tensor] | None
     logs: list[StackedLog] = field(default_factory=list)
     per_row: list[Any] | None = None  # the raw per-row return values, where the backend has them
+    # the rows whose step returned None while others returned a value (each trial's own code on the loop may skip a
+    # batch, as Lightning lets a step do): ``output`` holds zeros there, with no graph
+    without_output: tuple[int, ...] = ()
 
     def detached(self) -> StepOutputs:
         """The outputs without their autograd graph (and without the logs, which are booked already)."""
         return StepOutputs(
-            output=_detach(self.output), per_row=None if self.per_row is None else [_detach(v) for v in self.per_row]
+            output=_detach(self.output),
+            per_row=None if self.per_row is None else [_detach(v) for v in self.per_row],
+            without_output=self.without_output,
         )
 
     def cloned(self) -> StepOutputs:
         """The outputs and logs with every tensor copied (a CUDA graph's outputs are overwritten by its next replay)."""
         logs = [StackedLog(log.name, _map_tensors(log.values, Tensor.clone), log.options) for log in self.logs]
         per_row = None if self.per_row is None else [_map_tensors(v, Tensor.clone) for v in self.per_row]
-        return StepOutputs(output=_map_tensors(self.output, Tensor.clone), logs=logs, per_row=per_row)
+        return StepOutputs(
+            output=_map_tensors(self.output, Tensor.clone),
+            logs=logs,
+            per_row=per_row,
+            without_output=self.without_output,
+        )
 
     def loss(self) -> Tensor | None:
         """The ``[B]`` losses of a ``training_step`` (its tensor, or the dict's ``"loss"``), or None."""
@@ -100,11 +110,20 @@ class Backend(ABC):
 def stack_outputs(per_row: list[Any], method: str, *, strict: bool = True) -> Tensor | dict[str, Tensor] | None:
     """Stack per-row return values (tensors, dicts of tensors or None) along a new leading dimension.
 
-    With ``strict=False`` (predictions, which may be anything) unstackable values give None.
+    A row that returned None while others did not gets zeros of the others' shapes (see
+    :func:`rows_without_output`); None from every row gives None. With ``strict=False`` (predictions, which may be
+    anything) unstackable values give None, and so does a None in the first row.
+
+    Example::
+
+        >>> stack_outputs([torch.tensor(1.0), None, torch.tensor(3.0)], "training_step")
+        tensor([1., 0., 3.])
     """
-    first = per_row[0]
+    first = next((value for value in per_row if value is not None), None) if strict else per_row[0]
     if first is None:
         return None
+    if strict and len(rows_without_output(per_row)) > 0:
+        per_row = [_zeros_like(first) if value is None else value for value in per_row]
     if isinstance(first, Tensor):
         return torch.stack(per_row)
     if isinstance(first, Mapping):
@@ -114,6 +133,26 @@ def stack_outputs(per_row: list[Any], method: str, *, strict: bool = True) -> Te
     if not strict:
         return None
     raise step_output_error(first, method)
+
+
+def rows_without_output(per_row: list[Any]) -> tuple[int, ...]:
+    """The rows that returned None while another row returned a value (none if every row, or no row, did).
+
+    Example::
+
+        >>> rows_without_output([1, None, 2]), rows_without_output([None, None]), rows_without_output([1, 2])
+        ((1,), (), ())
+    """
+    rows = tuple(row for row, value in enumerate(per_row) if value is None)
+    return () if len(rows) == len(per_row) else rows
+
+
+def _zeros_like(output: Any) -> Any:
+    if isinstance(output, Tensor):
+        return torch.zeros_like(output, requires_grad=False)
+    if isinstance(output, Mapping):
+        return {key: _zeros_like(value) for key, value in output.items() if isinstance(value, Tensor)}
+    return output
 
 
 def step_output_error(output: Any, method: str) -> TypeError:

@@ -13,7 +13,7 @@ from typing import Any
 from torch.func import functional_call
 from typing_extensions import override
 
-from lightning_hydro.backends.base import Backend, StepOutputs, stack_logs, stack_outputs
+from lightning_hydro.backends.base import Backend, StepOutputs, rows_without_output, stack_logs, stack_outputs
 from lightning_hydro.backends.python_state import trial_code_ran
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
 from lightning_hydro.backends.vmap_backend import MethodCaller
@@ -53,8 +53,10 @@ class LoopBackend(Backend):
             with capture_logs(caller.module) as calls:
                 outputs.append(functional_call(caller, (params, buffers), (method, *args)))
             calls_per_row.append(calls)
+        strict = method != "predict_step"
         return StepOutputs(
-            output=stack_outputs(outputs, method, strict=method != "predict_step"),
+            output=stack_outputs(outputs, method, strict=strict),
             logs=stack_logs(calls_per_row, self.group.device),
             per_row=outputs,
+            without_output=rows_without_output(outputs) if strict else (),
         )

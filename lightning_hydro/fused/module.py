@@ -449,7 +449,9 @@ class FusedLightningModule(EvaluationHooks):
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
         # the closure runs training_step, which records each row's loss in self._health; the optimizer reads
         # the rows to skip from it after the closure, and reports what it did
-        report = optimizer.step(closure=optimizer_closure, skip=self._health)
+        step = self._training_step
+        report = optimizer.step(closure=optimizer_closure, skip=self._health, without_gradients=step.without_gradients)
+        step.optimizer_stepped()
         self._health.absorb(report, self.trainer.global_step + 1)
 
     @override
@@ -553,22 +555,29 @@ class FusedLightningModule(EvaluationHooks):
     def on_before_backward(self, loss: Tensor) -> None:
         if "on_before_backward" in self._batch_hooks.overridden:  # each trial with its own loss
             step = self._training_step
-            self._batch_hooks.before_backward(step.losses, step.batch, self.trainer.accumulate_grad_batches)
+            accumulate = self.trainer.accumulate_grad_batches
+            self._batch_hooks.before_backward(step.losses, step.batch, accumulate, step.rows_without_loss())
 
     @override
     def on_after_backward(self) -> None:
         if "on_after_backward" in self._batch_hooks.overridden:  # each trial with its own gradients
-            self._batch_hooks.around_the_update("on_after_backward", self._training_step.batch)
+            step = self._training_step
+            self._batch_hooks.around_the_update("on_after_backward", step.batch, step.rows_without_loss())
 
     @override
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         if "on_before_optimizer_step" in self._batch_hooks.overridden:  # each trial with its own optimizer
-            self._batch_hooks.around_the_update("on_before_optimizer_step", self._training_step.batch)
+            self._around_the_update("on_before_optimizer_step")
 
     @override
     def on_before_zero_grad(self, optimizer: Any) -> None:
         if "on_before_zero_grad" in self._batch_hooks.overridden:
-            self._batch_hooks.around_the_update("on_before_zero_grad", self._training_step.batch)
+            self._around_the_update("on_before_zero_grad")
+
+    def _around_the_update(self, hook: str) -> None:
+        step = self._training_step
+        gradless = [self._group.row_of(tid) for tid in step.without_gradients()]
+        self._batch_hooks.around_the_update(hook, step.batch, without_gradients=gradless)
 
     @override
     def on_fit_start(self) -> None:

@@ -377,13 +377,20 @@ class TrialGroupOptimizer(Optimizer):
 
     @override
     def step(  # type: ignore[override]
-        self, closure: Callable[[], Any] | None = None, *, skip: RowsToSkip | None = None
+        self,
+        closure: Callable[[], Any] | None = None,
+        *,
+        skip: RowsToSkip | None = None,
+        without_gradients: Callable[[], Sequence[int]] | None = None,
     ) -> StepReport | None:
         """Run the closure, then update every row that ``skip`` does not name and whose gradients are finite.
 
         Args:
             closure: Lightning's closure (forward, backward, clipping).
             skip: the rows not to step (a non-finite loss), read after the closure ran.
+            without_gradients: gives, after the closure ran, the trials whose steps returned no loss since the last
+                step (their rows hold zeros from the others' backward): each is stepped as alone with no gradient,
+                which torch's optimizers pass over (no update, no state change). They are not counted as skipped.
 
         Returns:
             What was stepped and skipped, or None if the closure produced no gradients (nothing updated).
@@ -399,17 +406,28 @@ class TrialGroupOptimizer(Optimizer):
             return None  # the step returned None: nothing to update, as for any torch optimizer
         ids = self.group.trial_ids
         by_loss = None if skip is None else skip.rows_to_skip(ids)
+        gradless = [] if without_gradients is None else [self.group.row_of(tid) for tid in without_gradients()]
         if self.fused is not None:  # one update of every row on the device; read back only where that is free
             read = skip is not None and skip.reads_each_step(self.group.device)
             param_groups = [self.trials[tid].optimizer.param_groups for tid in ids]
-            by_grads, skipped = self.fused.step(param_groups, () if by_loss is None else by_loss, read=read)
+            rows: Tensor | tuple[()] = () if by_loss is None else by_loss
+            passed = None
+            if gradless:  # left out of the update, and not reported as skipped
+                passed = torch.zeros(len(ids), dtype=torch.bool)
+                passed[gradless] = True
+                passed = passed.to(self.group.device)
+                rows = passed if by_loss is None else by_loss | passed
+            by_grads, skipped = self.fused.step(param_groups, rows, read=read)
+            if passed is not None:
+                by_grads, skipped = by_grads & ~passed, skipped & ~passed
             self._flag_stepped()
             return StepReport(tuple(ids), self.no_rows() if by_loss is None else by_loss, by_grads, skipped=skipped)
         if by_loss is None:
             by_loss = self.no_rows()
         report = StepReport(tuple(ids), by_loss, self._non_finite_gradients() & ~by_loss, on_host=True)
         stepped, _ = report.read()  # the universal path steps trial by trial: it must know which on the host
-        self.group.distribute_grads([self.group.row_of(tid) for tid in stepped])
+        self.group.distribute_grads([row for row in map(self.group.row_of, stepped) if row not in gradless])
+        self.group.clear_trial_grads(gradless)
         for tid in stepped:
             self.trials[tid].optimizer.step()
         return report

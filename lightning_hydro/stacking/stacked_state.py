@@ -295,9 +295,9 @@ class StackedState:
                 grad = stacked.grad
                 module.get_parameter(name).grad = None if grad is None else self.trial_view(name, row, grad[row])
 
-    def clear_trial_grads(self) -> None:
-        """Drop the trials' gradient views (the stacked gradients are managed by the caller)."""
-        for module in self.modules:
+    def clear_trial_grads(self, rows: Iterable[int] | None = None) -> None:
+        """Drop the trials' gradient views (the stacked gradients are managed by the caller); ``rows``: only theirs."""
+        for module in self.modules if rows is None else [self.modules[row] for row in rows]:
             for param in module.parameters():
                 param.grad = None
 

@@ -21,7 +21,7 @@ group cannot skip the epoch for some trials only, which raises with the remedy.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import lightning as L
@@ -137,24 +137,31 @@ class TrialBatchHooks:
             outputs = [_normalized(output, accumulate) for output in outputs]
         self.run("on_train_batch_end", lambda tid, row: (outputs[row], batch, batch_idx), batch)
 
-    def before_backward(self, losses: Tensor | None, batch: Any, accumulate: int = 1) -> None:
+    def before_backward(
+        self, losses: Tensor | None, batch: Any, accumulate: int = 1, without_loss: Collection[int] = ()
+    ) -> None:
         """Each trial's ``on_before_backward`` with its own loss (its row of the ``[B]`` losses).
 
         ``accumulate``: ``Trainer(accumulate_grad_batches=...)``; Lightning runs backward on the loss divided by it.
+        ``without_loss``: the rows whose step returned None (alone, no backward runs: nor does the hook).
         """
         if losses is not None:
             rows = losses / accumulate if accumulate > 1 else losses
-            self.run("on_before_backward", lambda tid, row: (rows[row],), batch)
+            self.run("on_before_backward", lambda tid, row: (rows[row],), batch, leave_out=without_loss)
 
-    def around_the_update(self, hook: str, batch: Any) -> None:
+    def around_the_update(
+        self, hook: str, batch: Any, without_loss: Collection[int] = (), without_gradients: Collection[int] = ()
+    ) -> None:
         """``on_after_backward``, or ``on_before_optimizer_step`` / ``on_before_zero_grad`` with each one's optimizer.
 
-        ``batch``: the batch being trained on (the size of an ``on_epoch`` mean a hook logs).
+        ``batch``: the batch being trained on (the size of an ``on_epoch`` mean a hook logs). ``without_loss``: the
+        rows whose step returned None (no ``on_after_backward`` for them, as alone); ``without_gradients``: the rows
+        with no loss since the last optimizer step (their hooks see no gradient, as alone).
         """
         if hook == "on_after_backward":
-            self.run(hook, lambda tid, row: (), batch)
+            self.run(hook, lambda tid, row: (), batch, leave_out=without_loss)
         else:
-            self.run(hook, lambda tid, row: (self.optimizer_of(tid),), batch)
+            self.run(hook, lambda tid, row: (self.optimizer_of(tid),), batch, without_gradients=without_gradients)
 
     # -- evaluation --------------------------------------------------------------------------------------------
 
@@ -171,24 +178,34 @@ class TrialBatchHooks:
 
     # -- the per-trial calls -------------------------------------------------------------------------------------
 
-    def run(self, hook: str, arguments: Callable[[int, int], tuple[Any, ...]], batch: Any) -> dict[int, Any]:
+    def run(
+        self,
+        hook: str,
+        arguments: Callable[[int, int], tuple[Any, ...]],
+        batch: Any,
+        *,
+        leave_out: Collection[int] = (),
+        without_gradients: Collection[int] = (),
+    ) -> dict[int, Any]:
         """Call ``hook`` of every running trial that overrides it; returns each one's answer, by trial id.
 
         Args:
             hook: the hook's name.
             arguments: a trial id and its row to the hook's arguments.
             batch: the current batch (an ``on_epoch`` mean the hook logs is weighted by its size, as Lightning does).
+            leave_out: rows whose trials are not called.
+            without_gradients: rows whose trials see no gradient (their parameters' ``.grad`` is None).
         """
         group = self.slots.group
         trial_code_ran()  # the hooks may change each trial's Python state its own way
         gradients = hook in _WITH_GRADIENTS and any(p.grad is not None for p in group.params.values())
         if gradients:
-            group.distribute_grads()
+            group.distribute_grads(row for row in range(group.size) if row not in without_gradients)
         answers: dict[int, Any] = {}
         logged: dict[str, tuple[list[int], list[Any], dict[str, Any]]] = {}
         try:
             for row, (tid, module) in enumerate(zip(group.trial_ids, group.modules)):
-                if not is_overridden(hook, module, L.LightningModule):
+                if row in leave_out or not is_overridden(hook, module, L.LightningModule):
                     continue
                 answers[tid], calls = call_trial_hook(hook, tid, module, *arguments(tid, row))
                 for call in calls:

@@ -64,6 +64,9 @@ class TrainingStep:
         # with compile=: a steady step's forward, backward, clipping and update as one compiled function
         self.whole = WholeStep(policy.compile)
         self._whole_ran = False  # the latest step ran whole: Lightning's backward has nothing left to do
+        # the trials whose step returned a loss since the last optimizer step; None: every trial did (the usual case)
+        self._with_loss: set[int] | None = None
+        self._window_batches = 0  # the batches since the last optimizer step (gradient accumulation's window)
 
     def __call__(self, batch: Any, batch_idx: int, chooser: Callable[[], Chooser]) -> Tensor | None:
         """The loss Lightning runs backward on (None: every trial has stopped, or the step returned None).
@@ -98,6 +101,7 @@ class TrainingStep:
         self.metrics.record_step("train", "training_step", out.logs, group.trial_ids, batch)
         self.batch, self.outputs, self.losses = batch, out, None
         loss = out.loss()
+        self._note_losses(group.trial_ids, range(group.size) if loss is None else out.without_output)
         if loss is None:
             return None
         loss = self.losses = loss.reshape(group.size)
@@ -111,6 +115,37 @@ class TrainingStep:
                 return total
         bad = health.record_losses(group.trial_ids, loss)  # stays on the device: no host sync
         return sum_of_finite(loss, bad)
+
+    def _note_losses(self, trial_ids: list[int], without: Any) -> None:
+        """Book which trials' steps returned no loss in this batch (``without``: their rows)."""
+        if without:
+            with_loss = {tid for row, tid in enumerate(trial_ids) if row not in without}
+            if self._with_loss is None:  # every trial had a loss in the window's batches before this one
+                self._with_loss = set(trial_ids) if self._window_batches else with_loss
+            else:
+                self._with_loss |= with_loss
+        elif self._with_loss is not None:
+            self._with_loss.update(trial_ids)
+        self._window_batches += 1
+
+    def without_gradients(self) -> list[int]:
+        """The trials whose steps returned no loss since the last optimizer step: they have no gradient to step on.
+
+        Alone, Lightning runs no backward for a step that returns None, and the optimizer's ``step`` passes over
+        parameters without a gradient; in a group the other trials' backward gives those rows zeros, so the group
+        optimizer must be told. Empty in the usual case (every trial returned a loss), at no cost.
+        """
+        if self._with_loss is None:
+            return []
+        return [tid for tid in self.policy.slots.group.trial_ids if tid not in self._with_loss]
+
+    def rows_without_loss(self) -> tuple[int, ...]:
+        """The rows whose step returned None in the latest batch while others returned a loss."""
+        return () if self.outputs is None else self.outputs.without_output
+
+    def optimizer_stepped(self) -> None:
+        """An optimizer step ended the gradient-accumulation window."""
+        self._with_loss, self._window_batches = None, 0
 
     def compile_report(self, update_failure: str) -> str:
         """What ``compile=`` did so far, in one line (``update_failure``: why the split step's update runs eagerly)."""
