@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch import Tensor
 from torch.func import functional_call
 from typing_extensions import override
 
@@ -44,15 +45,27 @@ class LoopBackend(Backend):
         # one unbind per parameter, not p[row] per trial: the backward of indexing allocates a whole [B, ...]
         # zero gradient per trial (quadratic in B), unbind's stacks the B row gradients once
         rows = {name: p.unbind(0) for name, p in self.group.params.items()}
+        reassigned: dict[str, dict[int, Tensor]] = {}  # the buffers each trial's step reassigned, by name and row
         for row, caller in enumerate(self._callers):
             # each trial at its own width (a group with pad_widths holds zero-padded rows)
             params = {f"module.{name}": self.group.trial_view(name, row, p[row]) for name, p in rows.items()}
             buffers = {
                 f"module.{name}": self.group.trial_view(name, row, b[row]) for name, b in self.group.buffers.items()
             }
-            with capture_logs(caller.module) as calls:
-                outputs.append(functional_call(caller, (params, buffers), (method, *args)))
+            caller.given = buffers  # the buffers the step reassigns are kept in caller.reassigned
+            try:
+                with capture_logs(caller.module) as calls:
+                    outputs.append(functional_call(caller, (params, buffers), (method, *args)))
+            finally:
+                caller.given = None
+            for name, value in caller.reassigned.items():
+                reassigned.setdefault(name, {})[row] = value
+            caller.reassigned = {}
             calls_per_row.append(calls)
+        if reassigned:  # new tensors, as alone: the old ones may be saved for the backward pass
+            self.group.replace_buffers(
+                {name: self.group.with_rows(name, values) for name, values in reassigned.items()}
+            )
         strict = method != "predict_step"
         return StepOutputs(
             output=stack_outputs(outputs, method, strict=strict),

@@ -76,15 +76,49 @@ def _without_mha_fast_path() -> Iterator[None]:
 
 
 class MethodCaller(nn.Module):
-    """Makes ``functional_call`` call any method of a module, not just ``forward``."""
+    """Makes ``functional_call`` call any method of a module, not just ``forward``.
+
+    With ``given`` (the buffers handed to ``functional_call``, keyed ``"module.{name}"``), the buffers the method
+    *reassigns* (``self.count = self.count + 1``; ``self.running_mean = (1 - m) * self.running_mean + m * mean``
+    in a norm layer of one's own) are kept in ``reassigned``, by name, before ``functional_call`` puts the module's
+    own tensors back and the new values would be lost; the backend stores them as the group's buffers. A change in
+    place (``self.count += 1``, BatchNorm's statistics) reaches the trial's row by itself.
+    """
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
         self.module = module
+        self.given: Mapping[str, Tensor] | None = None
+        self.reassigned: dict[str, Tensor] = {}
 
     @override
     def forward(self, method: str, *args: Any) -> Any:
-        return getattr(self.module, method)(*args)
+        out = getattr(self.module, method)(*args)
+        if self.given:
+            self.reassigned = reassigned_buffers(self.module, self.given, method)
+        return out
+
+
+def reassigned_buffers(module: nn.Module, given: Mapping[str, Tensor], method: str) -> dict[str, Tensor]:
+    """Each buffer of ``module`` that is no longer the tensor ``given`` for it (``"module.{name}"``), by name.
+
+    Raises:
+        FusionError: a buffer was reassigned with another shape or dtype, which its stacked row cannot hold.
+    """
+    found: dict[str, Tensor] = {}
+    for name, buffer in module.named_buffers():
+        target = given.get(f"module.{name}")
+        if target is None or buffer is target:
+            continue
+        if buffer.shape != target.shape or buffer.dtype != target.dtype:
+            raise FusionError(
+                f"{type(module).__name__}.{method} reassigns the buffer {name!r} with shape {tuple(buffer.shape)} and "
+                f"dtype {buffer.dtype}, where it had {tuple(target.shape)} and {target.dtype}: the trials' buffers "
+                "are stacked, one row per trial, and a row keeps its shape and dtype. Keep them (e.g. "
+                f"self.{name.rpartition('.')[2]} = new.to(old.dtype)), or keep the value as a plain attribute."
+            )
+        found[name] = buffer
+    return found
 
 
 def holds_tied_tensors(module: nn.Module) -> bool:
@@ -130,6 +164,7 @@ class VmapBackend(Backend):
         self.compile = check_compile_setting(compile)
         self._compiled: CompiledStep | None = None
         self._caller: MethodCaller | None = None
+        self._reassigned: dict[str, Tensor] = {}  # the buffers the latest call reassigned, [B, ...] each
         self._recorder: MetricRecorder | None = None
         self._logs = LogRecorder()  # the template's self.log while a call runs (the same object at every call)
         self.deferred_metrics: list[str] = []  # the torchmetrics metrics the last call replayed per trial
@@ -287,10 +322,14 @@ class VmapBackend(Backend):
             raise
         finally:
             self._active = None
+        reassigned, self._reassigned = self._reassigned, {}
         if step is not None and extra is None:  # the step did not run (it could not compile): nothing to book
             active.abort()
             return StepOutputs(output=None), None
         active.finish(stored)
+        if reassigned:  # new tensors, as alone: the old ones may be saved for the backward pass
+            stacked = self.group.buffers
+            self.group.replace_buffers({name: v.detach().clone() for name, v in reassigned.items() if name in stacked})
         output = None if kind == "none" else encoded
         # each trial's own torchmetrics metrics, called with its row of what the step passed to the template's
         logged_values = {c.value.call for c in calls if isinstance(c.value, DeferredValue)}
@@ -359,7 +398,13 @@ class VmapBackend(Backend):
         def per_trial(p: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[Any, ...]:
             logs.clear()  # (chunked: this chunk's calls)
             recorder.restart()
-            out = functional_call(caller, (p, b), (method, *args), tie_weights=tie)
+            caller.given = b  # the buffers the step reassigns come back beside its outputs
+            try:
+                out = functional_call(caller, (p, b), (method, *args), tie_weights=tie)
+            finally:
+                caller.given = None
+            reassigned, caller.reassigned = caller.reassigned, {}
+            side["reassigned"] = list(reassigned)
             calls = logs.calls
             logs.clear()  # vmap's batched tensors must not leave the mapped function: keep their place, return them
             side["calls"] = [
@@ -376,11 +421,12 @@ class VmapBackend(Backend):
                     )
             logged = tuple(c.value for c in calls if isinstance(c.value, Tensor))
             # one flat tuple out: vmap's own handling of a nested output (out_dims broadcast over it) costs more
-            flat, side["spec"] = tree_flatten((encoded, logged, recorder.tensors(), stored))
+            flat, side["spec"] = tree_flatten((encoded, logged, recorder.tensors(), stored, tuple(reassigned.values())))
             return tuple(flat)
 
         flat = vmap(per_trial, in_dims=(0, 0), randomness="different", chunk_size=self.chunk_size)(params, buffers)
-        encoded, logged, metric_args, stored = tree_unflatten(list(flat), side["spec"])
+        encoded, logged, metric_args, stored, reassigned = tree_unflatten(list(flat), side["spec"])
+        self._reassigned = dict(zip(side["reassigned"], reassigned))  # stored by _call, once the call succeeded
         return encoded, logged, metric_args, stored, side["calls"], side["kind"]
 
     def _stack_logs(

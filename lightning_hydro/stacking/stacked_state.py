@@ -283,8 +283,72 @@ class StackedState:
         for row, module in enumerate(self.modules):
             for name, stacked in self.params.items():
                 module.get_parameter(name).data = self.trial_view(name, row, stacked.data[row])
+        self.bind_buffers()
+
+    def bind_buffers(self) -> None:
+        """Point every trial's buffers at its row of the stacked buffers again.
+
+        A trial's own code run on its module directly (not through the backends) that *reassigns* a buffer
+        (``self.count = self.count + 1``) replaces the module's view of its row with a tensor of its own.
+        """
+        for row, module in enumerate(self.modules):
             for name, stacked_buffer in self.buffers.items():
                 _set_buffer(module, name, self.trial_view(name, row, stacked_buffer[row]))
+
+    def replace_buffers(self, values: Mapping[str, Tensor]) -> None:
+        """Make each given ``[B, ...]`` tensor the stacked buffer of its name, and bind the trials to its rows.
+
+        For buffers a step reassigned: a new tensor, as the step made alone, leaves the old one intact for an
+        autograd graph that saved it (a copy into it would fail that graph's backward).
+        """
+        for name, value in values.items():
+            old = self.buffers[name]
+            if value.shape != old.shape or value.dtype != old.dtype or value.device != old.device:
+                raise ValueError(
+                    f"StackedState.replace_buffers: {name!r} must stay {tuple(old.shape)}, {old.dtype} on "
+                    f"{old.device}; got {tuple(value.shape)}, {value.dtype} on {value.device}."
+                )
+            _set_buffer(self.storage, storage_key(name), value)
+            self.buffers[name] = value
+            for row, module in enumerate(self.modules):
+                _set_buffer(module, name, self.trial_view(name, row, value[row]))
+
+    def adopt_reassigned_buffers(self, rows: Iterable[int] | None = None) -> None:
+        """Store each buffer a trial's own code reassigned on its module as the trial's row, and bind it again.
+
+        For code run on the trial modules directly (their hooks): a buffer changed in place is in the row already,
+        one reassigned (``self.ema = 0.9 * self.ema + ...``) is a tensor of the module's own, which the next fused
+        step would not see.
+
+        Raises:
+            ValueError: the new tensor's shape or dtype differs from the row's.
+        """
+        found: dict[str, dict[int, Tensor]] = {}
+        for row in range(self.size) if rows is None else rows:
+            module = self.modules[row]
+            for name, stacked_buffer in self.buffers.items():
+                current = module.get_buffer(name)
+                if current.untyped_storage().data_ptr() == stacked_buffer.untyped_storage().data_ptr():
+                    continue  # still a view of its row
+                own = self.trial_view(name, row, stacked_buffer[row])
+                if current.shape != own.shape or current.dtype != own.dtype:
+                    raise ValueError(
+                        f"trial {self.trial_ids[row]}'s code reassigned its buffer {name!r} with shape "
+                        f"{tuple(current.shape)} and dtype {current.dtype}, where it had {tuple(own.shape)} and "
+                        f"{own.dtype}: the trials' buffers are stacked, one row per trial, and a row keeps its "
+                        "shape and dtype. Keep them, or keep the value as a plain attribute."
+                    )
+                found.setdefault(name, {})[row] = current
+        if found:
+            self.replace_buffers({name: self.with_rows(name, values) for name, values in found.items()})
+
+    def with_rows(self, name: str, values: Mapping[int, Tensor]) -> Tensor:
+        """A copy of the stacked buffer ``name`` holding the given rows' new values (each at its trial's width)."""
+        stacked = self.buffers[name].detach().clone()
+        with torch.no_grad():
+            for row, value in values.items():
+                self.trial_view(name, row, stacked[row]).copy_(value)
+        return stacked
 
     def distribute_grads(self, rows: Iterable[int] | None = None) -> None:
         """Set each trial parameter's ``.grad`` to the view ``stacked.grad[row]`` (None where it has none)."""

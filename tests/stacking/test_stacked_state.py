@@ -132,3 +132,21 @@ def test_a_backward_after_the_rows_change_works_while_a_graph_of_the_old_rows_is
     state.reorder(list(reversed(state.trial_ids)))
     kept_now.backward()
     assert state.params["weight"].grad.shape == (rows, 2, 3)
+
+
+def test_replaced_buffers_leave_the_old_tensor_to_a_graph_that_saved_it_and_bind_the_trials():
+    trials = [nn.BatchNorm1d(2) for _ in range(3)]
+    state = StackedState(nn.Module(), trials, trial_ids=[0, 1, 2])
+    weight = torch.ones(3, 2, requires_grad=True)
+    out = (weight * state.buffers["running_var"]).sum()  # the backward needs the old running_var
+    new = state.with_rows("running_var", {1: torch.tensor([5.0, 6.0])})
+    state.replace_buffers({"running_var": new})
+    out.backward()  # a copy into the old tensor would fail here ("modified by an inplace operation")
+    assert trials[1].running_var.tolist() == [5.0, 6.0]
+    assert trials[0].running_var.tolist() == [1.0, 1.0]
+    trials[2].running_var = torch.tensor([7.0, 8.0])  # a hook's reassignment on the trial module
+    state.adopt_reassigned_buffers()
+    assert state.buffers["running_var"][2].tolist() == [7.0, 8.0]
+    assert (
+        trials[2].running_var.untyped_storage().data_ptr() == state.buffers["running_var"].untyped_storage().data_ptr()
+    )

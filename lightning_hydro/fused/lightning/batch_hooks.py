@@ -215,6 +215,8 @@ class TrialBatchHooks:
         finally:
             if gradients:  # the stacked gradients stay the truth; a change made in place through a view is in them
                 group.clear_trial_grads()
+            if group.buffers:  # a buffer a hook reassigned (not changed in place) is written into its row
+                group.adopt_reassigned_buffers()
         phase = BATCH_HOOKS[hook]
         if phase is not None:
             for name, (ids, values, options) in logged.items():

@@ -52,11 +52,30 @@ def _differing_attribute_texts(modules: Sequence[nn.Module], *, ids: Sequence[in
 
 
 @contextmanager
-def _restored(state: PythonState) -> Iterator[None]:
+def _restored(state: _StepState) -> Iterator[None]:
     try:
         yield
     finally:
         state.restore()
+
+
+class _StepState:
+    """The trials' Python state and the group's buffers as they were, put back by :meth:`restore`."""
+
+    def __init__(self, python: PythonState, group: StackedState) -> None:
+        self.python = python
+        self.group = group
+        self.buffers = {name: buffer.clone() for name, buffer in group.buffers.items()}
+
+    def restore(self) -> None:
+        """Put the Python state and the buffers back as they were when this was made."""
+        self.python.restore()
+        with torch.no_grad():
+            for name, value in self.buffers.items():
+                buffer = self.group.buffers[name]
+                if not torch.equal(buffer, value):  # an unchanged one is left alone: the fused backward may need it
+                    buffer.copy_(value)
+        self.group.bind_buffers()  # a trial's own step that reassigned a buffer replaced its view of the row
 
 
 @contextmanager
@@ -308,8 +327,9 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
     stacked = [group.params[name] for name in names]
     device = stacked[0].device
     reduction = _reduction_size(batch, stacked)
-    # every run starts from the trials' Python state as it was, and none leaves a trace in it
-    state = PythonState(modules)
+    # every run starts from the trials' Python state and buffers as they were, and none leaves a trace in them (a
+    # step that counts in a buffer, self.seen += 1, would count each check run: the buffers are the group's own)
+    state = _StepState(PythonState(modules), group)
     # in full precision: under bf16 autocast two correct computations already differ at the 1e-2 level
     with (
         _eval_mode(modules),

@@ -194,3 +194,4 @@ def check_python_arguments(
         with torch.no_grad():
             for name, value in saved_buffers.items():
                 group.buffers[name].copy_(value)
+        group.bind_buffers()  # a trial's own step that reassigned a buffer replaced its view of the row
