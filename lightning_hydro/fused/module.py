@@ -506,10 +506,13 @@ class FusedLightningModule(EvaluationHooks):
             return None  # every trial has stopped (on_train_batch_start skips such batches)
         if self._manual is not None:
             self._manual_training_step(batch, batch_idx)
+            self._publisher.put_step_values(self.trainer)
             return None
         # the steady step, top to bottom: lightning_hydro/fused/step/ (the chooser is looked up here, so that tests
         # can replace the module's; several processes take rank 0's choice)
-        return self._training_step(batch, batch_idx, self._chooser)
+        loss = self._training_step(batch, batch_idx, self._chooser)
+        self._publisher.put_step_values(self.trainer)  # as self.log's values alone: before any batch-end hook
+        return loss
 
     def _chooser(self) -> Chooser:
         return self._ranks.chooser(choose_backend, self.trainer)

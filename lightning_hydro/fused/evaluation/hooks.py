@@ -8,7 +8,8 @@ hook hands on, a line or two each:
 - the trials' train/eval modes around evaluation (:class:`.modes.TrialModes`), and the evaluation layout that lets
   ``trainer.test`` / ``validate`` / ``predict`` evaluate every trial, the ended ones too
   (:class:`.steps.EvaluationSteps`);
-- the steps: one backend call for every trial, what they log booked per trial, predictions by trial id;
+- the steps: one backend call for every trial, what they log booked per trial (with several dataloaders, under
+  each loader's names: ``"val_loss/dataloader_idx_1"``), predictions by trial id;
 - the trials' own batch-level hooks, each with its own outputs (:mod:`lightning_hydro.fused.lightning.batch_hooks`);
 - at an epoch's end, the trials' own epoch hooks and each trial's values published as ``name/trial_{id}``; after
   ``validate`` and ``test``, the best trial's under the unfused names
@@ -146,6 +147,7 @@ class EvaluationHooks(L.LightningModule):
         self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int | None = None
     ) -> None:
         self._eval_batch_hook("on_validation_batch_end", self._step_out, batch, batch_idx, dataloader_idx)
+        self._publisher.publish_evaluation_step("validate", self.log)
 
     @override
     def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
@@ -154,6 +156,7 @@ class EvaluationHooks(L.LightningModule):
     @override
     def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
         self._eval_batch_hook("on_test_batch_end", self._step_out, batch, batch_idx, dataloader_idx)
+        self._publisher.publish_evaluation_step("test", self.log)
 
     @override
     def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int | None = None) -> None:
@@ -166,7 +169,10 @@ class EvaluationHooks(L.LightningModule):
     def _eval_batch_hook(
         self, hook: str, out: StepOutputs | None, batch: Any, batch_idx: int, dataloader_idx: int | None
     ) -> None:
-        # Lightning passes dataloader_idx only with several dataloaders; the trials get what it passed
+        # Lightning passes dataloader_idx only with several dataloaders, and names what is logged by it then: what the
+        # trials log in this batch (step and batch hooks) is booked under the loader's names
+        self._metrics.dataloader_idx = dataloader_idx
+        # the trials get what Lightning passed
         if hook in self._batch_hooks.overridden:
             rest = () if dataloader_idx is None else (dataloader_idx,)
             self._batch_hooks.eval_batch(hook, out, batch, batch_idx, *rest)
@@ -176,10 +182,12 @@ class EvaluationHooks(L.LightningModule):
         fitting = self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
         if fitting and not self.trainer.sanity_checking:
             self.read_health()  # validation inside an epoch: its decisions must see every divergence so far
+        self._metrics.forget_step_values("validate")  # as Lightning starts each evaluation run's results afresh
         self._forward_hook("on_validation_epoch_start")
 
     @override
     def on_validation_epoch_end(self) -> None:
+        self._metrics.dataloader_idx = None  # Lightning's epoch-end hooks log without a loader's suffix
         self._forward_hook("on_validation_epoch_end")
         self._publisher.publish_epoch("validate", self.log, sanity_checking=self.trainer.sanity_checking)
 
@@ -192,10 +200,12 @@ class EvaluationHooks(L.LightningModule):
 
     @override
     def on_test_epoch_start(self) -> None:
+        self._metrics.forget_step_values("test")
         self._forward_hook("on_test_epoch_start")
 
     @override
     def on_test_epoch_end(self) -> None:
+        self._metrics.dataloader_idx = None
         self._forward_hook("on_test_epoch_end")
         self._publisher.publish_epoch("test", self.log, sanity_checking=self.trainer.sanity_checking)
 

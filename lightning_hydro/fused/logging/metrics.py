@@ -2,8 +2,14 @@
 
 Lightning's ``self.log`` costs about half a millisecond per key per step, so B trials times K metrics
 cannot go through it every step. The fused module records each step's values here as ``[B]`` tensors
-(one tensor op per metric, whatever B is) and hands Lightning only the per-trial *epoch* values, once per
-epoch, plus the step values at the Trainer's logging interval.
+(one tensor op per metric, whatever B is) and hands Lightning only the per-trial *epoch* values through
+``self.log``, once per epoch; the step values go into the Trainer's metric dictionaries as device tensors, and to
+the loggers at the Trainer's logging interval (:mod:`.publisher`).
+
+Each value is kept under the name Lightning gives it (:mod:`.names`): a validation or test value of one of
+several dataloaders under ``"{name}/dataloader_idx_{i}"`` (:attr:`TrialMetrics.dataloader_idx`, set per evaluation
+batch as Lightning sets it), so each loader's values are reduced apart; a step value under ``"{name}_step"`` where
+the value is logged on epoch level too (the epoch value's ``"{name}_epoch"``: :meth:`TrialMetrics.names_of`).
 
 Slots can change mid-epoch (a trial stopped, another added): :meth:`TrialMetrics.reslot` folds the rows
 accumulated so far into per-trial partial results, so each trial's epoch value covers exactly the
@@ -38,8 +44,17 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from torch import Tensor
 
 from lightning_hydro.backends import StackedLog
+from lightning_hydro.fused.logging.names import LightningNames, lightning_names
 
-__all__ = ["MetricOptions", "ReduceFx", "Reducer", "TrialMetrics", "record_step_logs", "resolve_options"]
+__all__ = [
+    "MetricOptions",
+    "ReduceFx",
+    "Reducer",
+    "StepValue",
+    "TrialMetrics",
+    "record_step_logs",
+    "resolve_options",
+]
 
 ReduceFx = Literal["mean", "sum", "max", "min"]
 # Reduces a tensor element-wise across the processes of a distributed run ("mean", "sum", "max" or "min").
@@ -71,6 +86,7 @@ class MetricOptions:
     logger: bool = True
     prog_bar: bool = False
     sync_dist: bool = False
+    add_dataloader_idx: bool = True
 
 
 def resolve_options(hook: str, options: dict[str, Any]) -> MetricOptions:
@@ -98,6 +114,7 @@ def resolve_options(hook: str, options: dict[str, Any]) -> MetricOptions:
         logger=True if logger is None else bool(logger),
         prog_bar=bool(options.get("prog_bar", False)),
         sync_dist=bool(options.get("sync_dist", False)),
+        add_dataloader_idx=bool(options.get("add_dataloader_idx", True)),
     )
 
 
@@ -114,6 +131,7 @@ class _Accumulator:
     """Epoch accumulation of one metric: the current rows as tensors, earlier rows folded per trial."""
 
     options: MetricOptions
+    dataloader_idx: int | None = None  # the evaluation loader it was first logged from
     trial_ids: list[int] = field(default_factory=list)
     total: Tensor | None = None
     weight: Tensor | None = None
@@ -174,18 +192,62 @@ def _reduce_folded(
     return {tid: (float(total), float(weight)) for tid, (total, weight) in zip(tids, pairs.tolist())}
 
 
+@dataclass(frozen=True)
+class StepValue:
+    """The latest step value of one ``on_step`` metric: ``values[i]`` belongs to ``trial_ids[i]``."""
+
+    names: LightningNames
+    options: MetricOptions
+    trial_ids: list[int]
+    values: Tensor
+    dataloader_idx: int | None = None
+
+    def per_trial(self) -> dict[int, Tensor]:
+        """Each trial's value as a 0-dim tensor (views of the row: no value is read to the host)."""
+        return dict(zip(self.trial_ids, self.values.reshape(len(self.trial_ids)).unbind(0)))
+
+
 class TrialMetrics:
-    """Aggregates per-trial logged values by phase ("train", "validate", "test") and metric name."""
+    """Aggregates per-trial logged values by phase ("train", "validate", "test") and metric name.
+
+    The name of a value logged from an evaluation step of one of several dataloaders takes the loader's suffix
+    (``"val_loss/dataloader_idx_1"``), as Lightning names it; :attr:`dataloader_idx` says which loader the current
+    batch comes from.
+    """
 
     def __init__(self) -> None:
         self._epoch: dict[str, dict[str, _Accumulator]] = {}
-        self._step: dict[str, tuple[list[int], Tensor, MetricOptions]] = {}
+        self._step: dict[str, dict[str, StepValue]] = {}
+        self._names: dict[tuple[str, str], LightningNames] = {}  # by phase and plain name
         self._epoch_values: dict[str, dict[int, dict[str, float]]] = {}
         self._epoch_value_options: dict[str, dict[str, MetricOptions]] = {}
         self._objects: dict[str, dict[str, tuple[MetricOptions, dict[int, Any]]]] = {}
         self.names: set[str] = set()  # every name logged so far, in any phase (the sanity check included)
         self.reduce: Reducer | None = None  # set when several processes train the group (sync_dist=True)
         self.unsynced: set[str] = set()  # epoch-level names logged without sync_dist=True under several processes
+        # the evaluation dataloader of the current batch when there are several (Lightning passes its index only then),
+        # else None: set by the fused module at each evaluation batch, as Lightning sets its result collection's
+        self.dataloader_idx: int | None = None
+
+    def names_of(self, phase: str, name: str) -> LightningNames:
+        """Lightning's names of a value of ``phase`` (the step and epoch names of ``"loss"``: ``"loss_step"``, ...)."""
+        return self._names.get((phase, name)) or lightning_names(name, forked=False)
+
+    def _name(self, phase: str, name: str, options: MetricOptions) -> LightningNames:
+        """The value's Lightning names, from the current dataloader; noted in :attr:`names`."""
+        loader = self.dataloader_idx if options.add_dataloader_idx else None
+        names = lightning_names(name, forked=options.on_step and options.on_epoch, dataloader_idx=loader)
+        accumulator = self._epoch.get(phase, {}).get(names.plain)
+        if accumulator is not None and accumulator.dataloader_idx != self.dataloader_idx:
+            raise ValueError(
+                f"self.log({name!r}, add_dataloader_idx=False) was called from the steps of dataloaders "
+                f"{accumulator.dataloader_idx} and {self.dataloader_idx} in one epoch, which Lightning refuses for one "
+                "module too. Fix: log a name of its own per dataloader (e.g. f'{name}_{dataloader_idx}'), or leave "
+                "add_dataloader_idx=True."
+            )
+        self._names[phase, names.plain] = names
+        self.names.update((names.plain, names.step, names.epoch))
+        return names
 
     def record(
         self,
@@ -197,20 +259,25 @@ class TrialMetrics:
         trial_ids: Sequence[int],
         batch_size: int = 1,
     ) -> None:
-        """Record one logged metric for the trials ``trial_ids`` (``values[i]`` belongs to ``trial_ids[i]``)."""
-        self.names.add(name)
+        """Record one logged metric for the trials ``trial_ids`` (``values[i]`` belongs to ``trial_ids[i]``).
+
+        Raises:
+            ValueError: for a name logged with ``add_dataloader_idx=False`` from two dataloaders in one epoch.
+        """
+        names = self._name(phase, name, options)
         if self.reduce is not None and options.on_epoch and not options.sync_dist:
-            self.unsynced.add(name)
+            self.unsynced.add(names.plain)
         if options.on_step:
             step = values.detach()
             if self.reduce is not None and options.sync_dist:  # as Lightning syncs a step value: when logged
                 step = self.reduce(step.to(torch.float64), options.reduce_fx).to(step.dtype)
-            self._step[name] = (list(trial_ids), step, options)
+            value = StepValue(names, options, list(trial_ids), step, self.dataloader_idx)
+            self._step.setdefault(phase, {})[names.plain] = value
         if options.on_epoch:
             accumulators = self._epoch.setdefault(phase, {})
-            if name not in accumulators:
-                accumulators[name] = _Accumulator(options)
-            accumulators[name].add(values, trial_ids, batch_size)
+            if names.plain not in accumulators:
+                accumulators[names.plain] = _Accumulator(options, self.dataloader_idx)
+            accumulators[names.plain].add(values, trial_ids, batch_size)
 
     def record_step(
         self, phase: str, hook: str, logs: Sequence[StackedLog], trial_ids: Sequence[int], batch: Any
@@ -238,7 +305,7 @@ class TrialMetrics:
 
         Their value is computed once at the end of the epoch, then they are reset, as Lightning does.
         """
-        self.names.add(name)
+        name = self._name(phase, name, options).plain
         per_name = self._objects.setdefault(phase, {})
         _, known = per_name.get(name, (options, {}))
         per_name[name] = (options, {**known, **objects})
@@ -266,16 +333,23 @@ class TrialMetrics:
             for accumulator in accumulators.values():
                 accumulator.fold()
 
-    def step_values(self, *, logger_only: bool = False) -> dict[int, dict[str, float]]:
-        """The latest step value of every ``on_step`` metric, per trial (one device sync)."""
+    def step_values(self, phase: str = "train", *, logger_only: bool = False) -> dict[int, dict[str, float]]:
+        """The latest step value of every ``on_step`` metric of ``phase``, per trial, under its step name (one sync)."""
         out: dict[int, dict[str, float]] = {}
-        for name, (trial_ids, values, options) in self._step.items():
-            if logger_only and not options.logger:
+        for step in self._step.get(phase, {}).values():
+            if logger_only and not step.options.logger:
                 continue
-            key = f"{name}_step" if options.on_epoch else name
-            for tid, value in zip(trial_ids, values.reshape(len(trial_ids)).tolist()):
-                out.setdefault(tid, {})[key] = value
+            for tid, value in zip(step.trial_ids, step.values.reshape(len(step.trial_ids)).tolist()):
+                out.setdefault(tid, {})[step.names.step] = value
         return out
+
+    def latest_steps(self, phase: str = "train") -> list[StepValue]:
+        """The latest step value of every ``on_step`` metric of ``phase``, on the device (nothing is read)."""
+        return list(self._step.get(phase, {}).values())
+
+    def forget_step_values(self, phase: str) -> None:
+        """Drop ``phase``'s step values: an evaluation run starts without the last run's, as Lightning's does."""
+        self._step.pop(phase, None)
 
     def epoch_options(self, phase: str) -> dict[str, MetricOptions]:
         """The options of each metric accumulated in ``phase`` this epoch."""

@@ -2,11 +2,17 @@
 
 A fused step returns each metric the user's step logged as a ``[B]`` tensor (or per-trial metric objects);
 :meth:`~lightning_hydro.fused.logging.metrics.TrialMetrics.record_step` books them under Lightning's options, on the
-device, per trial. The
-publisher hands it on under ``"{name}/trial_{id}"``: step values straight to the loggers (every
-``log_every_n_steps``), epoch values through the fused module's ``self.log`` (so that callbacks and LR schedulers
-monitoring ``"val_loss/trial_3"`` see them) and into each trial's record, and the count of running, stopped and
-diverged trials on the progress bar.
+device, per trial. The publisher hands them on under Lightning's names (:mod:`.names`: ``"loss_step"``,
+``"loss_epoch"``, ``"val_loss/dataloader_idx_1"``) with ``"/trial_{id}"`` last:
+
+- training step values into ``trainer.callback_metrics`` and ``trainer.logged_metrics`` after every training step
+  (0-dim views of the device rows: nothing is read), and to the loggers every ``log_every_n_steps``;
+- evaluation step values (``on_step=True`` in a validation or test step) through the fused module's ``self.log``
+  at the batch's end, so that Lightning logs them at its evaluation step, as for one module;
+- epoch values through the fused module's ``self.log`` (so that callbacks and LR schedulers monitoring
+  ``"val_loss/trial_3"`` see them) and into each trial's record;
+- the count of running, stopped and diverged trials on the progress bar (the trials' own values stay off it: a
+  group of many trials would fill it).
 
 After ``fit``, ``validate`` and ``test``, :meth:`TrialPublisher.publish_chosen_trial` also puts one trial's values under
 the unfused names (``"val/acc"``) into ``trainer.callback_metrics`` and ``trainer.logged_metrics``, for code that
@@ -54,8 +60,19 @@ class TrialPublisher:
         """Every trial's record."""
         return self.slots.book
 
+    def put_step_values(self, trainer: L.Trainer) -> None:
+        """After each training step: its values into ``trainer.callback_metrics`` and ``logged_metrics``.
+
+        Before Lightning's ``on_train_batch_end`` hooks, as alone (a callback's hook reads the step's own values).
+        """
+        _put_step_values(trainer, self.metrics)
+
     def publish_step(self, trainer: L.Trainer, log: LogFunction) -> None:
-        """After an optimizer step: the step values to the loggers when due, the trial counts to the progress bar."""
+        """After an optimizer step: step values to the Trainer's metrics and, when due, the loggers; counts to the bar.
+
+        The Trainer's metrics get them again: the trials' own batch-end hooks may have logged more since the step.
+        """
+        _put_step_values(trainer, self.metrics)
         step = _logging_step(trainer)
         if trainer.loggers and _should_log_step(trainer, step):
             flat = {
@@ -89,19 +106,42 @@ class TrialPublisher:
             return
         _warn_unsynced(self.metrics)
         for tid, metrics in values.items():
-            self.book.record_metrics(tid, metrics)
+            self.book.record_metrics(tid, _with_epoch_names(metrics, self.metrics, phase))
             for name, value in metrics.items():
                 synced = name in options and options[name].sync_dist and self.metrics.reduce is not None
-                log(
-                    f"{name}/trial_{tid}",
-                    value,
-                    on_step=False,
-                    on_epoch=True,
-                    # None means Lightning's default (True) without its warning when no logger is configured
-                    logger=None if name not in options or options[name].logger else False,
-                    batch_size=1,
-                    sync_dist=synced,
-                )
+                names = self.metrics.names_of(phase, name)
+                # None means Lightning's default (True) without its warning when no logger is configured
+                logger = None if name not in options or options[name].logger else False
+                # a value logged on step and epoch: the loggers get "loss_epoch", callback_metrics "loss" too
+                keys: tuple[tuple[str, bool | None], ...] = ((name, logger),)
+                if names.forked:
+                    keys = ((names.epoch, logger), (names.plain, False))
+                for key, to_logger in keys:
+                    log(
+                        f"{key}/trial_{tid}",
+                        value,
+                        on_step=False,
+                        on_epoch=True,
+                        logger=to_logger,
+                        batch_size=1,
+                        sync_dist=synced,
+                        add_dataloader_idx=False,  # a loader's suffix is in the name already, before the trial's
+                    )
+
+    def publish_evaluation_step(self, phase: str, log: LogFunction) -> None:
+        """At an evaluation batch's end: its step values (``on_step=True``), through the fused module's ``log``.
+
+        Lightning then logs them to ``trainer.logged_metrics`` and the loggers at its evaluation step, as it logs a
+        module's own (not to ``callback_metrics``: an evaluation step value never goes there). Only the values of
+        the batch's dataloader: each loader's have their own names.
+        """
+        for step in self.metrics.latest_steps(phase):
+            if not step.options.logger or step.dataloader_idx != self.metrics.dataloader_idx:
+                continue
+            for tid, value in step.per_trial().items():
+                # the names carry the loader's suffix before the trial's already
+                key = f"{step.names.step}/trial_{tid}"
+                log(key, value, on_step=True, on_epoch=False, add_dataloader_idx=False, batch_size=1)
 
     def end_training_epoch(self, epoch: int, log: LogFunction, *, sanity_checking: bool) -> None:
         """At a training epoch's end: keep the last step values, publish the epoch, credit it to each running trial."""
@@ -145,7 +185,7 @@ class TrialPublisher:
         for source in (self.metrics.step_values(), self.metrics.epoch_so_far("train")):
             for tid, values in source.items():
                 if tid in latest:
-                    latest[tid].update(values)
+                    latest[tid].update(_with_epoch_names(values, self.metrics, "train"))
         return latest
 
 
@@ -166,6 +206,33 @@ def chosen_trial(records: Mapping[int, TrialRecord], monitor: str | None, mode: 
     if monitor is None:
         return next(iter(records)) if len(records) == 1 else None
     return best_trial(records, monitor, mode)
+
+
+def _with_epoch_names(values: Mapping[str, float], metrics: TrialMetrics, phase: str) -> dict[str, float]:
+    """A trial's epoch values with each value logged on step and epoch under its epoch name too (``"loss_epoch"``)."""
+    out = dict(values)
+    for name, value in values.items():
+        out.setdefault(metrics.names_of(phase, name).epoch, value)
+    return out
+
+
+def _put_step_values(trainer: L.Trainer, metrics: TrialMetrics) -> None:
+    """Each trial's latest training step values into ``trainer.callback_metrics`` and ``logged_metrics``.
+
+    Under Lightning's names (``"loss"`` and ``"loss_step"`` in ``callback_metrics``, ``"loss_step"`` in
+    ``logged_metrics``, for a value logged on step and epoch); 0-dim views of the rows, so nothing is read.
+    """
+    steps = metrics.latest_steps("train")
+    if not steps:
+        return
+    callback, logged = trainer.callback_metrics, trainer.logged_metrics
+    for step in steps:
+        names = step.names
+        for tid, value in step.per_trial().items():
+            callback[f"{names.plain}/trial_{tid}"] = value
+            callback[f"{names.step}/trial_{tid}"] = value
+            if step.options.logger:
+                logged[f"{names.step}/trial_{tid}"] = value
 
 
 def _warn_unsynced(metrics: TrialMetrics) -> None:

@@ -1,0 +1,326 @@
+"""Each fused trial's values under the names Lightning gives them when the trial is trained alone, with the trial's
+suffix last: ``"loss_step"``/``"loss_epoch"`` for a value logged on step and epoch, ``"/dataloader_idx_{i}"`` with
+several evaluation dataloaders (lightning_hydro/fused/logging/names.py, metrics.py, publisher.py)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loggers import Logger
+from torch.utils.data import DataLoader, Subset
+
+from lightning_hydro import FusedLightningModule
+from lightning_hydro.demos import DigitsDataModule, DigitsMLP
+from lightning_hydro.fused.lightning.trainer_view import trial_metrics_view
+from tests.helpers import make_trainer, max_state_difference
+
+BACKENDS = ["vmap", "loop"]
+LEARNING_RATES = (0.05, 0.2, 0.5)
+# every on_step/on_epoch combination, by the suffix of the name it is logged under
+LEVELS = {"s": (True, False), "e": (False, True), "se": (True, True)}
+METRIC_DICTS = ("callback_metrics", "logged_metrics")
+
+
+class EveryLevel(DigitsMLP):
+    """Logs its loss with each on_step/on_epoch combination in its training, validation and test steps."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        for suffix, (on_step, on_epoch) in LEVELS.items():
+            self.log(f"train_{suffix}", loss, on_step=on_step, on_epoch=on_epoch)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        for suffix, (on_step, on_epoch) in LEVELS.items():
+            self.log(f"val_{suffix}", loss, on_step=on_step, on_epoch=on_epoch)
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("test_loss", F.cross_entropy(self(x), y), on_step=True, on_epoch=True)
+
+
+class PerLoader(DigitsMLP):
+    """Logs its validation and test losses with Lightning's defaults, from several loaders."""
+
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("val_loss", loss)
+        self.log(f"own_{dataloader_idx}", loss, add_dataloader_idx=False)  # a name of its own, without the suffix
+
+    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        x, y = batch
+        self.log("test_loss", F.cross_entropy(self(x), y))
+
+
+class SameNameForEveryLoader(DigitsMLP):
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self(x), y), add_dataloader_idx=False)
+
+
+class TwoLoaders(DigitsDataModule):
+    """Two validation (and test) loaders of different sizes over the validation set."""
+
+    def val_dataloader(self) -> list[DataLoader]:
+        assert self.val_set is not None
+        return [
+            DataLoader(Subset(self.val_set, range(0, 160)), batch_size=64),
+            DataLoader(Subset(self.val_set, range(160, 300)), batch_size=50),
+        ]
+
+    def test_dataloader(self) -> list[DataLoader]:
+        return self.val_dataloader()
+
+
+class Recorded(Logger):
+    """Keeps every call of ``log_metrics``: each name's (step, value) in the order logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.series: dict[str, list[tuple[int | None, float]]] = {}
+
+    @property
+    def name(self) -> str:
+        return "recorded"
+
+    @property
+    def version(self) -> str:
+        return "0"
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        for key, value in metrics.items():
+            if key != "epoch":  # Lightning adds it to the rows it logs itself
+                self.series.setdefault(key, []).append((step, float(value)))
+
+
+def trials(cls: type[DigitsMLP]) -> list[DigitsMLP]:
+    modules = []
+    for seed, lr in enumerate(LEARNING_RATES):
+        torch.manual_seed(seed)
+        modules.append(cls(lr=lr, hidden_dim=16))
+    return modules
+
+
+def floats(metrics: dict[str, Any]) -> dict[str, float]:
+    return {name: float(value) for name, value in metrics.items()}
+
+
+def stages(
+    module: L.LightningModule, datamodule: L.LightningDataModule, logger: Logger | bool = False, **limits: Any
+) -> dict[str, dict[str, dict[str, float]]]:
+    """``fit``, ``validate`` and ``test`` on one Trainer: the metric dictionaries after each stage."""
+    trainer = make_trainer(logger=logger, **limits)
+    out = {}
+    for stage in ("fit", "validate", "test"):
+        torch.manual_seed(1234)
+        getattr(trainer, stage)(module, datamodule=datamodule)
+        out[stage] = {which: floats(getattr(trainer, which)) for which in METRIC_DICTS}
+    return out
+
+
+def assert_same_values(fused: dict[str, float], alone: dict[str, float], where: str) -> None:
+    assert sorted(fused) == sorted(alone), where
+    for name, value in alone.items():
+        assert fused[name] == pytest.approx(value, rel=1e-5, abs=1e-7), f"{where}: {name}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_on_step_on_epoch_combination_has_the_names_and_values_of_the_trial_alone(backend: str) -> None:
+    # mid-epoch validation: validation step values must not leak into the training steps' logs
+    limits: dict[str, Any] = dict(max_epochs=2, limit_train_batches=4, val_check_interval=2, log_every_n_steps=1)
+    modules = trials(EveryLevel)
+    alone = []
+    for module in modules:
+        logger = Recorded()
+        alone.append((stages(copy.deepcopy(module), DigitsDataModule(), logger, **limits), logger.series))
+    logger = Recorded()
+    fused = FusedLightningModule(copy.deepcopy(modules), backend=backend, summary=False)
+    fused_stages = stages(fused, DigitsDataModule(), logger, **limits)
+
+    # what Lightning names alone (and so the fused group per trial): on_step only "train_s", on_epoch only
+    # "train_e", both "train_se_step"/"train_se_epoch" for the loggers and "train_se" too in callback_metrics
+    assert sorted(alone[0][0]["fit"]["callback_metrics"]) == [
+        "train_e", "train_s", "train_se", "train_se_epoch", "train_se_step", "val_e", "val_se", "val_se_epoch",
+    ]  # fmt: skip
+    assert sorted(alone[0][0]["fit"]["logged_metrics"]) == [
+        "train_e", "train_s", "train_se_epoch", "train_se_step", "val_e", "val_s", "val_se_epoch", "val_se_step",
+    ]  # fmt: skip
+    assert sorted(alone[0][0]["test"]["logged_metrics"]) == ["test_loss_epoch", "test_loss_step"]
+    for tid, (metrics, series) in enumerate(alone):
+        for stage, dicts in metrics.items():
+            for which, values in dicts.items():
+                assert_same_values(trial_metrics_view(fused_stages[stage][which], tid), values, f"{stage} {which}")
+        suffix = f"/trial_{tid}"
+        logged = {key[: -len(suffix)]: steps for key, steps in logger.series.items() if key.endswith(suffix)}
+        assert sorted(logged) == sorted(series)
+        for name, steps in series.items():
+            assert [step for step, _ in logged[name]] == [step for step, _ in steps], name
+            assert [value for _, value in logged[name]] == pytest.approx([value for _, value in steps], rel=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_each_validation_and_test_loader_keeps_its_own_values_per_trial(backend: str) -> None:
+    limits: dict[str, Any] = dict(max_epochs=2, limit_train_batches=4)
+    modules = trials(PerLoader)
+    alone = [stages(copy.deepcopy(module), TwoLoaders(), **limits) for module in modules]
+    fused = FusedLightningModule(copy.deepcopy(modules), backend=backend, summary=False)
+    fused_stages = stages(fused, TwoLoaders(), **limits)
+
+    names = ["own_0", "own_1", "val_loss/dataloader_idx_0", "val_loss/dataloader_idx_1"]
+    assert sorted(alone[0]["validate"]["callback_metrics"]) == names
+    assert sorted(alone[0]["test"]["logged_metrics"]) == ["test_loss/dataloader_idx_0", "test_loss/dataloader_idx_1"]
+    for tid, metrics in enumerate(alone):
+        # the two loaders' values differ: a mean over both would match neither
+        loaders = [metrics["validate"]["callback_metrics"][f"val_loss/dataloader_idx_{i}"] for i in (0, 1)]
+        assert loaders[0] != pytest.approx(loaders[1], rel=1e-4)
+        for stage, dicts in metrics.items():
+            for which, values in dicts.items():
+                assert_same_values(trial_metrics_view(fused_stages[stage][which], tid), values, f"{stage} {which}")
+    # the trial's suffix comes last, so that a callback's unfused key maps to each trial's key as for any name
+    assert "val_loss/dataloader_idx_1/trial_2" in fused_stages["validate"]["callback_metrics"]
+    alone_value = alone[2]["validate"]["callback_metrics"]["val_loss/dataloader_idx_1"]
+    assert fused.results[2]["metrics"]["val_loss/dataloader_idx_1"] == pytest.approx(alone_value, rel=1e-5)
+
+
+def test_one_name_from_several_loaders_without_their_suffix_is_refused_as_lightning_refuses_it() -> None:
+    trainer = make_trainer(max_epochs=1, limit_train_batches=2)
+    with pytest.raises(Exception, match=r"You called `self.log\(val_loss, ...\)` twice in `validation_step`"):
+        trainer.fit(copy.deepcopy(trials(SameNameForEveryLoader)[0]), datamodule=TwoLoaders())
+    fused = FusedLightningModule(trials(SameNameForEveryLoader), backend="loop", summary=False)
+    message = (
+        r"self.log\('val_loss', add_dataloader_idx=False\) was called from the steps of dataloaders 0 and 1 in one "
+        r"epoch, which Lightning refuses for one module too. Fix: log a name of its own per dataloader"
+    )
+    with pytest.raises(ValueError, match=message):
+        make_trainer(max_epochs=1, limit_train_batches=2).fit(fused, datamodule=TwoLoaders())
+
+
+class BothLevels(DigitsMLP):
+    """``train_loss`` on step and epoch (named ``train_loss_step`` and ``train_loss_epoch`` by Lightning)."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss, on_step=True, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self(x), y))
+
+
+@pytest.mark.parametrize("monitor", ["train_loss_epoch", "val_loss/dataloader_idx_1"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_early_stopping_and_checkpoints_on_lightnings_names_act_per_trial_as_alone(
+    backend: str, monitor: str, tmp_path: Path
+) -> None:
+    def callbacks(dirpath: Path) -> list[Any]:
+        return [
+            EarlyStopping(monitor=monitor, min_delta=1e-3, patience=1),
+            ModelCheckpoint(dirpath=str(dirpath), monitor=monitor, save_top_k=1),
+        ]
+
+    limits: dict[str, Any] = dict(max_epochs=4, enable_checkpointing=True)
+    modules = []
+    for seed, lr in enumerate((0.0, 0.1)):  # the first trial learns nothing: it stops early
+        torch.manual_seed(seed)
+        modules.append(BothLevels(lr=lr, hidden_dim=16))
+    alone = []
+    for tid, module in enumerate(modules):
+        trainer = make_trainer(callbacks=callbacks(tmp_path / f"alone_{tid}"), **limits)
+        torch.manual_seed(1234)
+        trainer.fit(copy.deepcopy(module), datamodule=TwoLoaders())
+        assert trainer.early_stopping_callback is not None
+        assert trainer.checkpoint_callback is not None
+        alone.append((trainer.early_stopping_callback, trainer.checkpoint_callback, trainer.current_epoch))
+    assert alone[0][0].stopped_epoch > 0  # the decisions differ: each trial must be judged on its own values
+    assert alone[1][0].stopped_epoch != alone[0][0].stopped_epoch
+
+    fused = FusedLightningModule(copy.deepcopy(modules), backend=backend, summary=False)
+    trainer = make_trainer(callbacks=callbacks(tmp_path / "fused"), **limits)
+    torch.manual_seed(1234)
+    trainer.fit(fused, datamodule=TwoLoaders())
+    stops = trainer.early_stopping_callback.trial_callbacks  # type: ignore[union-attr]
+    checkpoints = trainer.checkpoint_callback.trial_callbacks  # type: ignore[union-attr]
+    for tid, (stopping, checkpoint, epochs) in enumerate(alone):
+        assert stops[tid].stopped_epoch == stopping.stopped_epoch
+        assert fused.results[tid]["epochs"] == epochs
+        assert float(checkpoints[tid].best_model_score) == pytest.approx(float(checkpoint.best_model_score), rel=1e-5)
+        assert Path(checkpoints[tid].best_model_path).name == Path(checkpoint.best_model_path).name
+        assert Path(checkpoints[tid].best_model_path).parent == tmp_path / "fused" / f"trial_{tid}"
+
+
+class PlateauEveryStep(DigitsMLP):
+    """Halves its learning rate whenever a step's ``train_loss`` (logged on step only) does not improve."""
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams["lr"])
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0, factor=0.5)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": plateau, "monitor": "train_loss", "interval": "step"},
+        }
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_step_interval_plateau_scheduler_reads_each_trials_step_value_as_alone(backend: str) -> None:
+    limits: dict[str, Any] = dict(max_epochs=1, limit_train_batches=8, limit_val_batches=0)
+    modules = trials(PlateauEveryStep)
+    alone = []
+    for module in modules:
+        trainer = make_trainer(**limits)
+        torch.manual_seed(1234)
+        trainer.fit(copy.deepcopy(module), datamodule=DigitsDataModule())
+        alone.append((trainer.lightning_module, trainer.optimizers[0].param_groups[0]["lr"]))
+    assert alone[0][1] < LEARNING_RATES[0] / 4  # the scheduler acted: its step values were there
+    fused = FusedLightningModule(copy.deepcopy(modules), backend=backend, summary=False)
+    torch.manual_seed(1234)
+    make_trainer(**limits).fit(fused, datamodule=DigitsDataModule())
+    for tid, (module, _) in enumerate(alone):
+        assert max_state_difference(fused.unfuse(tid), module) <= 1e-6
+
+
+class StepValuesAtBatchEnd(L.Callback):
+    """What a callback's ``on_train_batch_end`` reads of each trial's step value (``ModelCheckpoint`` reads there)."""
+
+    def __init__(self, keys: dict[int, str]) -> None:
+        self.keys = keys
+        self.seen: dict[int, list[float | None]] = {tid: [] for tid in keys}
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        for tid, key in self.keys.items():
+            value = trainer.callback_metrics.get(key)
+            self.seen[tid].append(None if value is None else float(value))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_callbacks_batch_end_reads_each_trials_value_of_that_step_as_alone(backend: str) -> None:
+    # before, the step values reached callback_metrics after the callbacks' on_train_batch_end: the previous step's
+    limits: dict[str, Any] = dict(max_steps=5, limit_val_batches=0)
+    modules = trials(EveryLevel)
+    alone = []
+    for module in modules:
+        recorder = StepValuesAtBatchEnd({0: "train_s"})
+        torch.manual_seed(1234)
+        make_trainer(callbacks=[recorder], **limits).fit(copy.deepcopy(module), datamodule=DigitsDataModule())
+        alone.append(recorder.seen[0])
+    fused = FusedLightningModule(copy.deepcopy(modules), backend=backend, summary=False)
+    recorder = StepValuesAtBatchEnd({tid: f"train_s/trial_{tid}" for tid in range(len(modules))})
+    torch.manual_seed(1234)
+    make_trainer(callbacks=[recorder], **limits).fit(fused, datamodule=DigitsDataModule())
+    for tid, values in enumerate(alone):
+        assert recorder.seen[tid] == pytest.approx(values, rel=1e-5), tid
