@@ -219,6 +219,7 @@ class TrialMetrics:
         self._epoch: dict[str, dict[str, _Accumulator]] = {}
         self._step: dict[str, dict[str, StepValue]] = {}
         self._names: dict[tuple[str, str], LightningNames] = {}  # by phase and plain name
+        self._made: dict[tuple[str, bool, int | None], LightningNames] = {}  # by name, forked, dataloader
         self._epoch_values: dict[str, dict[int, dict[str, float]]] = {}
         self._epoch_value_options: dict[str, dict[str, MetricOptions]] = {}
         self._objects: dict[str, dict[str, tuple[MetricOptions, dict[int, Any]]]] = {}
@@ -236,7 +237,10 @@ class TrialMetrics:
     def _name(self, phase: str, name: str, options: MetricOptions) -> LightningNames:
         """The value's Lightning names, from the current dataloader; noted in :attr:`names`."""
         loader = self.dataloader_idx if options.add_dataloader_idx else None
-        names = lightning_names(name, forked=options.on_step and options.on_epoch, dataloader_idx=loader)
+        key = (name, options.on_step and options.on_epoch, loader)
+        names = self._made.get(key)
+        if names is None:  # made once per name and loader, not at every step
+            names = self._made[key] = lightning_names(name, forked=key[1], dataloader_idx=loader)
         accumulator = self._epoch.get(phase, {}).get(names.plain)
         if accumulator is not None and accumulator.dataloader_idx != self.dataloader_idx:
             raise ValueError(
