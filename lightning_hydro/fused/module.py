@@ -190,6 +190,12 @@ class FusedLightningModule(EvaluationHooks):
         self._step_out: StepOutputs | None = None  # the latest manual or evaluation step's outputs (batch hooks)
         self._diverged_on_resume: dict[int, str] = {}
         self._open_batch: int | None = None
+        # a trial a callback stops after its step in a batch, or within a training epoch, still gets its own
+        # on_train_batch_end / on_train_epoch_end for it, as alone (trainer.should_stop ends the fit after them)
+        self._stepped_batch: tuple[Any, int] | None = None  # the open batch and its index, once its step ran
+        self._epoch_open = False
+        self._owed_batch_end: list[tuple[int, nn.Module, tuple[Any, ...]]] = []
+        self._owed_epoch_end: list[tuple[int, nn.Module]] = []
         self.summary = summary
         self.monitor = monitor
         self.mode = mode
@@ -348,7 +354,33 @@ class FusedLightningModule(EvaluationHooks):
             status: ``"stopped"`` (a decision), ``"completed"`` (reached its budget) or ``"diverged"``.
         """
         self._eval_steps.refuse_slot_change("stop_trial", self._trainer)
+        owed = self._hooks_owed_to(trial_id)
         self._roster.stop(self._trainer, trial_id, reason, status=status)
+        if trial_id not in self._group.trial_ids:
+            batch_end, epoch_end = owed
+            self._owed_batch_end += batch_end
+            self._owed_epoch_end += epoch_end
+
+    def _hooks_owed_to(
+        self, trial_id: int
+    ) -> tuple[list[tuple[int, nn.Module, tuple[Any, ...]]], list[tuple[int, nn.Module]]]:
+        """The trial's own batch-end and epoch-end hooks it would still run alone if stopped now (see __init__)."""
+        if trial_id not in self._group.trial_ids:
+            return [], []
+        module = self.trial_module(trial_id)
+        batch_end: list[tuple[int, nn.Module, tuple[Any, ...]]] = []
+        stepped = self._stepped_batch
+        if stepped is not None and is_overridden("on_train_batch_end", module, L.LightningModule):
+            row = self._group.row_of(trial_id)
+            if self._manual is None:
+                output = self._batch_hooks.train_output(
+                    self._training_step.outputs, row, self.trainer.accumulate_grad_batches
+                )
+            else:
+                output = self._batch_hooks.train_output(self._step_out, row)
+            batch_end.append((trial_id, module, (output, *stepped)))
+        owes_epoch = self._epoch_open and is_overridden("on_train_epoch_end", module, L.LightningModule)
+        return batch_end, [(trial_id, module)] if owes_epoch else []
 
     def add_trial(self, module: L.LightningModule, trial_id: int | None = None) -> int:
         """Put a new trial into a free slot, with fresh optimizer state; returns its id."""
@@ -507,11 +539,13 @@ class FusedLightningModule(EvaluationHooks):
         if self._manual is not None:
             self._manual_training_step(batch, batch_idx)
             self._publisher.put_step_values(self.trainer)
+            self._stepped_batch = (batch, batch_idx)
             return None
         # the steady step, top to bottom: lightning_hydro/fused/step/ (the chooser is looked up here, so that tests
         # can replace the module's; several processes take rank 0's choice)
         loss = self._training_step(batch, batch_idx, self._chooser)
         self._publisher.put_step_values(self.trainer)  # as self.log's values alone: before any batch-end hook
+        self._stepped_batch = (batch, batch_idx)
         return loss
 
     def _chooser(self) -> Chooser:
@@ -534,6 +568,7 @@ class FusedLightningModule(EvaluationHooks):
         if self._ranks.rows_changed:
             self._ranks.rewrap(self.trainer)  # DDP's wrapper holds the rows it was built with
         self._open_batch = batch_idx  # a checkpoint written before on_train_batch_end must settle the batch
+        self._stepped_batch = None
         if "on_train_batch_start" in self._batch_hooks.overridden:  # the trials' own hooks: lightning/batch_hooks.py
             return self._batch_hooks.train_batch_start(batch, batch_idx)
         return None
@@ -547,7 +582,10 @@ class FusedLightningModule(EvaluationHooks):
                 )
             else:
                 self._batch_hooks.train_batch_end(self._step_out, batch, batch_idx)
-        self._open_batch = None
+        if self._owed_batch_end:  # trials a callback stopped after this batch's step
+            owed, self._owed_batch_end = self._owed_batch_end, []
+            self._batch_hooks.run_left("on_train_batch_end", owed, batch)
+        self._open_batch, self._stepped_batch = None, None
         last = batch_idx + 1 >= self.trainer.num_training_batches
         stepped, read = self._health.end_batch(last=last)
         if read:  # due by the health's schedule, and at the epoch's last batch (before validation)
@@ -596,11 +634,13 @@ class FusedLightningModule(EvaluationHooks):
             if tid in self._group.trial_ids:
                 self.stop_trial(tid, reason, status="diverged")
         self._diverged_on_resume, self._open_batch = {}, None
+        self._stepped_batch, self._owed_batch_end, self._owed_epoch_end = None, [], []
         self._slots.book.resume_epoch(self.current_epoch, self._group.trial_ids)
         self._forward_hook("on_train_start")
 
     @override
     def on_train_epoch_start(self) -> None:
+        self._epoch_open, self._owed_epoch_end = True, []
         self._slots.book.start_epoch(self._group.trial_ids, self.current_epoch)
         self._forward_hook("on_train_epoch_start")
         # compile=: may a steady step run as one compiled function under this trainer? (step/whole_step.py)
@@ -610,6 +650,10 @@ class FusedLightningModule(EvaluationHooks):
     def on_train_epoch_end(self) -> None:
         self.read_health()  # a loader of unknown length has no recognisable last batch
         self._forward_hook("on_train_epoch_end")
+        if self._owed_epoch_end:  # trials a callback stopped within this epoch
+            owed, self._owed_epoch_end = self._owed_epoch_end, []
+            forward_hook("on_train_epoch_end", owed, self._metrics)
+        self._epoch_open = False
         self._publisher.end_training_epoch(self.current_epoch, self.log, sanity_checking=self.trainer.sanity_checking)
         self._end_fit_if_empty()
 

@@ -3,7 +3,8 @@
 Lightning's docs keep each step's loss in a list until the epoch's end (``self.training_step_outputs.append(loss)``),
 and its GAN tutorial keeps ``self.generated_imgs``: each such tensor holds its step's autograd graph, which in a
 fused group is the whole group's (its activations, and the stacked parameters' gradient accumulators). A trial that
-leaves the group mid-epoch never reaches the epoch end that would clear its list: it lets go of those graphs here.
+leaves the group mid-epoch would hold the group's graphs until the epoch end that clears its list: it lets go of
+those graphs here, when it leaves.
 
 torch's own modules hold such tensors too: after a ``functional_call`` (the loop backend runs each trial that way),
 an ``nn.LSTM``/``nn.GRU``/``nn.RNN`` keeps the call's weights in ``_flat_weights``, rows unbound from the stacked

@@ -34,7 +34,7 @@ from lightning_hydro.backends.deferred_metrics import stack_values
 from lightning_hydro.backends.python_state import trial_code_ran
 from lightning_hydro.fused.group.slots import TrialSlots
 from lightning_hydro.fused.lightning.hooks import call_trial_hook
-from lightning_hydro.fused.logging.metrics import TrialMetrics
+from lightning_hydro.fused.logging.metrics import TrialMetrics, resolve_options
 
 __all__ = ["BATCH_HOOKS", "TrialBatchHooks", "outputs_by_row"]
 
@@ -125,6 +125,31 @@ class TrialBatchHooks:
             "trains its trials on the same batches, so it can skip the epoch for all of them or none. Return -1 "
             "from every trial, or stop a trial (FusedLightningModule.stop_trial) instead."
         )
+
+    def train_output(self, out: StepOutputs | None, row: int, accumulate: int = 1) -> Any:
+        """The share of a training step's outputs that row ``row``'s trial gets in its ``on_train_batch_end``."""
+        output = None if out is None else outputs_by_row(out, self.slots.group.size, training=True)[row]
+        return _normalized(output, accumulate) if accumulate > 1 else output
+
+    def run_left(self, hook: str, calls: Sequence[tuple[int, nn.Module, tuple[Any, ...]]], batch: Any) -> None:
+        """``hook`` of trials that have left the group, each ``(trial id, module, arguments)``: what it logs is theirs.
+
+        A trial a callback stopped after the batch's step (alone: ``trainer.should_stop``, and Lightning still runs
+        the module's ``on_train_batch_end`` after the callbacks') gets its own hook for that batch. Its epoch-level
+        values count in its epoch's; a step-level value is not logged (the group's step values are its running
+        trials').
+        """
+        trial_code_ran()
+        logged: dict[str, tuple[list[int], list[Any], dict[str, Any]]] = {}
+        for tid, module, arguments in calls:
+            _, made = call_trial_hook(hook, tid, module, *arguments)
+            for call in made:
+                if not resolve_options(hook, call.options).on_epoch:
+                    continue
+                ids, values, _ = logged.setdefault(call.name, ([], [], {**call.options, "on_step": False}))
+                ids.append(tid)
+                values.append(call.value)
+        self._record(hook, logged, batch)
 
     def train_batch_end(self, out: StepOutputs | None, batch: Any, batch_idx: int, accumulate: int = 1) -> None:
         """Each trial's ``on_train_batch_end`` with its own outputs (None: the step returned None).
@@ -217,12 +242,16 @@ class TrialBatchHooks:
                 group.clear_trial_grads()
             if group.buffers:  # a buffer a hook reassigned (not changed in place) is written into its row
                 group.adopt_reassigned_buffers()
+        self._record(hook, logged, batch)
+        return answers
+
+    def _record(self, hook: str, logged: dict[str, tuple[list[int], list[Any], dict[str, Any]]], batch: Any) -> None:
+        """Book what the trials' hooks logged, by name: the trial ids, their values, the options."""
         phase = BATCH_HOOKS[hook]
         if phase is not None:
             for name, (ids, values, options) in logged.items():
-                logs = [_stacked_log(name, values, options, group.device)]
+                logs = [_stacked_log(name, values, options, self.slots.group.device)]
                 self.metrics.record_step(phase, hook, logs, ids, batch)
-        return answers
 
 
 def _normalized(output: Any, accumulate: int) -> Any:
