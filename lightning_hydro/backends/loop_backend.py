@@ -11,13 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from torch import Tensor
-from torch.func import functional_call
 from typing_extensions import override
 
 from lightning_hydro.backends.base import Backend, StepOutputs, rows_without_output, stack_logs, stack_outputs
 from lightning_hydro.backends.python_state import trial_code_ran
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
-from lightning_hydro.backends.vmap_backend import MethodCaller
+from lightning_hydro.backends.vmap_backend import MethodCaller, call_method
 
 __all__ = ["LoopBackend"]
 
@@ -52,15 +51,11 @@ class LoopBackend(Backend):
             buffers = {
                 f"module.{name}": self.group.trial_view(name, row, b[row]) for name, b in self.group.buffers.items()
             }
-            caller.given = buffers  # the buffers the step reassigns are kept in caller.reassigned
-            try:
-                with capture_logs(caller.module) as calls:
-                    outputs.append(functional_call(caller, (params, buffers), (method, *args)))
-            finally:
-                caller.given = None
-            for name, value in caller.reassigned.items():
+            with capture_logs(caller.module) as calls:
+                output, new_buffers = call_method(caller, params, buffers, method, args)
+            outputs.append(output)
+            for name, value in new_buffers.items():
                 reassigned.setdefault(name, {})[row] = value
-            caller.reassigned = {}
             calls_per_row.append(calls)
         if reassigned:  # new tensors, as alone: the old ones may be saved for the backward pass
             self.group.replace_buffers(

@@ -78,25 +78,41 @@ def _without_mha_fast_path() -> Iterator[None]:
 class MethodCaller(nn.Module):
     """Makes ``functional_call`` call any method of a module, not just ``forward``.
 
-    With ``given`` (the buffers handed to ``functional_call``, keyed ``"module.{name}"``), the buffers the method
-    *reassigns* (``self.count = self.count + 1``; ``self.running_mean = (1 - m) * self.running_mean + m * mean``
-    in a norm layer of one's own) are kept in ``reassigned``, by name, before ``functional_call`` puts the module's
-    own tensors back and the new values would be lost; the backend stores them as the group's buffers. A change in
-    place (``self.count += 1``, BatchNorm's statistics) reaches the trial's row by itself.
+    Given the buffers handed to ``functional_call`` (keyed ``"module.{name}"``, :func:`call_method`), it also
+    returns the buffers the method *reassigned* (``self.count = self.count + 1``; ``self.running_mean = (1 - m) *
+    self.running_mean + m * mean`` in a norm layer of one's own), by name, before ``functional_call`` puts the
+    module's own tensors back and the new values would be lost; the backend stores them as the group's buffers. A
+    change in place (``self.count += 1``, BatchNorm's statistics) reaches the trial's row by itself.
     """
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
         self.module = module
-        self.given: Mapping[str, Tensor] | None = None
-        self.reassigned: dict[str, Tensor] = {}
 
     @override
-    def forward(self, method: str, *args: Any) -> Any:
+    def forward(self, method: str, *args: Any, given: Mapping[str, Tensor] | None = None) -> Any:
         out = getattr(self.module, method)(*args)
-        if self.given:
-            self.reassigned = reassigned_buffers(self.module, self.given, method)
-        return out
+        if given is None:
+            return out
+        return out, reassigned_buffers(self.module, given, method)
+
+
+def call_method(
+    caller: MethodCaller,
+    params: dict[str, Tensor],
+    buffers: dict[str, Tensor],
+    method: str,
+    args: tuple[Any, ...],
+    *,
+    tie_weights: bool = True,
+) -> tuple[Any, dict[str, Tensor]]:
+    """``caller.module.method(*args)`` under ``functional_call``; returns its output and the buffers it reassigned."""
+    if not buffers:  # nothing to reassign (and no check to pay for at every step)
+        return functional_call(caller, (params, buffers), (method, *args), tie_weights=tie_weights), {}
+    out: tuple[Any, dict[str, Tensor]] = functional_call(
+        caller, (params, buffers), (method, *args), {"given": buffers}, tie_weights=tie_weights
+    )
+    return out
 
 
 def reassigned_buffers(module: nn.Module, given: Mapping[str, Tensor], method: str) -> dict[str, Tensor]:
@@ -398,12 +414,7 @@ class VmapBackend(Backend):
         def per_trial(p: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[Any, ...]:
             logs.clear()  # (chunked: this chunk's calls)
             recorder.restart()
-            caller.given = b  # the buffers the step reassigns come back beside its outputs
-            try:
-                out = functional_call(caller, (p, b), (method, *args), tie_weights=tie)
-            finally:
-                caller.given = None
-            reassigned, caller.reassigned = caller.reassigned, {}
+            out, reassigned = call_method(caller, p, b, method, args, tie_weights=tie)  # and the buffers it reassigned
             side["reassigned"] = list(reassigned)
             calls = logs.calls
             logs.clear()  # vmap's batched tensors must not leave the mapped function: keep their place, return them

@@ -241,6 +241,7 @@ class TrialMetrics:
         names = self._made.get(key)
         if names is None:  # made once per name and loader, not at every step
             names = self._made[key] = lightning_names(name, forked=key[1], dataloader_idx=loader)
+            self.names.update((names.plain, names.step, names.epoch))
         accumulator = self._epoch.get(phase, {}).get(names.plain)
         if accumulator is not None and accumulator.dataloader_idx != self.dataloader_idx:
             raise ValueError(
@@ -250,7 +251,6 @@ class TrialMetrics:
                 "add_dataloader_idx=True."
             )
         self._names[phase, names.plain] = names
-        self.names.update((names.plain, names.step, names.epoch))
         return names
 
     def record(

@@ -34,7 +34,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_hydro.fused.group.book import TrialBook
 from lightning_hydro.fused.group.slots import TrialSlots
-from lightning_hydro.fused.logging.metrics import TrialMetrics
+from lightning_hydro.fused.logging.metrics import StepValue, TrialMetrics
+from lightning_hydro.fused.logging.names import LightningNames
 from lightning_hydro.stopping.trial_record import TrialRecord, best_trial
 
 __all__ = ["LogFunction", "TrialPublisher", "chosen_trial"]
@@ -54,6 +55,10 @@ class TrialPublisher:
         self.slots = slots
         self.metrics = metrics
         self._counts: tuple[int, dict[str, int]] | None = None  # (the book's changes, its counts then)
+        self._put: list[StepValue] = []  # the training step values last put into the Trainer's metrics
+        # each step value's keys per trial (callback_metrics keys, logged_metrics key), by its names object, with
+        # the names, trial ids and logger option they were made for
+        self._keys: dict[int, tuple[LightningNames, list[int], bool, list[tuple[str, str, str | None]]]] = {}
 
     @property
     def book(self) -> TrialBook:
@@ -65,14 +70,42 @@ class TrialPublisher:
 
         Before Lightning's ``on_train_batch_end`` hooks, as alone (a callback's hook reads the step's own values).
         """
-        _put_step_values(trainer, self.metrics)
+        steps = self.metrics.latest_steps("train")
+        if not steps:
+            return
+        callback, logged = trainer.callback_metrics, trainer.logged_metrics
+        for step in steps:
+            values = step.values.reshape(len(step.trial_ids)).unbind(0)  # 0-dim views of the rows: nothing is read
+            for (plain, step_name, to_logger), value in zip(self._keys_of(step), values):
+                callback[plain] = callback[step_name] = value
+                if to_logger is not None:
+                    logged[to_logger] = value
+        self._put = steps
+
+    def _keys_of(self, step: StepValue) -> list[tuple[str, str, str | None]]:
+        """The keys of a step value's trials: made once per name and group, not at every step."""
+        names = step.names  # one object per name and loader (TrialMetrics makes each once)
+        made = self._keys.get(id(names))
+        if made is None or made[0] is not names or made[1] != step.trial_ids or made[2] != step.options.logger:
+            keys = [
+                (
+                    f"{names.plain}/trial_{tid}",
+                    f"{names.step}/trial_{tid}",
+                    f"{names.step}/trial_{tid}" if step.options.logger else None,
+                )
+                for tid in step.trial_ids
+            ]
+            made = self._keys[id(names)] = (names, list(step.trial_ids), step.options.logger, keys)
+        return made[3]
 
     def publish_step(self, trainer: L.Trainer, log: LogFunction) -> None:
         """After an optimizer step: step values to the Trainer's metrics and, when due, the loggers; counts to the bar.
 
-        The Trainer's metrics get them again: the trials' own batch-end hooks may have logged more since the step.
+        The Trainer's metrics get them again if the trials' own batch-end hooks logged more since the step.
         """
-        _put_step_values(trainer, self.metrics)
+        latest, put = self.metrics.latest_steps("train"), self._put
+        if len(latest) != len(put) or any(a is not b for a, b in zip(latest, put)):
+            self.put_step_values(trainer)
         step = _logging_step(trainer)
         if trainer.loggers and _should_log_step(trainer, step):
             flat = {
@@ -214,25 +247,6 @@ def _with_epoch_names(values: Mapping[str, float], metrics: TrialMetrics, phase:
     for name, value in values.items():
         out.setdefault(metrics.names_of(phase, name).epoch, value)
     return out
-
-
-def _put_step_values(trainer: L.Trainer, metrics: TrialMetrics) -> None:
-    """Each trial's latest training step values into ``trainer.callback_metrics`` and ``logged_metrics``.
-
-    Under Lightning's names (``"loss"`` and ``"loss_step"`` in ``callback_metrics``, ``"loss_step"`` in
-    ``logged_metrics``, for a value logged on step and epoch); 0-dim views of the rows, so nothing is read.
-    """
-    steps = metrics.latest_steps("train")
-    if not steps:
-        return
-    callback, logged = trainer.callback_metrics, trainer.logged_metrics
-    for step in steps:
-        names = step.names
-        for tid, value in step.per_trial().items():
-            callback[f"{names.plain}/trial_{tid}"] = value
-            callback[f"{names.step}/trial_{tid}"] = value
-            if step.options.logger:
-                logged[f"{names.step}/trial_{tid}"] = value
 
 
 def _warn_unsynced(metrics: TrialMetrics) -> None:
