@@ -35,6 +35,7 @@ class StackedLog:
     name: str
     values: Tensor | list[Any]
     options: dict[str, Any] = field(default_factory=dict)
+    rows: tuple[int, ...] | None = None  # the rows that logged it, ``values[i]`` being ``rows[i]``'s (None: every row)
 
 
 @dataclass
@@ -172,11 +173,15 @@ def stack_logs(calls_per_row: list[list[LogCall]], device: torch.device) -> list
     logs: list[StackedLog] = []
     for name, options in names.items():
         values = [next((c.value for c in calls if c.name == name), None) for calls in calls_per_row]
+        rows = None
+        if any(v is None for v in values):  # only some trials logged it (each trial's own code, on the loop)
+            rows = tuple(row for row, v in enumerate(values) if v is not None)
+            values = [v for v in values if v is not None]
         if all(isinstance(v, (Tensor, int, float)) for v in values):
             stacked = torch.stack(
                 [torch.as_tensor(v, dtype=torch.float32, device=device).detach().reshape(()) for v in values]
             )
-            logs.append(StackedLog(name, stacked, options))
+            logs.append(StackedLog(name, stacked, options, rows))
         else:
-            logs.append(StackedLog(name, values, options))
+            logs.append(StackedLog(name, values, options, rows))
     return logs

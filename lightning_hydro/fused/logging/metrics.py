@@ -294,15 +294,16 @@ class TrialMetrics:
         batch_size: int | None = None
         for log in logs:
             options = resolve_options(hook, log.options)
+            ids = trial_ids if log.rows is None else [trial_ids[row] for row in log.rows]  # some trials did not log
             if isinstance(log.values, list):  # per-trial objects (torchmetrics Metric): computed at epoch end
-                self.record_objects(phase, log.name, dict(zip(trial_ids, log.values)), options)
+                self.record_objects(phase, log.name, dict(zip(ids, log.values)), options)
                 continue
             size = log.options.get("batch_size")
             if size is None and options.on_epoch:  # only epoch means are weighted by the batch size
                 if batch_size is None:
                     batch_size = extract_batch_size(batch)
                 size = batch_size
-            self.record(phase, log.name, log.values, options, trial_ids=trial_ids, batch_size=size or 1)
+            self.record(phase, log.name, log.values, options, trial_ids=ids, batch_size=size or 1)
 
     def record_objects(self, phase: str, name: str, objects: dict[int, Any], options: MetricOptions) -> None:
         """Record per-trial stateful metric objects (``compute()``/``reset()``, e.g. torchmetrics) logged by a step.
