@@ -354,12 +354,15 @@ class FusedLightningModule(EvaluationHooks):
             status: ``"stopped"`` (a decision), ``"completed"`` (reached its budget) or ``"diverged"``.
         """
         self._eval_steps.refuse_slot_change("stop_trial", self._trainer)
-        owed = self._hooks_owed_to(trial_id)
+        batch_end, epoch_end = self._hooks_owed_to(trial_id)
+        if batch_end or epoch_end:  # its hooks see its own optimizers and schedulers (self.optimizers()), as alone
+            self._optimizers.keep_while_leaving(trial_id)
         self._roster.stop(self._trainer, trial_id, reason, status=status)
         if trial_id not in self._group.trial_ids:
-            batch_end, epoch_end = owed
             self._owed_batch_end += batch_end
             self._owed_epoch_end += epoch_end
+        else:
+            self._optimizers.forget_left([trial_id])
 
     def _hooks_owed_to(
         self, trial_id: int
@@ -585,6 +588,8 @@ class FusedLightningModule(EvaluationHooks):
         if self._owed_batch_end:  # trials a callback stopped after this batch's step
             owed, self._owed_batch_end = self._owed_batch_end, []
             self._batch_hooks.run_left("on_train_batch_end", owed, batch)
+            waiting = {tid for tid, _ in self._owed_epoch_end}
+            self._optimizers.forget_left(tid for tid, _, _ in owed if tid not in waiting)
         self._open_batch, self._stepped_batch = None, None
         last = batch_idx + 1 >= self.trainer.num_training_batches
         stepped, read = self._health.end_batch(last=last)
@@ -640,6 +645,7 @@ class FusedLightningModule(EvaluationHooks):
 
     @override
     def on_train_epoch_start(self) -> None:
+        self._optimizers.forget_left(tid for tid, _ in self._owed_epoch_end)  # (none: an epoch's end runs them)
         self._epoch_open, self._owed_epoch_end = True, []
         self._slots.book.start_epoch(self._group.trial_ids, self.current_epoch)
         self._forward_hook("on_train_epoch_start")
@@ -653,6 +659,7 @@ class FusedLightningModule(EvaluationHooks):
         if self._owed_epoch_end:  # trials a callback stopped within this epoch
             owed, self._owed_epoch_end = self._owed_epoch_end, []
             forward_hook("on_train_epoch_end", owed, self._metrics)
+            self._optimizers.forget_left(tid for tid, _ in owed)
         self._epoch_open = False
         self._publisher.end_training_epoch(self.current_epoch, self.log, sanity_checking=self.trainer.sanity_checking)
         self._end_fit_if_empty()

@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
@@ -68,6 +68,7 @@ class TrialOptimizers:
         self.compile: CompileSetting = compile
         # the group's compiled update, shared by the updates rebuilt at its slot changes (one cache per group)
         self._compiled_update = CompiledUpdate(compile) if compile else None
+        self._leaving: dict[int, TrialOptimization] = {}  # trials that left with hooks still to run (see optimization)
 
     @property
     def compiled_update_failure(self) -> str:
@@ -80,8 +81,24 @@ class TrialOptimizers:
         return self._manual_steps
 
     def optimization(self, trial_id: int) -> TrialOptimization | None:
-        """The trial's own optimizers and schedulers (None before Lightning asked, or once the trial left)."""
-        return None if self.optimizer is None else self.optimizer.trials.get(trial_id)
+        """The trial's own optimizers and schedulers (None before Lightning asked, or once the trial left).
+
+        A trial that left but still has hooks to run (:meth:`keep_while_leaving`) keeps them until
+        :meth:`forget_left`.
+        """
+        current = None if self.optimizer is None else self.optimizer.trials.get(trial_id)
+        return current if current is not None else self._leaving.get(trial_id)
+
+    def keep_while_leaving(self, trial_id: int) -> None:
+        """Keep the trial's optimizers and schedulers for its own hooks that run after it left (a callback's stop)."""
+        optimization = self.optimization(trial_id)
+        if optimization is not None:
+            self._leaving[trial_id] = optimization
+
+    def forget_left(self, trial_ids: Iterable[int]) -> None:
+        """The left trials' hooks have run: let go of their optimizers (and their state) as of any trial that left."""
+        for trial_id in trial_ids:
+            self._leaving.pop(trial_id, None)
 
     def group_size(self) -> int:
         """How many trials the group runs now."""

@@ -5,7 +5,8 @@ after the callbacks' (they come first), and its ``on_train_epoch_end`` at the ep
 frees the slot at once; before, the stopped trial's own hooks for that batch and epoch were not run: an EMA of the
 weights updated in ``on_train_batch_end`` missed its last update (3.1e-2 relative from alone), and an epoch-end hook
 (an outputs list's mean, a count) missed its epoch. The trial's own modules run them after it left, at the
-module's hooks.
+module's hooks, with its own optimizer and schedulers (``self.optimizers()``, ``self.lr_schedulers()``; before, a
+hook that read them crashed the fit: the trial had left its slot).
 """
 
 from __future__ import annotations
@@ -43,12 +44,16 @@ class EMAMLP(L.LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.ema.update_parameters(self.net)
         self.log("update_loss", outputs["loss"], on_step=False, on_epoch=True)
+        self.log("lr", self.optimizers().param_groups[0]["lr"], on_step=False, on_epoch=True)  # its own optimizer
 
     def on_train_epoch_end(self) -> None:
         self.epoch_ends += 1
+        self.last_lr = self.lr_schedulers().get_last_lr()[0]  # its own scheduler
 
     def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.net.parameters(), lr=self.hparams["lr"], momentum=0.9)
+        optimizer = torch.optim.SGD(self.net.parameters(), lr=self.hparams["lr"], momentum=0.9)
+        schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
 def trials() -> list[EMAMLP]:
@@ -68,7 +73,8 @@ def test_a_trial_stopped_after_its_step_runs_its_batch_end_and_epoch_end_hooks_a
     assert int(stopped.ema.n_averaged) == 5
     assert stopped.epoch_ends == alone_until_stop.epoch_ends == 1
     metrics = fused.trainer.callback_metrics
-    for name in ("train_loss", "update_loss"):  # its epoch's values, its last batch-end hook's included
+    assert stopped.last_lr == alone_until_stop.last_lr
+    for name in ("train_loss", "update_loss", "lr"):  # its epoch's values, its last batch-end hook's included
         own = float(alone_until_stop.trainer.callback_metrics[name])
         assert float(metrics[f"{name}/trial_1"]) == pytest.approx(own, rel=1e-5), name
     for trial_id in (0, 2):

@@ -18,8 +18,9 @@ import pytest
 import torch
 from torch import nn
 
+from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsMLP
-from tests.helpers import fit_digits, max_state_difference, seeded, train_fused, train_separately
+from tests.helpers import fit_digits, make_trainer, max_state_difference, seeded, train_fused, train_separately
 
 
 class SkippingMLP(DigitsMLP):
@@ -85,3 +86,18 @@ def test_on_the_fused_update_a_skipping_trial_is_left_as_alone(accumulate: int):
     for trial_id, trained in enumerate(alone):
         assert max_state_difference(fused.unfuse(trial_id), trained) == 0.0, trial_id
         assert fused.results[trial_id]["status"] == "completed"  # not counted as diverged
+
+
+def test_under_several_processes_a_trial_that_returns_none_is_refused_as_lightning_refuses_it_alone(monkeypatch):
+    # Lightning raises "Skipping the training_step by returning None in distributed training is not supported" for
+    # one module; a group would otherwise train such trials under DDP without a word (the world size is faked here:
+    # the check comes before any collective)
+
+    fused = FusedLightningModule(trials()[:2], backend="loop", summary=False)
+
+    def two_processes(trainer: Any) -> None:
+        fused._ranks.world_size = 2
+
+    monkeypatch.setattr(fused._ranks, "setup", two_processes)
+    with pytest.raises(RuntimeError, match=r"returned None for trials \[0\] under 2 processes"):
+        fit_digits(make_trainer(max_steps=1, limit_val_batches=0), fused)

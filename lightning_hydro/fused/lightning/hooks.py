@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.trainer.connectors.logger_connector.fx_validator import _FxValidator
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 
@@ -75,6 +76,10 @@ def call_trial_hook(hook: str, trial_id: int, module: Any, *args: Any) -> tuple[
                 raise
             where = f"{type(module).__name__}.{hook} of trial {trial_id}"
             raise escaped_tensor_error(err, backend="vmap'/'hfta", where=where) from err
+    for call in calls:  # Lightning's own rule of where what may be logged, as it checks a module's self.log alone
+        _FxValidator.check_logging_and_get_default_levels(
+            hook, on_step=call.options.get("on_step"), on_epoch=call.options.get("on_epoch")
+        )
     return answer, calls
 
 

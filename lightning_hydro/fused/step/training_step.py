@@ -102,6 +102,13 @@ class TrainingStep:
         self.batch, self.outputs, self.losses = batch, out, None
         loss = out.loss()
         self._note_losses(group.trial_ids, range(group.size) if loss is None else out.without_output)
+        if out.without_output and self.ranks.world_size > 1:
+            skipping = [group.trial_ids[row] for row in out.without_output]
+            raise RuntimeError(
+                f"{self.model_name}.training_step returned None for trials {skipping} under {self.ranks.world_size} "
+                "processes. Lightning does not support skipping a training step by returning None in distributed "
+                "training (it raises this for each trial alone too): return a loss, e.g. loss * 0 to skip a batch."
+            )
         if loss is None:
             return None
         loss = self.losses = loss.reshape(group.size)

@@ -324,3 +324,22 @@ def test_a_callbacks_batch_end_reads_each_trials_value_of_that_step_as_alone(bac
     make_trainer(callbacks=[recorder], **limits).fit(fused, datamodule=DigitsDataModule())
     for tid, values in enumerate(alone):
         assert recorder.seen[tid] == pytest.approx(values, rel=1e-5), tid
+
+
+class StepValueAtEpochEnd(DigitsMLP):
+    def on_train_epoch_end(self) -> None:
+        self.log("epoch_mark", float(self.current_epoch), on_step=True)  # Lightning refuses it alone
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_log_lightning_refuses_in_a_hook_is_refused_fused_with_lightnings_error(backend: str) -> None:
+    # before, fused groups accepted what fails alone: a sweep passed with code that then failed on its own
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    message = r"You can't `self.log\(on_step=True\)` inside `on_train_epoch_end`"
+    limits: dict[str, Any] = dict(max_epochs=1, limit_train_batches=2, limit_val_batches=0)
+    with pytest.raises(MisconfigurationException, match=message):
+        make_trainer(**limits).fit(copy.deepcopy(trials(StepValueAtEpochEnd)[0]), datamodule=DigitsDataModule())
+    fused = FusedLightningModule(trials(StepValueAtEpochEnd), backend=backend, summary=False)
+    with pytest.raises(MisconfigurationException, match=message):
+        make_trainer(**limits).fit(fused, datamodule=DigitsDataModule())
