@@ -270,6 +270,15 @@ class MetricRecorder:
                 results[index].append(getattr(metric, methods[index])(*args, **kwargs))
         return results
 
+    def calls_of(self, metrics: Sequence[nn.Module]) -> set[int]:
+        """The indices of the recorded ``forward`` calls of the template's ``metrics`` (or of a collection of them)."""
+        paths = [self.paths[id(metric)] for metric in metrics if id(metric) in self.paths]
+        return {
+            index
+            for index, call in enumerate(self.calls)
+            if call.method == "forward" and any(p == call.path or p.startswith(f"{call.path}.") for p in paths)
+        }
+
     def per_row_value(self, value: Any, results: list[list[Any]], modules: Sequence[nn.Module]) -> Any:
         """What a logged value stands for per row: each trial's metric object, or each trial's batch value.
 

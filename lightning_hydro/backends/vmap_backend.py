@@ -137,6 +137,21 @@ def reassigned_buffers(module: nn.Module, given: Mapping[str, Tensor], method: s
     return found
 
 
+def stepwise_metrics(calls: Sequence[LogCall], method: str) -> list[nn.Module]:
+    """The metric objects ``method`` logs with ``on_step=True``: Lightning logs their batch value (forward's).
+
+    Lightning's default is ``on_step=True`` in ``training_step`` only.
+    """
+    default = method == "training_step"
+    return [
+        c.value
+        for c in calls
+        if isinstance(c.value, nn.Module)
+        and hasattr(c.value, "compute")
+        and (default if c.options.get("on_step") is None else bool(c.options["on_step"]))
+    ]
+
+
 def holds_tied_tensors(module: nn.Module) -> bool:
     """Whether one tensor is reachable under two names of ``module`` (parameters and buffers: tied weights)."""
     seen: set[int] = set()
@@ -349,6 +364,7 @@ class VmapBackend(Backend):
         output = None if kind == "none" else encoded
         # each trial's own torchmetrics metrics, called with its row of what the step passed to the template's
         logged_values = {c.value.call for c in calls if isinstance(c.value, DeferredValue)}
+        logged_values |= recorder.calls_of(stepwise_metrics(calls, method))  # their batch values are logged too
         replayed = recorder.replay(metric_args, self.group.modules, needed=logged_values)
         self.deferred_metrics = recorder.metric_names
         logs = self._stack_logs(

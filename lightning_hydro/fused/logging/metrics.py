@@ -262,8 +262,11 @@ class TrialMetrics:
         *,
         trial_ids: Sequence[int],
         batch_size: int = 1,
+        epoch: bool = True,
     ) -> None:
         """Record one logged metric for the trials ``trial_ids`` (``values[i]`` belongs to ``trial_ids[i]``).
+
+        ``epoch=False``: the step values only (a metric object's, whose epoch value is its ``compute()``).
 
         Raises:
             ValueError: for a name logged with ``add_dataloader_idx=False`` from two dataloaders in one epoch.
@@ -277,7 +280,7 @@ class TrialMetrics:
                 step = self.reduce(step.to(torch.float64), options.reduce_fx).to(step.dtype)
             value = StepValue(names, options, list(trial_ids), step, self.dataloader_idx)
             self._step.setdefault(phase, {})[names.plain] = value
-        if options.on_epoch:
+        if options.on_epoch and epoch:
             accumulators = self._epoch.setdefault(phase, {})
             if names.plain not in accumulators:
                 accumulators[names.plain] = _Accumulator(options, self.dataloader_idx)
@@ -296,7 +299,14 @@ class TrialMetrics:
             options = resolve_options(hook, log.options)
             ids = trial_ids if log.rows is None else [trial_ids[row] for row in log.rows]  # some trials did not log
             if isinstance(log.values, list):  # per-trial objects (torchmetrics Metric): computed at epoch end
-                self.record_objects(phase, log.name, dict(zip(ids, log.values)), options)
+                if options.on_epoch:
+                    self.record_objects(phase, log.name, dict(zip(ids, log.values)), options)
+                if options.on_step:  # the value of the batch, as Lightning logs a metric object's step value
+                    cached = [getattr(metric, "_forward_cache", None) for metric in log.values]
+                    batch_values = [v for v in cached if isinstance(v, Tensor) and v.numel() == 1]
+                    if len(batch_values) == len(cached):
+                        values = torch.stack([v.detach().reshape(()).float() for v in batch_values])
+                        self.record(phase, log.name, values, options, trial_ids=ids, epoch=False)
                 continue
             size = log.options.get("batch_size")
             if size is None and options.on_epoch:  # only epoch means are weighted by the batch size

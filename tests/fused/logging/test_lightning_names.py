@@ -343,3 +343,60 @@ def test_a_log_lightning_refuses_in_a_hook_is_refused_fused_with_lightnings_erro
     fused = FusedLightningModule(trials(StepValueAtEpochEnd), backend=backend, summary=False)
     with pytest.raises(MisconfigurationException, match=message):
         make_trainer(**limits).fit(fused, datamodule=DigitsDataModule())
+
+
+class MetricObjects(DigitsMLP):
+    """Logs torchmetrics objects on step (Lightning logs the batch's value) and on epoch (their compute())."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        import torchmetrics
+
+        self.step_acc = torchmetrics.Accuracy(task="multiclass", num_classes=10)
+        self.both_acc = torchmetrics.Accuracy(task="multiclass", num_classes=10)
+        self.collection = torchmetrics.MetricCollection(
+            {"col_acc": torchmetrics.Accuracy(task="multiclass", num_classes=10)}
+        )
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        logits = self(x)
+        self.step_acc(logits, y)
+        self.log("step_acc", self.step_acc)  # training_step's default: on_step only
+        self.both_acc(logits, y)
+        self.log("both_acc", self.both_acc, on_step=True, on_epoch=True)
+        self.collection(logits, y)
+        self.log_dict(self.collection, on_step=True, on_epoch=True)
+        return F.cross_entropy(logits, y)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_metric_objects_logged_on_step_log_each_batchs_value_as_alone(backend: str) -> None:
+    # before, a metric object's step value was never logged, and one logged on step only got its epoch compute()
+    # under the step's name (0.1146 where alone logged the last batch's 0.0938)
+    limits: dict[str, Any] = dict(max_epochs=1, limit_train_batches=3, limit_val_batches=0, log_every_n_steps=1)
+    modules = trials(MetricObjects)
+    alone = []
+    for module in modules:
+        logger = Recorded()
+        trainer = make_trainer(logger=logger, **limits)
+        torch.manual_seed(1234)
+        trainer.fit(copy.deepcopy(module), datamodule=DigitsDataModule())
+        alone.append(({k: floats(getattr(trainer, k)) for k in METRIC_DICTS}, logger.series))
+    assert sorted(alone[0][0]["logged_metrics"]) == [
+        "both_acc_epoch", "both_acc_step", "col_acc_epoch", "col_acc_step", "step_acc",
+    ]  # fmt: skip
+    logger = Recorded()
+    trainer = make_trainer(logger=logger, **limits)
+    torch.manual_seed(1234)
+    trainer.fit(
+        FusedLightningModule(copy.deepcopy(modules), backend=backend, summary=False), datamodule=DigitsDataModule()
+    )
+    for tid, (dicts, series) in enumerate(alone):
+        for which, values in dicts.items():
+            assert_same_values(trial_metrics_view(floats(getattr(trainer, which)), tid), values, which)
+        suffix = f"/trial_{tid}"
+        logged = {key[: -len(suffix)]: steps for key, steps in logger.series.items() if key.endswith(suffix)}
+        assert sorted(logged) == sorted(series)
+        for name, steps in series.items():
+            assert [value for _, value in logged[name]] == pytest.approx([value for _, value in steps], rel=1e-5)
