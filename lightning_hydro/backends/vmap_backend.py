@@ -163,14 +163,20 @@ def holds_tied_tensors(module: nn.Module) -> bool:
     return False
 
 
-def _encode(out: Any, method: str) -> tuple[Any, _Kind]:
-    """Vmap may only return tensors: keep the tensors of what the step returned, remember its shape."""
+def _encode(out: Any, method: str) -> tuple[Any, _Kind, tuple[list[str], dict[str, Any]] | None]:
+    """Vmap may only return tensors: keep the tensors of what the step returned, remember its shape.
+
+    Returns the tensors, the output's kind, and for a dict with other values (``{"logits": ..., "batch_idx": 3}``)
+    its keys in order and those values, which the one template computed for every trial (None: no such values).
+    """
     if out is None:
-        return (), "none"
+        return (), "none", None
     if isinstance(out, Tensor):
-        return out, "tensor"
+        return out, "tensor", None
     if isinstance(out, Mapping):
-        return {k: v for k, v in out.items() if isinstance(v, Tensor)}, "dict"
+        tensors = {k: v for k, v in out.items() if isinstance(v, Tensor)}
+        others = {k: v for k, v in out.items() if not isinstance(v, Tensor)}
+        return tensors, "dict", (list(out), others) if others else None
     raise step_output_error(out, method)
 
 
@@ -196,6 +202,7 @@ class VmapBackend(Backend):
         self._compiled: CompiledStep | None = None
         self._caller: MethodCaller | None = None
         self._reassigned: dict[str, Tensor] = {}  # the buffers the latest call reassigned, [B, ...] each
+        self._others: tuple[list[str], dict[str, Any]] | None = None  # the latest dict output's other values
         self._recorder: MetricRecorder | None = None
         self._logs = LogRecorder()  # the template's self.log while a call runs (the same object at every call)
         self.deferred_metrics: list[str] = []  # the torchmetrics metrics the last call replayed per trial
@@ -370,7 +377,14 @@ class VmapBackend(Backend):
         logs = self._stack_logs(
             calls, list(logged), method, lambda value: recorder.per_row_value(value, replayed, self.group.modules)
         )
-        return StepOutputs(output=output, logs=logs), extra
+        others, self._others = self._others, None
+        per_row = None
+        if others is not None and isinstance(output, dict):  # each trial's dict as its step returned it
+            keys, values = others
+            per_row = [
+                {k: output[k][row] if k in output else values[k] for k in keys} for row in range(self.group.size)
+            ]
+        return StepOutputs(output=output, logs=logs, per_row=per_row), extra
 
     def _find_ties(self, caller: MethodCaller) -> None:
         """Whether the template holds one tensor under two names (tied weights), which ``functional_call`` must tie.
@@ -437,7 +451,7 @@ class VmapBackend(Backend):
             side["calls"] = [
                 LogCall(c.name, _TENSOR if isinstance(c.value, Tensor) else c.value, c.options) for c in calls
             ]
-            encoded, side["kind"] = _encode(out, method)
+            encoded, side["kind"], side["others"] = _encode(out, method)
             stored: tuple[Tensor, ...] = ()
             if active is not None and not torch.compiler.is_compiling():  # compiled: finish() checks afterwards
                 stored = active.collect()
@@ -454,6 +468,7 @@ class VmapBackend(Backend):
         flat = vmap(per_trial, in_dims=(0, 0), randomness="different", chunk_size=self.chunk_size)(params, buffers)
         encoded, logged, metric_args, stored, reassigned = tree_unflatten(list(flat), side["spec"])
         self._reassigned = dict(zip(side["reassigned"], reassigned))  # stored by _call, once the call succeeded
+        self._others = side["others"]  # a dict output's values other than tensors, the same for every trial
         return encoded, logged, metric_args, stored, side["calls"], side["kind"]
 
     def _stack_logs(
