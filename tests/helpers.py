@@ -11,11 +11,27 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.loggers import Logger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsDataModule, DigitsMLP
+
+
+class QuietLogger(Logger):
+    """A Lightning logger that keeps what ``log_metrics`` gets its own way (subclasses say how) and nothing else."""
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    @property
+    def version(self) -> str:
+        return "0"
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
 
 
 def make_trainer(**overrides: Any) -> L.Trainer:
@@ -196,7 +212,24 @@ def token_data(num: int = 256, seq: int = 12, vocab: int = 20, seed: int = 0) ->
     return TensorDataset(tokens[:, :-1], tokens[:, 1:])
 
 
-class TinyAttentionLM(L.LightningModule):
+class NextTokenLM(L.LightningModule):
+    """The training of the token models here: next-token cross-entropy (padding ignored), AdamW, token_data()."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=0)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"])
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(token_data(), batch_size=32)
+
+
+class TinyAttentionLM(NextTokenLM):
     """Embedding (with padding_idx) + LayerNorm + causal multi-head attention + MLP + readout."""
 
     def __init__(self, lr: float = 1e-3, d_model: int = 16, vocab: int = 20, heads: int = 2) -> None:
@@ -225,19 +258,6 @@ class TinyAttentionLM(L.LightningModule):
         h = h + self.proj(attn.transpose(1, 2).reshape(n, t, -1))
         h = h + self.mlp(self.norm2(h))
         return self.readout(h)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        logits = self(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=0)
-        self.log("train_loss", loss)
-        return loss
-
-    def configure_optimizers(self) -> Any:
-        return torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"])
-
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(token_data(), batch_size=32)
 
 
 class TiedAttentionLM(TinyAttentionLM):

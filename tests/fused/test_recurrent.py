@@ -9,23 +9,19 @@ stacked weights in ``_flat_weights``, and the trial's release of held graphs rea
 
 from __future__ import annotations
 
-from typing import Any
-
 import lightning as L
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
 
 from lightning_hydro.backends import FusionError
-from tests.helpers import StopTrialAt, max_state_difference, seeded, token_data, train_fused, train_separately
+from tests.helpers import NextTokenLM, StopTrialAt, max_state_difference, seeded, train_fused, train_separately
 
 LRS = (1e-2, 3e-3, 3e-2)
 
 
-class RecurrentLM(L.LightningModule):
-    """Embedding, a two-layer recurrent core (batch first), a linear readout; next-token loss with padding ignored."""
+class RecurrentLM(NextTokenLM):
+    """Embedding, a two-layer recurrent core (batch first), a linear readout; trained as the other token models."""
 
     def __init__(self, lr: float = 1e-2, cell: str = "lstm", hidden_dim: int = 16, vocab: int = 20) -> None:
         super().__init__()
@@ -38,19 +34,6 @@ class RecurrentLM(L.LightningModule):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         out, _ = self.rnn(self.embed(tokens))
         return self.head(out)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        logits = self(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=0)
-        self.log("train_loss", loss)
-        return loss
-
-    def configure_optimizers(self) -> Any:
-        return torch.optim.Adam(self.parameters(), lr=self.hparams["lr"])
-
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(token_data(), batch_size=32)
 
 
 def fit(trainer: L.Trainer, module: L.LightningModule) -> None:

@@ -15,35 +15,23 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import grad_norm
 from torch import nn
 
 from lightning_hydro.backends.errors import FusionMismatchError
 from lightning_hydro.demos import DigitsMLP
-from tests.helpers import fit_digits, seeded, train_fused, train_separately
+from tests.helpers import QuietLogger, fit_digits, seeded, train_fused, train_separately
 
 BACKENDS = ["vmap", "hfta", "loop"]
 LEARNING_RATES = (0.05, 0.2, 0.5)
 
 
-class StepValues(Logger):
+class StepValues(QuietLogger):
     """Keeps every step value the Trainer hands the logger, by step."""
 
     def __init__(self) -> None:
         super().__init__()
         self.values: dict[int, dict[str, float]] = {}
-
-    @property
-    def name(self) -> str:
-        return "step_values"
-
-    @property
-    def version(self) -> str:
-        return "0"
-
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        pass
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         self.values.setdefault(int(step or 0), {}).update({k: float(v) for k, v in metrics.items()})

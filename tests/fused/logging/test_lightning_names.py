@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Subset
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsDataModule, DigitsMLP
 from lightning_hydro.fused.lightning.trainer_view import trial_metrics_view
-from tests.helpers import make_trainer, max_state_difference
+from tests.helpers import QuietLogger, make_trainer, max_state_difference
 
 BACKENDS = ["vmap", "loop"]
 LEARNING_RATES = (0.05, 0.2, 0.5)
@@ -83,23 +83,12 @@ class TwoLoaders(DigitsDataModule):
         return self.val_dataloader()
 
 
-class Recorded(Logger):
+class Recorded(QuietLogger):
     """Keeps every call of ``log_metrics``: each name's (step, value) in the order logged."""
 
     def __init__(self) -> None:
         super().__init__()
         self.series: dict[str, list[tuple[int | None, float]]] = {}
-
-    @property
-    def name(self) -> str:
-        return "recorded"
-
-    @property
-    def version(self) -> str:
-        return "0"
-
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        pass
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         for key, value in metrics.items():
