@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
@@ -141,3 +142,46 @@ def test_a_buffer_reassigned_with_another_shape_is_refused_by_name(backend: str)
     fused = FusedLightningModule([Widening(lr=lr) for lr in LRS], backend=backend, summary=False)
     with pytest.raises(FusionError, match=r"Widening.training_step reassigns the buffer 'history' with shape \(2,\)"):
         fit_digits(make_trainer(max_steps=2, limit_val_batches=0), fused)
+
+
+class ManualCounting(DigitsMLP):
+    """Manual optimization (its steps run on the trial's own module) that counts its steps in a reassigned buffer."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(hidden_dim=16, **kwargs)
+        self.automatic_optimization = False
+        self.register_buffer("steps", torch.tensor(0))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        opt = self.optimizers()
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        self.steps = self.steps + 1
+        return loss
+
+
+class GroupState(L.Callback):
+    """The group's state of the trials' step counts after each batch (what a checkpoint then would hold)."""
+
+    def __init__(self) -> None:
+        self.counts: list[list[int]] = []
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, *args: Any) -> None:
+        state = pl_module.state_dict()
+        self.counts.append(state[next(k for k in state if k.endswith("steps"))].tolist())
+
+
+def test_a_buffer_a_manual_step_reassigns_is_in_the_group_after_each_step() -> None:
+    # manual optimization runs each trial's step on its own module; before, the group's buffers caught up only at
+    # the epoch's end (a checkpoint or a slot change within the epoch saw the old values)
+    lrs = iter(LRS)
+    modules = seeded(lambda: ManualCounting(lr=next(lrs)), range(len(LRS)))
+    seen = GroupState()
+    fused = train_fused(
+        modules, fit_digits, fused_kwargs=dict(backend="loop"), callbacks=[seen], max_steps=4, limit_val_batches=0
+    )
+    assert seen.counts == [[step] * len(LRS) for step in (1, 2, 3, 4)]
+    assert [int(fused.unfuse(trial_id).steps) for trial_id in range(len(LRS))] == [4] * len(LRS)
