@@ -163,6 +163,9 @@ def holds_tied_tensors(module: nn.Module) -> bool:
     return False
 
 
+_PLAIN = frozenset({int, float, bool, str, type(None)})
+
+
 def _encode(out: Any, method: str) -> tuple[Any, _Kind, tuple[list[str], dict[str, Any]] | None]:
     """Vmap may only return tensors: keep the tensors of what the step returned, remember its shape.
 
@@ -175,8 +178,9 @@ def _encode(out: Any, method: str) -> tuple[Any, _Kind, tuple[list[str], dict[st
         return out, "tensor", None
     if isinstance(out, Mapping):
         tensors = {k: v for k, v in out.items() if isinstance(v, Tensor)}
-        others = {k: v for k, v in out.items() if not isinstance(v, Tensor)}
-        return tensors, "dict", (list(out), others) if others else None
+        # plain values only (a metric's deferred value or a per-trial stand-in is not every trial's)
+        others = {k: v for k, v in out.items() if type(v) in _PLAIN}
+        return tensors, "dict", ([k for k in out if k in tensors or k in others], others) if others else None
     raise step_output_error(out, method)
 
 

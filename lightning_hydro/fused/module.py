@@ -357,12 +357,14 @@ class FusedLightningModule(EvaluationHooks):
         batch_end, epoch_end = self._hooks_owed_to(trial_id)
         if batch_end or epoch_end:  # its hooks see its own optimizers and schedulers (self.optimizers()), as alone
             self._optimizers.keep_while_leaving(trial_id)
-        self._roster.stop(self._trainer, trial_id, reason, status=status)
+        try:
+            self._roster.stop(self._trainer, trial_id, reason, status=status)
+        finally:
+            if trial_id in self._group.trial_ids:  # it did not leave (or the stop failed): nothing is owed
+                self._optimizers.forget_left([trial_id])
         if trial_id not in self._group.trial_ids:
             self._owed_batch_end += batch_end
             self._owed_epoch_end += epoch_end
-        else:
-            self._optimizers.forget_left([trial_id])
 
     def _hooks_owed_to(
         self, trial_id: int
