@@ -204,9 +204,20 @@ def mark_static_tensors(args: Any) -> None:
 
 
 def compile_error(err: BaseException) -> str:
-    """What torch.compile raised, as the fallback's log line says it: ``"<type>: <its first line>"``."""
-    first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-    return f"{type(err).__name__}: {first_line}"
+    r"""What torch.compile raised, as the fallback's log line says it: ``"<type>: <its first line>"``.
+
+    A first line that only introduces the cause (``"backend='inductor' raised:"``) is followed by the cause's.
+
+    Example::
+
+        >>> compile_error(RuntimeError("backend='inductor' raised:\nNotImplementedError: no storage\n\nmore"))
+        "RuntimeError: backend='inductor' raised: NotImplementedError: no storage"
+    """
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()] or [type(err).__name__]
+    text = lines[0]
+    if text.endswith(":") and len(lines) > 1:
+        text = f"{text} {lines[1]}"
+    return f"{type(err).__name__}: {text}"
 
 
 _eager_only = threading.local()

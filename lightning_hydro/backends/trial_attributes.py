@@ -368,8 +368,9 @@ def _followed_code(cls: type, entries: tuple[str, ...], framework_methods: bool)
     """The code of ``entries`` of ``cls`` and of what they call (nested functions included).
 
     Methods of ``cls`` named in the code are followed (those defined in torch or Lightning only if
-    ``framework_methods``: a LightningModule's own ``log`` reads nothing of the user's); global functions
-    are followed unless they belong to torch or Lightning.
+    ``framework_methods``: a LightningModule's own ``log`` reads nothing of the user's), in code that calls
+    ``super()`` also the user's base classes' methods of those names (``super().training_step(batch, batch_idx)``
+    runs the parent's); global functions are followed unless they belong to torch or Lightning.
     """
     seen: set[types.CodeType] = set()
     todo = [f for e in entries if (f := _function(inspect.getattr_static(cls, e, None))) is not None]
@@ -380,10 +381,15 @@ def _followed_code(cls: type, entries: tuple[str, ...], framework_methods: bool)
         seen.add(function.__code__)
         for code in _nested(function.__code__):
             yield code
+            bases = cls.__mro__[1:] if "super" in code.co_names else ()
             for name in code.co_names:
                 method = _function(inspect.getattr_static(cls, name, None))
                 if method is not None and (framework_methods or not _framework(method)):
                     todo.append(method)
+                for base in bases:  # the user's own base classes' code that super() reaches
+                    inherited = _function(base.__dict__.get(name))
+                    if inherited is not None and not _framework(inherited):
+                        todo.append(inherited)
                 called = _function(function.__globals__.get(name))
                 if called is not None and not _framework(called):
                     todo.append(called)
