@@ -179,7 +179,7 @@ def choose_backend(
     if timed and key in _CACHE and _CACHE[key] in factories:
         return AutoChoice(factories[_CACHE[key]](), cached=True)
     device = group.device
-    saved_buffers = {name: b.clone() for name, b in group.buffers.items()}
+    saved_buffers = group.saved_buffers()
     python_state = PythonState(group.modules)  # counters, outputs lists...: every candidate starts from them
     choice = AutoChoice(
         backend=None,  # type: ignore[arg-type]  # set below, once the fastest is known
@@ -218,9 +218,7 @@ def choose_backend(
                 # a fused backend that fails in any other way is skipped too: the loop runs what it cannot
                 choice.skipped[name] = f"{type(err).__name__}: {err}"
             finally:
-                with torch.no_grad():
-                    for bname, value in saved_buffers.items():
-                        group.buffers[bname].copy_(value)
+                group.restore_buffers(saved_buffers)
                 for param in group.params.values():
                     param.grad = None
                 python_state.restore()

@@ -123,7 +123,7 @@ def stack_outputs(per_row: list[Any], method: str, *, strict: bool = True) -> Te
     first = next((value for value in per_row if value is not None), None) if strict else per_row[0]
     if first is None:
         return None
-    if strict and len(rows_without_output(per_row)) > 0:
+    if strict and any(value is None for value in per_row):  # (some rows only: ``first`` is one that returned)
         per_row = [_zeros_like(first) if value is None else value for value in per_row]
     if isinstance(first, Tensor):
         return torch.stack(per_row)

@@ -475,8 +475,7 @@ class FusedLightningModule(EvaluationHooks):
 
     def _forward_hook(self, hook: str) -> None:
         forward_hook(hook, self._running(), self._metrics)
-        if self._group.buffers:  # a buffer a hook reassigned (not changed in place) is written into its row
-            self._group.adopt_reassigned_buffers()
+        self._group.adopt_reassigned_buffers()  # what their code reassigned goes into their rows
 
     # -- optimization: see fused/optimization.py ------------------------------------------------------------
 

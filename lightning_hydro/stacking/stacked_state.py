@@ -285,6 +285,22 @@ class StackedState:
                 module.get_parameter(name).data = self.trial_view(name, row, stacked.data[row])
         self.bind_buffers()
 
+    def saved_buffers(self) -> dict[str, Tensor]:
+        """Copies of the stacked buffers, by name, for :meth:`restore_buffers` (a check's runs leave no trace)."""
+        return {name: buffer.clone() for name, buffer in self.buffers.items()}
+
+    def restore_buffers(self, saved: Mapping[str, Tensor]) -> None:
+        """Put the stacked buffers back to ``saved`` (:meth:`saved_buffers`) and bind the trials to them again.
+
+        A buffer whose value did not change is left alone (not even written): a backward pass may still need it.
+        """
+        with torch.no_grad():
+            for name, value in saved.items():
+                buffer = self.buffers[name]
+                if not torch.equal(buffer, value):
+                    buffer.copy_(value)
+        self.bind_buffers()
+
     def bind_buffers(self) -> None:
         """Point every trial's buffers at its row of the stacked buffers again.
 
@@ -323,6 +339,8 @@ class StackedState:
         Raises:
             ValueError: the new tensor's shape or dtype differs from the row's.
         """
+        if not self.buffers:
+            return
         found: dict[str, dict[int, Tensor]] = {}
         for row in range(self.size) if rows is None else rows:
             module = self.modules[row]

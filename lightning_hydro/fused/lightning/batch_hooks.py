@@ -240,8 +240,7 @@ class TrialBatchHooks:
         finally:
             if gradients:  # the stacked gradients stay the truth; a change made in place through a view is in them
                 group.clear_trial_grads()
-            if group.buffers:  # a buffer a hook reassigned (not changed in place) is written into its row
-                group.adopt_reassigned_buffers()
+            group.adopt_reassigned_buffers()  # what their code reassigned goes into their rows
         self._record(hook, logged, batch)
         return answers
 

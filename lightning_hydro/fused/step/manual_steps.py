@@ -100,8 +100,7 @@ class ManualSteps:
                 calls_per_row.append(calls)
         finally:
             self.active = False
-        if self.slots.group.buffers:  # a buffer a trial's step reassigned (not changed in place) goes into its row
-            self.slots.group.adopt_reassigned_buffers()
+        self.slots.group.adopt_reassigned_buffers()  # what their code reassigned goes into their rows
         device = self.slots.group.device
         # a trial found bad in an earlier batch (not yet read back) counts as skipped; its first reason stays
         by_loss = torch.tensor([self._bad.get(tid) in ("non-finite loss", "earlier") for tid in ids], device=device)

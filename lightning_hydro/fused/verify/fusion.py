@@ -65,17 +65,12 @@ class _StepState:
     def __init__(self, python: PythonState, group: StackedState) -> None:
         self.python = python
         self.group = group
-        self.buffers = {name: buffer.clone() for name, buffer in group.buffers.items()}
+        self.buffers = group.saved_buffers()
 
     def restore(self) -> None:
         """Put the Python state and the buffers back as they were when this was made."""
         self.python.restore()
-        with torch.no_grad():
-            for name, value in self.buffers.items():
-                buffer = self.group.buffers[name]
-                if not torch.equal(buffer, value):  # an unchanged one is left alone: the fused backward may need it
-                    buffer.copy_(value)
-        self.group.bind_buffers()  # a trial's own step that reassigned a buffer replaced its view of the row
+        self.group.restore_buffers(self.buffers)  # (a trial's own step may have reassigned its view of the row)
 
 
 @contextmanager

@@ -158,7 +158,7 @@ def check_python_arguments(
     """
     modules = list(group.modules)
     device = group.device
-    saved_buffers = {name: b.clone() for name, b in group.buffers.items()}
+    saved_buffers = group.saved_buffers()
     state = PythonState(modules)
     python_random = random.getstate()
     try:
@@ -191,7 +191,4 @@ def check_python_arguments(
     finally:
         random.setstate(python_random)
         state.restore()
-        with torch.no_grad():
-            for name, value in saved_buffers.items():
-                group.buffers[name].copy_(value)
-        group.bind_buffers()  # a trial's own step that reassigned a buffer replaced its view of the row
+        group.restore_buffers(saved_buffers)  # (a trial's own step may have reassigned its view of the row)
