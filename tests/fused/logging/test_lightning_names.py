@@ -121,6 +121,16 @@ def stages(
     return out
 
 
+def assert_same_series(logger: Recorded, tid: int, alone: dict[str, list[tuple[int | None, float]]]) -> None:
+    """The logger calls of trial ``tid`` in a fused run equal those of the trial alone: names, steps and values."""
+    suffix = f"/trial_{tid}"
+    logged = {key[: -len(suffix)]: steps for key, steps in logger.series.items() if key.endswith(suffix)}
+    assert sorted(logged) == sorted(alone)
+    for name, steps in alone.items():
+        assert [step for step, _ in logged[name]] == [step for step, _ in steps], name
+        assert [value for _, value in logged[name]] == pytest.approx([value for _, value in steps], rel=1e-5)
+
+
 def assert_same_values(fused: dict[str, float], alone: dict[str, float], where: str) -> None:
     assert sorted(fused) == sorted(alone), where
     for name, value in alone.items():
@@ -153,12 +163,7 @@ def test_every_on_step_on_epoch_combination_has_the_names_and_values_of_the_tria
         for stage, dicts in metrics.items():
             for which, values in dicts.items():
                 assert_same_values(trial_metrics_view(fused_stages[stage][which], tid), values, f"{stage} {which}")
-        suffix = f"/trial_{tid}"
-        logged = {key[: -len(suffix)]: steps for key, steps in logger.series.items() if key.endswith(suffix)}
-        assert sorted(logged) == sorted(series)
-        for name, steps in series.items():
-            assert [step for step, _ in logged[name]] == [step for step, _ in steps], name
-            assert [value for _, value in logged[name]] == pytest.approx([value for _, value in steps], rel=1e-5)
+        assert_same_series(logger, tid, series)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -384,8 +389,4 @@ def test_metric_objects_logged_on_step_log_each_batchs_value_as_alone(backend: s
     for tid, (dicts, series) in enumerate(alone):
         for which, values in dicts.items():
             assert_same_values(trial_metrics_view(floats(getattr(trainer, which)), tid), values, which)
-        suffix = f"/trial_{tid}"
-        logged = {key[: -len(suffix)]: steps for key, steps in logger.series.items() if key.endswith(suffix)}
-        assert sorted(logged) == sorted(series)
-        for name, steps in series.items():
-            assert [value for _, value in logged[name]] == pytest.approx([value for _, value in steps], rel=1e-5)
+        assert_same_series(logger, tid, series)
