@@ -14,6 +14,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_hydro.backends.base import Backend, StepOutputs, rows_without_output, stack_logs, stack_outputs
+from lightning_hydro.backends.batch_copies import BatchRuns
 from lightning_hydro.backends.python_state import trial_code_ran
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
 from lightning_hydro.backends.vmap_backend import MethodCaller, call_method
@@ -45,6 +46,7 @@ class LoopBackend(Backend):
         # zero gradient per trial (quadratic in B), unbind's stacks the B row gradients once
         rows = {name: p.unbind(0) for name, p in self.group.params.items()}
         reassigned: dict[str, dict[int, Tensor]] = {}  # the buffers each trial's step reassigned, by name and row
+        batches = BatchRuns(args, len(self._callers))  # each trial's step gets the batch as the loader gave it
         for row, caller in enumerate(self._callers):
             # each trial at its own width (a group with pad_widths holds zero-padded rows)
             params = {f"module.{name}": self.group.trial_view(name, row, p[row]) for name, p in rows.items()}
@@ -52,7 +54,7 @@ class LoopBackend(Backend):
                 f"module.{name}": self.group.trial_view(name, row, b[row]) for name, b in self.group.buffers.items()
             }
             with capture_logs(caller.module) as calls:
-                output, new_buffers = call_method(caller, params, buffers, method, args)
+                output, new_buffers = call_method(caller, params, buffers, method, batches.next())
             outputs.append(output)
             for name, value in new_buffers.items():
                 reassigned.setdefault(name, {})[row] = value

@@ -32,6 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from typing_extensions import override
 
 from lightning_hydro.backends.base import Backend, StackedLog, StepOutputs, step_output_error
+from lightning_hydro.backends.batch_copies import containers_copied
 from lightning_hydro.backends.compiled_step import (
     CompiledStep,
     CompileSetting,
@@ -313,6 +314,9 @@ class VmapBackend(Backend):
         self, method: str, args: tuple[Any, ...], step: Callable[..., tuple[Any, Any]] | None
     ) -> tuple[StepOutputs, Any]:
         self.check_settings()
+        # the batch's containers of the call's own: a step that rebinds an entry (batch["x"] = ...) would leave a
+        # tensor of vmap's in the loader's batch, which Lightning hands on to the batch-end hooks
+        args = containers_copied(args)
         template = self.template()  # every call: subclasses keep their template in step with the trials
         if self._caller is None or self._caller.module is not template:
             self._caller = MethodCaller(template)

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from lightning_hydro.backends import Backend, StepOutputs
+from lightning_hydro.backends.batch_copies import tensors_copied
 from lightning_hydro.backends.errors import FusionError, explain_backward_error
 from lightning_hydro.fused.logging.metrics import TrialMetrics
 from lightning_hydro.fused.rank_sync import RankSync
@@ -85,7 +86,8 @@ class TrainingStep:
             return None  # every trial has stopped (the module's on_train_batch_start skips such batches)
         backend = policy.backend
         if backend is None or policy.verify_ids:  # not settled: auto has not chosen, or a trial is unverified
-            step = lambda candidate: self.forward_backward(candidate, batch, batch_idx)  # noqa: E731
+            # each timing run on a copy of the batch: the step may change it (batch["x"] = ..., x.sub_(...))
+            step = lambda candidate: self.forward_backward(candidate, tensors_copied(batch), batch_idx)  # noqa: E731
             backend = policy.for_training(step, chooser(), self.model_name)
             if policy.verify_ids:
                 backend = policy.verify(backend, batch, batch_idx)

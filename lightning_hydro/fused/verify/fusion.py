@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from lightning_hydro.backends.batch_copies import tensors_copied
 from lightning_hydro.backends.compiled_step import eager_calls
 from lightning_hydro.backends.errors import FusionMismatchError, explain_backward_error, name_failed_backward
 from lightning_hydro.backends.python_state import PythonState, copy_template
@@ -192,7 +193,11 @@ def _float64_run(
     try:
         torch.set_default_dtype(torch.float64)
         with capture_logs(module):
-            loss = _loss(functional_call(caller, (params, buffers), ("training_step", _to_double(batch), batch_idx)))
+            loss = _loss(
+                functional_call(
+                    caller, (params, buffers), ("training_step", _to_double(tensors_copied(batch)), batch_idx)
+                )
+            )
         if loss is None:
             return None, [None] * len(names), "the float64 run returned no loss"
         grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
@@ -223,7 +228,7 @@ def _float64_fused_run(
             group.trial_ids,
             pad_widths=group.pad_widths,
         )
-        result = make_backend(backend.name, twin).run("training_step", _to_double(batch), batch_idx)
+        result = make_backend(backend.name, twin).run("training_step", _to_double(tensors_copied(batch)), batch_idx)
         loss = result.loss()
         if loss is None:
             return "the float64 fused run returned no loss"
@@ -288,7 +293,7 @@ def _fused_gradients(
             raise known from err
 
         def rerun() -> None:
-            loss = backend.run("training_step", batch, batch_idx).loss()
+            loss = backend.run("training_step", tensors_copied(batch), batch_idx).loss()
             if loss is not None:
                 torch.autograd.grad(loss.sum(), stacked, allow_unused=True)
 
@@ -333,7 +338,7 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
         _restored(state),
         eager_calls(),  # compile=: not worth a graph of its own (eval mode, full precision) for one check
     ):
-        fused = backend.run("training_step", batch, batch_idx).loss()
+        fused = backend.run("training_step", tensors_copied(batch), batch_idx).loss()
         state.restore()
         if fused is None:
             return False
@@ -343,7 +348,7 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
             row = group.row_of(tid)
             module = modules[row]
             with capture_logs(module):
-                own = _loss(module.training_step(batch, batch_idx))  # type: ignore[operator]
+                own = _loss(module.training_step(tensors_copied(batch), batch_idx))  # type: ignore[operator]
             state.restore()
             assert own is not None
             own_params = [module.get_parameter(name) for name in names]

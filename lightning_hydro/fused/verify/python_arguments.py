@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from lightning_hydro.backends.batch_copies import tensors_copied
 from lightning_hydro.backends.errors import FusionMismatchError, package_dir
 from lightning_hydro.backends.python_state import PythonState
 from lightning_hydro.backends.trial_logging import capture_logs
@@ -172,13 +173,13 @@ def check_python_arguments(
                 backend.check_settings()
                 backend.template()
             with recorded_arguments(step) as fused:
-                backend.run("training_step", batch, batch_idx)
+                backend.run("training_step", tensors_copied(batch), batch_idx)
             for tid in ids:
                 state.restore()
                 random.setstate(python_random)
                 module = modules[group.row_of(tid)]
                 with capture_logs(module), recorded_arguments(step) as own:
-                    module.training_step(batch, batch_idx)  # type: ignore[operator]
+                    module.training_step(tensors_copied(batch), batch_idx)  # type: ignore[operator]
                 difference = _first_difference(fused, own)
                 if difference is not None:
                     raise FusionMismatchError(

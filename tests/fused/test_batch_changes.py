@@ -1,0 +1,146 @@
+"""A step that changes its batch: every trial, and every run of the first-batch checks, gets the batch as it came.
+
+Code written for one model may change its batch in the step, as the batch is its own: rebind an entry
+(``batch["x"] = (batch["x"] - mean) / std``) or write into it (``batch["x"].sub_(mean).div_(std)``). Before, a fused
+group handed the one batch to every run: on the loop each later trial normalised the batch the trials before it had
+normalised (trials 0.08 and 0.39 relative from alone), under vmap and hfta the first-batch check's and auto's timing
+runs did (a first loss of 62 against 2.3 alone), and the in-place version crashed the loop's backward.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_hydro import FusedLightningModule
+from lightning_hydro.backends.batch_copies import BatchRuns, containers_copied, tensors_copied
+from lightning_hydro.demos import DigitsMLP, load_digits_tensors
+from tests.helpers import make_trainer, max_state_difference
+
+MEAN, STD = 0.3, 0.45
+
+
+class DigitsDicts(Dataset):
+    """The digits as ``{"x": features, "y": label}`` samples (a loader then gives dicts of batches)."""
+
+    def __init__(self) -> None:
+        self.data, _ = load_digits_tensors()
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        x, y = self.data[index]
+        return {"x": x, "y": y}
+
+
+class NormalisingMLP(DigitsMLP):
+    """Normalises its batch in the step: ``how`` is "rebind" (a new entry) or "in_place" (written into it)."""
+
+    def __init__(self, how: str = "rebind", **kwargs: Any) -> None:
+        super().__init__(hidden_dim=16, **kwargs)
+        self.how = how
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if self.how == "rebind":
+            batch["x"] = (batch["x"] - MEAN) / STD
+        else:
+            batch["x"].sub_(MEAN).div_(STD)
+        loss = F.cross_entropy(self(batch["x"]), batch["y"])
+        self.log("train_loss", loss)
+        return loss
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(DigitsDicts(), batch_size=64)
+
+
+class ScalingTupleMLP(DigitsMLP):
+    """A tuple batch whose features the step scales in place."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(hidden_dim=16, **kwargs)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        x.mul_(2.0)
+        return F.cross_entropy(self(x), y)
+
+    def train_dataloader(self) -> DataLoader:
+        data, _ = load_digits_tensors()
+        return DataLoader(data, batch_size=64)
+
+
+def _trials(make: Any) -> list[DigitsMLP]:
+    trials = []
+    for seed, lr in enumerate([0.05, 0.1, 0.2]):
+        torch.manual_seed(seed)
+        trials.append(make(lr))
+    return trials
+
+
+def _alone(trials: list[DigitsMLP]) -> list[DigitsMLP]:
+    runs = []
+    for trial in trials:
+        alone = copy.deepcopy(trial)
+        torch.manual_seed(1234)
+        make_trainer(max_steps=3).fit(alone)
+        runs.append(alone)
+    return runs
+
+
+MODELS = {
+    "rebind": lambda lr: NormalisingMLP("rebind", lr=lr),
+    "in_place": lambda lr: NormalisingMLP("in_place", lr=lr),
+    "tuple_in_place": lambda lr: ScalingTupleMLP(lr=lr),
+}
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("backend", ["loop", "vmap", "hfta", "auto"])
+def test_a_step_that_changes_its_batch_trains_each_trial_as_alone(model: str, backend: str) -> None:
+    trials = _trials(MODELS[model])
+    alone = _alone(trials)
+    fused = FusedLightningModule([copy.deepcopy(t) for t in trials], backend=backend, summary=False)
+    torch.manual_seed(1234)
+    make_trainer(max_steps=3).fit(fused)
+    tolerance = 0.0 if fused.backend == "loop" else 1e-6
+    for row, own in enumerate(alone):
+        assert max_state_difference(fused.unfuse(row), own) <= tolerance, (model, backend, row)
+
+
+def test_batch_runs_hand_out_the_batch_as_it_came() -> None:
+    x, y = torch.arange(4.0), torch.arange(4)
+    batch = {"x": x, "y": y, "tags": ["a", "b"]}
+    runs = BatchRuns((batch, 0), runs=3)
+    first, _ = runs.next()
+    assert first is not batch  # new containers
+    assert first["x"] is x  # the loader's tensors
+    first["x"] = first["x"] * 10  # a rebound entry stays in the run's own dict
+    second, _ = runs.next()
+    assert second["x"] is x
+    assert batch["x"] is x
+    second["x"].add_(1)  # written into the loader's tensor: the next run gets a copy as it came
+    third, _ = runs.next()
+    assert third["x"] is not x
+    assert torch.equal(third["x"], torch.arange(4.0))
+    assert third["tags"] == ["a", "b"]
+    assert third["tags"] is not batch["tags"]
+
+
+def test_copies_keep_the_containers_kinds() -> None:
+    x = torch.ones(2)
+    batch = ([x, {"a": x}], (x, 3, "s"), None)
+    same = containers_copied(batch)
+    assert same == batch
+    assert same[0] is not batch[0]
+    assert same[0][1] is not batch[0][1]
+    assert same[0][0] is x
+    cloned = tensors_copied(batch)
+    assert cloned[0][0] is not x
+    assert torch.equal(cloned[0][0], x)
+    assert cloned[1][1:] == (3, "s")
