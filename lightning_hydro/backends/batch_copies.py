@@ -59,7 +59,8 @@ class BatchRuns:
     The first run, and every later one while no run has changed a tensor in place, gets the loader's own tensors in
     containers of its own; once one has, each later run gets copies taken before the first run. So a step that
     rebinds its batch's entries costs nothing, and one that writes into them costs a copy of the batch per step
-    (kept only while the batch holds tensors and more than one run follows).
+    (kept only while the batch holds tensors and more than one run follows). Inference tensors (an evaluation
+    batch) count no versions: each run after the first gets copies of them.
 
     Args:
         batch: the batch (any nesting of containers and tensors).
@@ -69,14 +70,18 @@ class BatchRuns:
     def __init__(self, batch: Any, runs: int) -> None:
         self._batch = batch
         self._tensors = _tensors(batch) if runs > 1 else []
-        self._versions = [t._version for t in self._tensors]
+        # an inference tensor (a batch made under torch.inference_mode, as Lightning's evaluation loops do) has no
+        # version counter: a run may have written into it unseen, so each run after the first gets copies
+        self._changed = any(t.is_inference() for t in self._tensors)
+        self._versions = [] if self._changed else [t._version for t in self._tensors]
         self._kept = tensors_copied(batch) if self._tensors else None  # as it came, for the runs after a change
-        self._changed = False
+        self._first = True
 
     def next(self) -> Any:
         """The batch for the next run."""
+        first, self._first = self._first, False
         if not self._changed and self._tensors:
             self._changed = any(t._version != v for t, v in zip(self._tensors, self._versions))
-        if self._changed:
+        if self._changed and not first:
             return tensors_copied(self._kept)
         return containers_copied(self._batch)

@@ -23,6 +23,7 @@ from lightning_hydro.demos import DigitsMLP, load_digits_tensors
 from tests.helpers import make_trainer, max_state_difference
 
 MEAN, STD = 0.3, 0.45
+FIT = dict(max_steps=3, val_check_interval=3, limit_val_batches=2)
 
 
 class DigitsDicts(Dataset):
@@ -46,17 +47,26 @@ class NormalisingMLP(DigitsMLP):
         super().__init__(hidden_dim=16, **kwargs)
         self.how = how
 
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.how == "rebind":
             batch["x"] = (batch["x"] - MEAN) / STD
         else:
             batch["x"].sub_(MEAN).div_(STD)
-        loss = F.cross_entropy(self(batch["x"]), batch["y"])
+        return F.cross_entropy(self(batch["x"]), batch["y"])
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
         self.log("train_loss", loss)
         return loss
 
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self.log("val_loss", self._loss(batch))  # (the loop's evaluation batches are inference tensors)
+
     def train_dataloader(self) -> DataLoader:
         return DataLoader(DigitsDicts(), batch_size=64)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(DigitsDicts(), batch_size=128)
 
 
 class ScalingTupleMLP(DigitsMLP):
@@ -88,7 +98,7 @@ def _alone(trials: list[DigitsMLP]) -> list[DigitsMLP]:
     for trial in trials:
         alone = copy.deepcopy(trial)
         torch.manual_seed(1234)
-        make_trainer(max_steps=3).fit(alone)
+        make_trainer(**FIT).fit(alone)
         runs.append(alone)
     return runs
 
@@ -107,10 +117,13 @@ def test_a_step_that_changes_its_batch_trains_each_trial_as_alone(model: str, ba
     alone = _alone(trials)
     fused = FusedLightningModule([copy.deepcopy(t) for t in trials], backend=backend, summary=False)
     torch.manual_seed(1234)
-    make_trainer(max_steps=3).fit(fused)
+    make_trainer(**FIT).fit(fused)
     tolerance = 0.0 if fused.backend == "loop" else 1e-6
     for row, own in enumerate(alone):
         assert max_state_difference(fused.unfuse(row), own) <= tolerance, (model, backend, row)
+        if model != "tuple_in_place":  # (validated too)
+            expected = float(own.trainer.callback_metrics["val_loss"])
+            assert fused.results[row]["metrics"]["val_loss"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_batch_runs_hand_out_the_batch_as_it_came() -> None:
