@@ -32,7 +32,7 @@ from __future__ import annotations
 import dis
 import inspect
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -48,6 +48,8 @@ from lightning_hydro.backends.python_state import CONTAINER_TYPES, tracked_modul
 __all__ = [
     "DifferingAttribute",
     "SettingsReader",
+    "hook_reads",
+    "hook_writes",
     "same_settings",
     "scan_attributes",
     "settings_fingerprint",
@@ -413,6 +415,7 @@ _MUTATORS = frozenset(
     {"append", "extend", "insert", "pop", "popleft", "popitem", "appendleft", "extendleft", "clear", "setdefault"}
 )
 _STORES: dict[type, tuple[str, ...]] = {}
+_HOOK_STORES: dict[tuple[type, str], tuple[str, ...]] = {}
 
 
 def state_writes(template: nn.Module) -> tuple[str, ...]:
@@ -422,21 +425,52 @@ def state_writes(template: nn.Module) -> tuple[str, ...]:
     the root's steps and the forwards of the user's own submodule classes; it errs towards finding writes.
     """
     if type(template) not in _STORES:
-        found: dict[str, None] = {}
         codes = [_followed_code(type(template), STEP_METHODS, False)]
         codes += [_followed_code(type(m), ("forward",), True) for path, m in tracked_modules(template) if path]
-        for code in (c for iterator in codes for c in iterator):
-            instructions = list(dis.get_instructions(code))
-            for index, instruction in enumerate(instructions):
-                if instruction.opname in ("STORE_ATTR", "DELETE_ATTR"):
-                    found[str(instruction.argval)] = None
-                elif instruction.argval in _MUTATORS and index and instruction.opname in ("LOAD_ATTR", "LOAD_METHOD"):
-                    owner = instructions[index - 1].argval
-                    found[f"{owner if isinstance(owner, str) else '[...]'}.{instruction.argval}"] = None
-            if "setattr" in code.co_names or "delattr" in code.co_names:
-                found["setattr(...)"] = None
-        _STORES[type(template)] = tuple(found)
+        _STORES[type(template)] = _writes_in(c for iterator in codes for c in iterator)
     return _STORES[type(template)]
+
+
+def hook_writes(cls: type, hook: str) -> tuple[str, ...]:
+    """What a hook of ``cls`` (and the user's code it calls) may change in Python state, as :func:`state_writes`."""
+    key = (cls, hook)
+    if key not in _HOOK_STORES:
+        _HOOK_STORES[key] = _writes_in(_followed_code(cls, (hook,), False))
+    return _HOOK_STORES[key]
+
+
+def hook_reads(modules: Sequence[nn.Module], hook: str, *, ids: Sequence[int]) -> list[DifferingAttribute]:
+    """The attributes (and hparams) that differ between the trials and that ``hook`` of theirs reads.
+
+    Read off the hook's code and the user's code it calls, as for the steps: a name read anywhere counts, and a
+    submodule the code names counts with every setting in it (``self.augment(x)`` runs the module's own code).
+    """
+    names = _names_read(type(modules[0]), (hook,), False)
+    root = modules[0]
+    hparams = getattr(root, "hparams", None)
+    own = {*vars(root), *root._modules, *(f"hparams.{key}" for key in (hparams or {}))}
+    if not names & own:  # it reads none of the trial's attributes (a normalisation by constants): nothing to compare
+        return []
+    return [
+        attribute
+        for attribute in scan_attributes(modules, ids=ids)
+        if attribute.name in names or (attribute.path and attribute.path.split(".")[0] in names)
+    ]
+
+
+def _writes_in(codes: Iterable[types.CodeType]) -> tuple[str, ...]:
+    found: dict[str, None] = {}
+    for code in codes:
+        instructions = list(dis.get_instructions(code))
+        for index, instruction in enumerate(instructions):
+            if instruction.opname in ("STORE_ATTR", "DELETE_ATTR"):
+                found[str(instruction.argval)] = None
+            elif instruction.argval in _MUTATORS and index and instruction.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+                owner = instructions[index - 1].argval
+                found[f"{owner if isinstance(owner, str) else '[...]'}.{instruction.argval}"] = None
+        if "setattr" in code.co_names or "delattr" in code.co_names:
+            found["setattr(...)"] = None
+    return tuple(found)
 
 
 class _ReadNames:

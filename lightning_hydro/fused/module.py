@@ -42,6 +42,7 @@ from lightning_hydro.fused.group.slots import TrialSlots
 from lightning_hydro.fused.group.specs import trials_from_configs
 from lightning_hydro.fused.group.width_padding import width_optimizer_path
 from lightning_hydro.fused.lightning.batch_hooks import TrialBatchHooks
+from lightning_hydro.fused.lightning.batch_transfer import BatchTransfer
 from lightning_hydro.fused.lightning.callbacks import per_trial_callbacks, refuse_module_callbacks
 from lightning_hydro.fused.lightning.group_checkpoint import (
     CHECKPOINT_KEY,
@@ -201,6 +202,8 @@ class FusedLightningModule(EvaluationHooks):
         self.mode = mode
         self.trial_factory = trial_factory
         hide_absent_hooks(self, trials[0])  # Lightning then sees the loops of an unfused run
+        self._batch_transfer = BatchTransfer(self._slots, trials[0])  # the trials' batch-transfer hooks
+        self._batch_transfer.install(self)
         # under ddp_spawn the group's state returns to this process with the weights (see rank_sync.py)
         self.register_state_dict_post_hook(_hand_back_group)
         self.register_load_state_dict_pre_hook(_take_back_group)

@@ -1,0 +1,114 @@
+"""The trials' own batch-transfer hooks (``on_before_batch_transfer``, ``transfer_batch_to_device``, ``on_after_...``).
+
+Lightning calls these hooks of the module it fits (of the DataModule instead, where that overrides one) on every
+batch before the step: to normalise or augment it on the device, to move a batch of a custom type. Before, a fused
+group did not have them, so Lightning called its own defaults and the trials trained on the raw batch, silently
+(weights 0.27 relative from alone for a normalising ``on_after_batch_transfer``). The fused module now has each hook
+its trials override (only those: Lightning warns about a module's hook that a DataModule's overrides, as alone).
+
+A group feeds all its trials one batch, so:
+
+- a hook whose code reads no value that differs between the trials and stores no Python state runs once, on the
+  first running trial's module, and the batch it gives is every trial's;
+- a hook that stores Python state (``self.batches_seen += 1``) runs for each trial in turn, on a batch of the
+  trial's own (:class:`~lightning_hydro.backends.batch_copies.BatchRuns`), so that each trial's state is as alone;
+  the first trial's batch is the group's (the hooks read the same values, so they give the same batch, but for
+  random draws, which the trials share, as in their steps);
+- a hook whose code reads a value that differs between the trials (an augmentation strength searched as a
+  hyperparameter) would give each trial a batch of its own, which a group cannot feed: it is refused, naming the
+  values, and the remedy (do it in the step, which runs per trial).
+
+What the hook's code reads and stores is read off the code
+(:func:`~lightning_hydro.backends.trial_attributes.hook_reads`), as for the steps: it errs towards refusing.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities.model_helpers import is_overridden
+
+from lightning_hydro.backends.batch_copies import BatchRuns
+from lightning_hydro.backends.errors import FusionError
+from lightning_hydro.backends.python_state import state_generation, trial_code_ran
+from lightning_hydro.backends.trial_attributes import DifferingAttribute, hook_reads, hook_writes
+from lightning_hydro.fused.group.slots import TrialSlots
+from lightning_hydro.fused.lightning.hooks import call_trial_hook
+
+__all__ = ["TRANSFER_HOOKS", "BatchTransfer"]
+
+TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
+
+
+class BatchTransfer:
+    """Runs the trials' batch-transfer hooks for the fused module (see the module's docstring).
+
+    Args:
+        slots: the group's slots (the running trials and their modules).
+        trial: one of the trials (a group's trials share their code).
+    """
+
+    def __init__(self, slots: TrialSlots, trial: L.LightningModule) -> None:
+        self.slots = slots
+        self.overridden = tuple(hook for hook in TRANSFER_HOOKS if is_overridden(hook, trial, L.LightningModule))
+        self._each = {hook: bool(hook_writes(type(trial), hook)) for hook in self.overridden}
+        self._checked: dict[str, tuple[tuple[int, ...], int]] = {}  # each hook's trials and state, found fusible
+
+    def install(self, fused: L.LightningModule) -> None:
+        """Give ``fused`` each hook its trials override (Lightning then calls it instead of its default)."""
+        for hook in self.overridden:
+            fused.__dict__[hook] = types.MethodType(_HOOKS[hook], self)
+
+    def run(self, hook: str, batch: Any, *args: Any) -> Any:
+        """The batch after the trials' ``hook`` (``args``: Lightning's arguments after the batch)."""
+        group = self.slots.group
+        modules, ids = list(group.modules), list(group.trial_ids)
+        if not ids:  # every trial has ended: nothing trains on the batch
+            return batch
+        differing = self._differing(hook, modules, ids)
+        if differing:
+            shown = "; ".join(str(attribute) for attribute in differing[:4])
+            raise FusionError(
+                f"FusedLightningModule: {type(modules[0]).__name__}.{hook} reads values that differ between the "
+                f"trials ({shown}), so each trial would get a batch of its own; a fused group feeds all its trials "
+                "one batch. Do the per-trial part in training_step (which runs per trial), or train these trials "
+                "in separate groups."
+            )
+        if not self._each[hook]:
+            return call_trial_hook(hook, ids[0], modules[0], batch, *args)[0]
+        trial_code_ran()  # each trial's hook changes its own Python state
+        batches = BatchRuns(batch, len(ids))
+        results = [call_trial_hook(hook, tid, module, batches.next(), *args)[0] for tid, module in zip(ids, modules)]
+        return results[0]
+
+    def _differing(self, hook: str, modules: list[Any], ids: list[int]) -> list[DifferingAttribute]:
+        """What ``hook`` reads that differs between the trials (again after a slot change or the trials' code ran)."""
+        key = (tuple(ids), state_generation())
+        if self._checked.get(hook) == key:
+            return []
+        differing = hook_reads(modules, hook, ids=ids)
+        if not differing:
+            self._checked[hook] = key
+        return differing
+
+
+def _before(self: BatchTransfer, batch: Any, dataloader_idx: int) -> Any:
+    return self.run("on_before_batch_transfer", batch, dataloader_idx)
+
+
+def _transfer(self: BatchTransfer, batch: Any, device: Any, dataloader_idx: int) -> Any:
+    return self.run("transfer_batch_to_device", batch, device, dataloader_idx)
+
+
+def _after(self: BatchTransfer, batch: Any, dataloader_idx: int) -> Any:
+    return self.run("on_after_batch_transfer", batch, dataloader_idx)
+
+
+_HOOKS: dict[str, Callable[..., Any]] = {
+    "on_before_batch_transfer": _before,
+    "transfer_batch_to_device": _transfer,
+    "on_after_batch_transfer": _after,
+}
