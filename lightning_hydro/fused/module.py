@@ -49,10 +49,12 @@ from lightning_hydro.fused.lightning.group_checkpoint import (
     group_checkpoint_for_trial,
     group_state,
     load_group_checkpoint,
+    recorded_trials,
     restore_group,
 )
 from lightning_hydro.fused.lightning.hooks import forward_hook, hide_absent_hooks
 from lightning_hydro.fused.lightning.trainer_view import attach_trainer
+from lightning_hydro.fused.lightning.trial_checkpoint_hooks import ENTRIES_KEY, load_trial_entries, save_trial_entries
 from lightning_hydro.fused.logging.metrics import TrialMetrics
 from lightning_hydro.fused.logging.publisher import TrialPublisher
 from lightning_hydro.fused.optimization import TrialOptimizers
@@ -696,7 +698,9 @@ class FusedLightningModule(EvaluationHooks):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Lightning has taken the state dict already: the rows stay; what the device holds is read back (one sync)
         epoch_done = self._open_batch is not None and self._open_batch + 1 >= self.trainer.num_training_batches
-        checkpoint[CHECKPOINT_KEY] = group_state(self._slots, self._policy, self._health.peek(), epoch_done=epoch_done)
+        entry = group_state(self._slots, self._policy, self._health.peek(), epoch_done=epoch_done)
+        entry[ENTRIES_KEY] = save_trial_entries(checkpoint, recorded_trials(self._slots))
+        checkpoint[CHECKPOINT_KEY] = entry
 
     @classmethod
     def load_group_checkpoint(
@@ -745,6 +749,8 @@ class FusedLightningModule(EvaluationHooks):
         if self._trainer is not None:
             for tid, module in [*self._running(), *self._slots.retired.items()]:
                 attach_trainer(module, self.trainer, tid, self._optimizers)  # type: ignore[arg-type]
+        # after the trainer is attached: the trials' hooks see it as alone (Lightning loads the weights next)
+        load_trial_entries(checkpoint, checkpoint[CHECKPOINT_KEY].get(ENTRIES_KEY), recorded_trials(self._slots))
 
 
 def _hand_back_group(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:

@@ -5,7 +5,8 @@
 - :mod:`.hooks`: the trials' own epoch- and fit-level hooks, run per trial;
 - :mod:`.callbacks`: Lightning's callbacks configured for an unfused run made per trial, or refused; one adapter
   per file, each running a copy per trial through :mod:`.callback_view`;
-- :mod:`.group_checkpoint`: the group's state in a Lightning checkpoint, and a trial's own checkpoint recognised.
+- :mod:`.group_checkpoint`: the group's state in a Lightning checkpoint, and a trial's own checkpoint recognised;
+- :mod:`.trial_checkpoint_hooks`: the trials' own ``on_save_checkpoint`` / ``on_load_checkpoint`` in it.
 
 Nothing here is public API (users meet it through ``FusedLightningModule`` and the Trainer): each name stays in its
 module.

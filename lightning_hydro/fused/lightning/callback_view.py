@@ -30,7 +30,16 @@ from lightning_hydro.fused.lightning.trainer_view import TrialTrainerView
 if TYPE_CHECKING:
     from lightning_hydro.fused.module import FusedLightningModule
 
-__all__ = ["TRIAL_CHECKPOINT_KEY", "CallbackTrainerView", "LogBuffer", "TrialCopies", "TrialLogger", "trial_checkpoint"]
+__all__ = [
+    "TRIAL_CHECKPOINT_KEY",
+    "CallbackTrainerView",
+    "LogBuffer",
+    "TrialCopies",
+    "TrialLogger",
+    "clone_tensors",
+    "hyperparameter_entries",
+    "trial_checkpoint",
+]
 
 TRIAL_CHECKPOINT_KEY = "lightning_hydro_trial"
 """Marks a trial's own checkpoint (``{"trial_id": id}``), so that a fused group given one restores the group."""
@@ -64,15 +73,25 @@ class TrialLogger:
         return getattr(self._logger, name)
 
 
-def _clone(value: Any) -> Any:
+def clone_tensors(value: Any) -> Any:
     """Tensors cloned (a trial's tensors are views of the group's: saving a view would save every trial)."""
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, dict):
-        return {k: _clone(v) for k, v in value.items()}
+        return {k: clone_tensors(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_clone(v) for v in value]
+        return [clone_tensors(v) for v in value]
     return value
+
+
+def hyperparameter_entries(module: L.LightningModule) -> dict[str, Any]:
+    """What Lightning's checkpoint of ``module`` holds of its ``save_hyperparameters`` (nothing if it saved none)."""
+    if not module.hparams:
+        return {}
+    entries: dict[str, Any] = {module.CHECKPOINT_HYPER_PARAMS_KEY: dict(module.hparams)}
+    if hasattr(module, "_hparams_name"):
+        entries[module.CHECKPOINT_HYPER_PARAMS_NAME] = module._hparams_name
+    return entries
 
 
 def trial_checkpoint(
@@ -101,16 +120,13 @@ def trial_checkpoint(
         "epoch": trainer.current_epoch,
         "global_step": trainer.global_step,
         "pytorch-lightning_version": L.__version__,
-        "state_dict": _clone(module.state_dict()),
+        "state_dict": clone_tensors(module.state_dict()),
         TRIAL_CHECKPOINT_KEY: {"trial_id": trial_id},
     }
-    states = None if weights_only else source.checkpoint_states(trial_id, _clone)
+    states = None if weights_only else source.checkpoint_states(trial_id, clone_tensors)
     if states is not None:
         checkpoint["optimizer_states"], checkpoint["lr_schedulers"] = states
-    if module.hparams:
-        if hasattr(module, "_hparams_name"):
-            checkpoint[module.CHECKPOINT_HYPER_PARAMS_NAME] = module._hparams_name
-        checkpoint[module.CHECKPOINT_HYPER_PARAMS_KEY] = dict(module.hparams)
+    checkpoint.update(hyperparameter_entries(module))
     module.on_save_checkpoint(checkpoint)
     return checkpoint
 

@@ -2,8 +2,9 @@
 
 Lightning saves the stacked tensors (the module's state dict) and the group optimizer's state (every trial's
 own optimizer and schedulers, by trial id). The group adds its slot map, every trial's record, the retired
-trials' weights, how to rebuild each trial's module, the backend in use, and the trials found diverged but not
-yet out of their slots (they are stopped when the fit resumes).
+trials' weights, how to rebuild each trial's module, the backend in use, the trials found diverged but not
+yet out of their slots (they are stopped when the fit resumes), and what each trial's own ``on_save_checkpoint``
+added (:mod:`.trial_checkpoint_hooks`: given back to its ``on_load_checkpoint``).
 
 That checkpoint is the **group checkpoint**: ``TrialModelCheckpoint`` writes it into the user's ``dirpath`` (its
 ``group_model_path``, and ``last.ckpt`` with ``save_last``), ``trainer.save_checkpoint`` writes one too. It resumes
@@ -30,6 +31,7 @@ from lightning_hydro.fused.group.slots import TrialSlots
 from lightning_hydro.fused.group.specs import module_spec, rebuild_trials
 from lightning_hydro.fused.lightning.callback_view import TRIAL_CHECKPOINT_KEY
 from lightning_hydro.fused.lightning.model_checkpoint import TrialModelCheckpoint
+from lightning_hydro.fused.lightning.trial_checkpoint_hooks import ENTRIES_KEY, load_trial_entries
 from lightning_hydro.fused.step.backend_policy import BackendPolicy
 from lightning_hydro.fused.step.row_health import HealthReadback
 from lightning_hydro.stacking.stacked_state import StackedState, storage_key
@@ -37,7 +39,14 @@ from lightning_hydro.stacking.stacked_state import StackedState, storage_key
 if TYPE_CHECKING:
     from lightning_hydro.fused.module import FusedLightningModule
 
-__all__ = ["CHECKPOINT_KEY", "group_checkpoint_for_trial", "group_state", "load_group_checkpoint", "restore_group"]
+__all__ = [
+    "CHECKPOINT_KEY",
+    "group_checkpoint_for_trial",
+    "group_state",
+    "load_group_checkpoint",
+    "recorded_trials",
+    "restore_group",
+]
 
 CHECKPOINT_KEY = "lightning_hydro"
 
@@ -63,6 +72,11 @@ def group_state(
         "retired": {tid: {k: v.detach().cpu() for k, v in m.state_dict().items()} for tid, m in slots.retired.items()},
         "specs": {tid: module_spec(slots.module(tid)) for tid in slots.book.records},  # type: ignore[arg-type]
     }
+
+
+def recorded_trials(slots: TrialSlots) -> list[tuple[int, L.LightningModule]]:
+    """``(trial id, module)`` of every trial the group keeps a record of, running or ended."""
+    return [(tid, slots.module(tid)) for tid in slots.book.records]  # type: ignore[misc]
 
 
 def restore_group(
@@ -204,5 +218,6 @@ def load_group_checkpoint(
     ids = sorted(modules)
     fused = cls([modules[tid] for tid in ids], trial_ids=ids, trial_factory=trial_factory, **kwargs)
     restore_group(checkpoint, fused._slots, fused._policy, trial_factory, fitting=False)
+    load_trial_entries(checkpoint, data.get(ENTRIES_KEY), recorded_trials(fused._slots))  # as load_from_checkpoint
     fused.load_state_dict(checkpoint["state_dict"])
     return fused
