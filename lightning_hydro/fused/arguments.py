@@ -16,12 +16,6 @@ __all__ = ["check_deterministic", "check_fused_arguments", "check_precision"]
 # Hooks of the optimizer step that a fused group runs once for every trial (so a trial's override would be skipped),
 # with what the refusal says after the hook's name
 _GROUP_OPTIMIZER_HOOKS = {
-    "optimizer_step": (
-        " (e.g. a learning-rate warm-up written there), which a fused group does not call per trial: the group steps "
-        "every trial's optimizer after one fused backward, so the override would be skipped. Express the change as "
-        "an LR scheduler (a warm-up: LambdaLR with 'interval': 'step'), which steps per trial, or use manual "
-        "optimization (self.automatic_optimization = False), whose training_step runs per trial."
-    ),
     "optimizer_zero_grad": (
         ", which a fused group does not call per trial: the group optimizer clears every trial's gradients at once "
         "(it sets them to None), so the override would be skipped. Remove it, or, to accumulate gradients over "

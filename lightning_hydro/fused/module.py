@@ -64,6 +64,7 @@ from lightning_hydro.fused.step.backend_policy import BackendPolicy, Chooser
 from lightning_hydro.fused.step.manual_steps import ManualSteps, choose_loop_for_manual
 from lightning_hydro.fused.step.row_health import RowHealth
 from lightning_hydro.fused.step.training_step import TrainingStep
+from lightning_hydro.fused.step.trial_optimizer_steps import TrialOptimizerSteps
 from lightning_hydro.optim.group_optimizer import OptimizerPath, TrialGroupOptimizer
 from lightning_hydro.stacking.held_graphs import held_graph_tensors
 from lightning_hydro.stacking.stacked_state import StackedState
@@ -206,6 +207,7 @@ class FusedLightningModule(EvaluationHooks):
         hide_absent_hooks(self, trials[0])  # Lightning then sees the loops of an unfused run
         self._batch_transfer = BatchTransfer(self._slots, trials[0])  # the trials' batch-transfer hooks
         self._batch_transfer.install(self)
+        self._trial_steps = TrialOptimizerSteps()  # the trials' own optimizer_step, if they override it
         # under ddp_spawn the group's state returns to this process with the weights (see rank_sync.py)
         self.register_state_dict_post_hook(_hand_back_group)
         self.register_load_state_dict_pre_hook(_take_back_group)
@@ -493,9 +495,30 @@ class FusedLightningModule(EvaluationHooks):
         # the closure runs training_step, which records each row's loss in self._health; the optimizer reads
         # the rows to skip from it after the closure, and reports what it did
         step = self._training_step
-        report = optimizer.step(closure=optimizer_closure, skip=self._health, without_gradients=step.without_gradients)
+
+        def group_step(closure: Any) -> Any:
+            return optimizer.step(closure=closure, skip=self._health, without_gradients=step.without_gradients)
+
+        if "optimizer_step" in self._batch_hooks.overridden:  # the trials' own, around one group step
+            optimizations = [(tid, m, self._optimizers.optimization(tid)) for tid, m in self._running()]
+            own = [(tid, m, o.optimizer) for tid, m, o in optimizations if o is not None]
+            stepped, report, logged = self._trial_steps.run(
+                own, (epoch, batch_idx), optimizer_closure, group_step, self._closure_losses
+            )
+            self._group.adopt_reassigned_buffers()  # what their code reassigned goes into their rows
+            self._batch_hooks.record("optimizer_step", logged, step.batch)
+            if not stepped:
+                return  # (Lightning's docs' alternating schedule: the closure ran, no trial stepped)
+        else:
+            report = group_step(optimizer_closure)
         step.optimizer_stepped()
         self._health.absorb(report, self.trainer.global_step + 1)
+
+    def _closure_losses(self) -> Tensor | None:
+        """The ``[B]`` losses a trial's closure returns alone (detached, divided under gradient accumulation)."""
+        outputs = self._training_step.outputs
+        loss = None if outputs is None else outputs.loss()
+        return None if loss is None else loss.detach().reshape(-1) / self.trainer.accumulate_grad_batches
 
     @override
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:

@@ -46,6 +46,7 @@ BATCH_HOOKS = {
     "on_after_backward": "train",
     "on_before_optimizer_step": "train",
     "on_before_zero_grad": "train",
+    "optimizer_step": "train",  # run by the fused module around its step (fused/step/trial_optimizer_steps.py)
     "on_validation_batch_start": "validate",
     "on_validation_batch_end": "validate",
     "on_test_batch_start": "test",
@@ -149,7 +150,7 @@ class TrialBatchHooks:
                 ids, values, _ = logged.setdefault(call.name, ([], [], {**call.options, "on_step": False}))
                 ids.append(tid)
                 values.append(call.value)
-        self._record(hook, logged, batch)
+        self.record(hook, logged, batch)
 
     def train_batch_end(self, out: StepOutputs | None, batch: Any, batch_idx: int, accumulate: int = 1) -> None:
         """Each trial's ``on_train_batch_end`` with its own outputs (None: the step returned None).
@@ -241,10 +242,10 @@ class TrialBatchHooks:
             if gradients:  # the stacked gradients stay the truth; a change made in place through a view is in them
                 group.clear_trial_grads()
             group.adopt_reassigned_buffers()  # what their code reassigned goes into their rows
-        self._record(hook, logged, batch)
+        self.record(hook, logged, batch)
         return answers
 
-    def _record(self, hook: str, logged: dict[str, tuple[list[int], list[Any], dict[str, Any]]], batch: Any) -> None:
+    def record(self, hook: str, logged: dict[str, tuple[list[int], list[Any], dict[str, Any]]], batch: Any) -> None:
         """Book what the trials' hooks logged, by name: the trial ids, their values, the options."""
         phase = BATCH_HOOKS[hook]
         if phase is not None:

@@ -73,7 +73,13 @@ __all__ = ["WHOLE_CHECK_RELATIVE", "WholeStep", "compile_whole_step", "whole_ste
 log = logging.getLogger("lightning_hydro")
 
 # the hooks that see a step's loss or gradients between the backward and the update: a whole step has no "between"
-_BETWEEN_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
+_BETWEEN_HOOKS = (
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_before_zero_grad",
+    "optimizer_step",
+)
 _PRECISIONS = ("32-true", "64-true", "32", "64")
 # the whole step's checks allow this much of each group's change (the parameters, the buffers, each optimizer
 # state; and 1e-6 of its size) as float rounding: looser than the update's own check (1e-3 per tensor), whose

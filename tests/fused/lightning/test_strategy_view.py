@@ -232,25 +232,6 @@ def test_a_trials_own_lr_scheduler_step_steps_its_scheduler_of_another_library()
         )
 
 
-class WarmsUpInOptimizerStep(ReadsItsOptimizer):
-    """The LightningModule docs' warm-up, written in an overridden ``optimizer_step``."""
-
-    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
-        optimizer.step(closure=optimizer_closure)
-        for group in optimizer.param_groups:
-            group["lr"] = min(1.0, (self.trainer.global_step + 1) / 10) * self.hparams["lr"]
-
-
-def test_an_overridden_optimizer_step_is_refused_rather_than_skipped() -> None:
-    with pytest.raises(
-        ValueError,
-        match=r"WarmsUpInOptimizerStep overrides optimizer_step \(e\.g\. a learning-rate warm-up written there\), "
-        r"which a fused group does not call per trial.* Express the change as an LR scheduler \(a warm-up: LambdaLR "
-        r"with 'interval': 'step'\), which steps per trial, or use manual optimization",
-    ):
-        FusedLightningModule([WarmsUpInOptimizerStep(), WarmsUpInOptimizerStep()])
-
-
 class ZeroesItsOwnWay(ReadsItsOptimizer):
     """The LightningModule docs' ``optimizer_zero_grad`` override (``set_to_none``)."""
 
