@@ -1,8 +1,14 @@
 """The trials' layers must exist, with their shapes, when a fused group stacks them.
 
 A group stacks every parameter and buffer of its trials when it is built (and when a trial joins it, or a checkpoint
-rebuilds it). Layers that get their tensors later are caught here, each with the remedy: a lazy layer
-(``nn.LazyLinear``) has no shape until its first forward.
+rebuilds it). Layers that get their tensors later are built or caught here:
+
+- layers built in ``configure_model`` (the hook Lightning calls at the start of each stage to build the model) are
+  built then: :func:`build_trial_layers` calls each trial's ``configure_model()`` before it is stacked. Lightning asks
+  the hook to be idempotent; the Trainer's own call at fit start, on the group, does not reach the trials. Unlike
+  alone, the layers' initial weights are drawn when the group is built, trial after trial, not at fit start; on the
+  CPU and in float32 (the Trainer then moves and casts them, as it does the layers of ``__init__``);
+- a lazy layer (``nn.LazyLinear``) has no shape until its first forward: :func:`refuse_lazy_layers` names it.
 
 Example::
 
@@ -20,10 +26,37 @@ Example::
 
 from __future__ import annotations
 
+import lightning as L
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-__all__ = ["refuse_lazy_layers"]
+__all__ = ["build_trial_layers", "refuse_lazy_layers"]
+
+
+def build_trial_layers(module: nn.Module, trial_id: int, where: str) -> None:
+    """Call the trial's ``configure_model()`` (if it overrides it), then refuse it if it has lazy layers left.
+
+    Args:
+        module: the trial's module.
+        trial_id: its id, for the messages.
+        where: what builds the group, for the messages (``"FusedLightningModule"``, ``"add_trial"``).
+
+    Raises:
+        RuntimeError: ``configure_model()`` failed (e.g. it reads ``self.trainer``, which a group being built lacks).
+        ValueError: lazy layers (:func:`refuse_lazy_layers`).
+    """
+    if isinstance(module, L.LightningModule) and is_overridden("configure_model", module, L.LightningModule):
+        try:
+            module.configure_model()
+        except Exception as err:
+            raise RuntimeError(
+                f"{where}: trial {trial_id}'s configure_model() failed when the group called it to build the trial's "
+                f"layers, before any Trainer ({type(err).__name__}: {err}). A fused group stacks the trials' "
+                "parameters when it is built, so it calls configure_model() then, not at fit start. Build the layers "
+                "in __init__, or let configure_model() build them without a Trainer."
+            ) from err
+    refuse_lazy_layers(module, trial_id, where)
 
 
 def refuse_lazy_layers(module: nn.Module, trial_id: int, where: str) -> None:

@@ -88,3 +88,83 @@ def test_lazy_layers_materialised_by_one_forward_fuse_as_alone():
 
 def test_modules_without_lazy_layers_pass():
     FusedLightningModule([DigitsMLP(hidden_dim=8), DigitsMLP(hidden_dim=8)])
+
+
+class BuiltInConfigureModel(DigitsNet):
+    """Every layer built in ``configure_model``, idempotent as Lightning asks (it calls it at every stage)."""
+
+    def configure_model(self) -> None:
+        if not hasattr(self, "net"):
+            self.net = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+
+
+class HeadInConfigureModel(DigitsNet):
+    """The body built in ``__init__``, the head in ``configure_model``."""
+
+    def __init__(self, lr: float = 0.1) -> None:
+        super().__init__(lr)
+        self.body = nn.Sequential(nn.Linear(64, 16), nn.ReLU())
+        self.head: nn.Module | None = None
+
+    def configure_model(self) -> None:
+        if self.head is None:
+            self.head = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.head is not None
+        return self.head(self.body(x))
+
+
+@pytest.mark.parametrize("backend", ["loop", "vmap"])
+@pytest.mark.parametrize("cls", [BuiltInConfigureModel, HeadInConfigureModel])
+def test_layers_built_in_configure_model_are_built_with_the_group_and_train_as_alone(cls, backend):
+    # before: StopIteration with no message (every layer there), or TypeError: 'NoneType' object is not callable
+    fused = FusedLightningModule([cls(lr) for lr in LRS], backend=backend, summary=False)
+    # the group called configure_model when it was built: each trial's initial weights, as a module of its own
+    start = [fused.unfuse(tid) for tid in fused.trial_ids]
+    fit(fused)
+    for index, module in enumerate(start):
+        fit(module)  # Lightning calls its configure_model again: a no-op, as alone after a first stage
+        assert max_state_difference(fused.unfuse(index), module) <= (0.0 if backend == "loop" else 1e-5)
+
+
+class NeedsTrainerInConfigureModel(BuiltInConfigureModel):
+    def configure_model(self) -> None:
+        if self.trainer.world_size > 1:  # e.g. to shard; a group calls the hook before there is a Trainer
+            raise NotImplementedError
+        super().configure_model()
+
+
+def test_a_configure_model_that_needs_the_trainer_is_explained():
+    with pytest.raises(
+        RuntimeError,
+        match=r"FusedLightningModule: trial 1's configure_model\(\) failed when the group called it to build the "
+        r"trial's layers, before any Trainer .*is not attached to a `Trainer`.*Build the layers in __init__",
+    ):
+        FusedLightningModule([BuiltInConfigureModel(0.1), NeedsTrainerInConfigureModel(0.2)])
+
+
+def test_a_group_of_configure_model_trials_is_rebuilt_from_its_checkpoint(tmp_path):
+    fused = FusedLightningModule([BuiltInConfigureModel(lr) for lr in LRS], backend="loop", summary=False)
+    trainer = make_trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0)
+    fit_digits(trainer, fused)
+    trainer.save_checkpoint(tmp_path / "group.ckpt")
+    loaded = FusedLightningModule.load_group_checkpoint(tmp_path / "group.ckpt", backend="loop")
+    for tid in fused.trial_ids:
+        assert max_state_difference(loaded.unfuse(tid), fused.unfuse(tid)) == 0.0
+
+
+def test_a_configure_model_trial_that_joined_the_run_is_rebuilt_when_the_fit_resumes(tmp_path):
+    fused = FusedLightningModule([BuiltInConfigureModel(lr) for lr in LRS[:2]], max_slots=3, summary=False)
+    fused.add_trial(BuiltInConfigureModel(LRS[2]))  # not among the trials the resumed group is given
+    trainer = make_trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0)
+    fit_digits(trainer, fused)
+    trainer.save_checkpoint(tmp_path / "group.ckpt")
+    resumed = FusedLightningModule([BuiltInConfigureModel(lr) for lr in LRS[:2]], max_slots=3, summary=False)
+    fit_digits(
+        make_trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=0),
+        resumed,
+        ckpt_path=tmp_path / "group.ckpt",
+    )
+    assert resumed.trial_ids == [0, 1, 2]
+    assert resumed.results[2]["epochs"] == 2
