@@ -40,7 +40,7 @@ from lightning_hydro.fused.evaluation.modes import TrialModes
 from lightning_hydro.fused.evaluation.steps import EvaluationSteps
 from lightning_hydro.fused.group.slots import TrialSlots
 from lightning_hydro.fused.group.specs import trials_from_configs
-from lightning_hydro.fused.group.trial_layers import build_trial_layers
+from lightning_hydro.fused.group.trial_layers import build_trial_layers, setup_checked
 from lightning_hydro.fused.group.width_padding import width_optimizer_path
 from lightning_hydro.fused.lightning.batch_hooks import TrialBatchHooks
 from lightning_hydro.fused.lightning.callbacks import per_trial_callbacks, refuse_module_callbacks
@@ -468,10 +468,12 @@ class FusedLightningModule(EvaluationHooks):
         self._eval_steps.leave()  # after a stage that raised
         # test/validate/predict evaluate the ended trials too (see EvaluationSteps.enter): they are set up as well
         trials = self._running() if stage == "fit" else [*self._running(), *self._slots.retired.items()]
-        for tid, module in trials:
-            attach_trainer(module, self.trainer, tid, self._optimizers)  # type: ignore[arg-type]
-            if is_overridden("setup", module, L.LightningModule):
-                module.setup(stage)  # type: ignore[operator]
+        # layers built in setup are refused, reassigned buffers adopted
+        with setup_checked(self._group, stage, backend=self._policy.requested):
+            for tid, module in trials:
+                attach_trainer(module, self.trainer, tid, self._optimizers)  # type: ignore[arg-type]
+                if is_overridden("setup", module, L.LightningModule):
+                    module.setup(stage)  # type: ignore[operator]
 
     @override
     def train_dataloader(self) -> Any:
