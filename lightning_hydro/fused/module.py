@@ -40,6 +40,7 @@ from lightning_hydro.fused.evaluation.modes import TrialModes
 from lightning_hydro.fused.evaluation.steps import EvaluationSteps
 from lightning_hydro.fused.group.slots import TrialSlots
 from lightning_hydro.fused.group.specs import trials_from_configs
+from lightning_hydro.fused.group.trial_layers import build_trial_layers, setup_checked
 from lightning_hydro.fused.group.width_padding import width_optimizer_path
 from lightning_hydro.fused.lightning.batch_hooks import TrialBatchHooks
 from lightning_hydro.fused.lightning.batch_transfer import BatchTransfer
@@ -162,6 +163,8 @@ class FusedLightningModule(EvaluationHooks):
         trials = list(trials)
         ids = list(range(len(trials))) if trial_ids is None else [int(t) for t in trial_ids]
         check_fused_arguments(trials, ids, backend, max_slots, optimizer_path, mode)
+        for tid, trial in zip(ids, trials):
+            build_trial_layers(trial, tid, "FusedLightningModule")  # configure_model's layers; lazy ones refused
         self.stacked = nn.Module()  # holds the stacked tensors, so that .to(), state_dict() and Lightning see them
         optimizer_path = width_optimizer_path(trials, ids, pad_widths=pad_widths, optimizer_path=optimizer_path)
         slots = max_slots if max_slots is not None else len(trials)
@@ -398,6 +401,7 @@ class FusedLightningModule(EvaluationHooks):
         """Put a new trial into a free slot, with fresh optimizer state; returns its id."""
         if isinstance(module, L.LightningModule):  # anything else is refused by its type first, at any stage
             self._eval_steps.refuse_slot_change("add_trial", self._trainer)
+            build_trial_layers(module, self._slots.new_id(trial_id), "add_trial")
         tid = self._roster.add(self._trainer, self, module, trial_id)
         self._batch_hooks.refresh(self._group.modules)
         return tid
@@ -471,10 +475,12 @@ class FusedLightningModule(EvaluationHooks):
         self._eval_steps.leave()  # after a stage that raised
         # test/validate/predict evaluate the ended trials too (see EvaluationSteps.enter): they are set up as well
         trials = self._running() if stage == "fit" else [*self._running(), *self._slots.retired.items()]
-        for tid, module in trials:
-            attach_trainer(module, self.trainer, tid, self._optimizers)  # type: ignore[arg-type]
-            if is_overridden("setup", module, L.LightningModule):
-                module.setup(stage)  # type: ignore[operator]
+        # layers built in setup are refused, reassigned buffers adopted
+        with setup_checked(self._group, stage, backend=self._policy.requested):
+            for tid, module in trials:
+                attach_trainer(module, self.trainer, tid, self._optimizers)  # type: ignore[arg-type]
+                if is_overridden("setup", module, L.LightningModule):
+                    module.setup(stage)  # type: ignore[operator]
 
     @override
     def train_dataloader(self) -> Any:

@@ -368,6 +368,25 @@ class StackedState:
                 self.trial_view(name, row, stacked[row]).copy_(value)
         return stacked
 
+    def adopt_trial_grads(self) -> None:
+        """Add each gradient a backward put on a trial's own parameter into its row of the stacked gradient.
+
+        A fused backward reaches the rows through the views a step ran with. Code that runs a trial's module again
+        during the backward, after the step (reentrant activation checkpointing recomputes its block there), runs it
+        on the module's own parameters, bound to their rows, and differentiates those: that gradient is the trial's
+        too. It is added to the row, and the parameter's own dropped (a view of the stacked gradient is left alone).
+        """
+        for row, module in enumerate(self.modules):
+            for name, param in module.named_parameters():
+                grad, stacked = param.grad, self.params[name]
+                if grad is None or (stacked.grad is not None and _same_storage(grad, stacked.grad)):
+                    continue
+                if stacked.grad is None:
+                    stacked.grad = torch.zeros_like(stacked)
+                with torch.no_grad():
+                    self.trial_view(name, row, stacked.grad[row]).add_(grad)
+                param.grad = None
+
     def distribute_grads(self, rows: Iterable[int] | None = None) -> None:
         """Set each trial parameter's ``.grad`` to the view ``stacked.grad[row]`` (None where it has none)."""
         rows = range(self.size) if rows is None else rows
@@ -516,6 +535,10 @@ def _resize(param: Tensor, data: Tensor, grad: Tensor | None = None) -> None:
     if data.shape != param.shape:
         param.data = data.new_empty(0, dtype=torch.float64 if data.dtype != torch.float64 else torch.float32)
     param.data, param.grad = data, grad
+
+
+def _same_storage(a: Tensor, b: Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _shapes(module: nn.Module) -> dict[str, Shape]:

@@ -21,6 +21,8 @@ from typing import Any
 
 import lightning as L
 
+from lightning_hydro.fused.group.trial_layers import build_trial_layers
+
 __all__ = ["build_from_spec", "module_spec", "rebuild_trials", "restore_width_scaling", "trials_from_configs"]
 
 TrialFactory = Callable[[int], L.LightningModule | None]
@@ -117,4 +119,5 @@ def rebuild_trials(
             continue
         rebuilt = trial_factory(tid) if trial_factory is not None else None
         modules[tid] = build_from_spec(spec, trial_id=tid) if rebuilt is None else restore_width_scaling(rebuilt, spec)
+        build_trial_layers(modules[tid], tid, "a fused group's checkpoint")
     return modules

@@ -235,3 +235,5 @@ class TrainingStep:
             if explained is None:
                 raise
             raise explained from err
+        if self.backend_name == "loop":  # reentrant checkpointing differentiates the trials' own parameters
+            self.policy.slots.group.adopt_trial_grads()
