@@ -111,7 +111,7 @@ def setup_checked(group: StackedState, stage: str, *, backend: str) -> Iterator[
         ValueError: naming each such parameter of the first trial that has one, and the remedy; a reassigned buffer
             of another shape or dtype than its row's; a registered buffer that differs between trials (not on loop).
     """
-    before = [_tensor_ids(module) for module in group.modules]
+    before = [_tensors_held(module) for module in group.modules]  # held: a freed tensor's id may come back
     yield
     stage = str(getattr(stage, "value", stage))  # Lightning passes its TrainerFn (a str enum)
     if backend != "loop":
@@ -123,7 +123,7 @@ def setup_checked(group: StackedState, stage: str, *, backend: str) -> Iterator[
         changes += [
             f"{name!r} ({'replaced' if name in own else 'removed'})"
             for name, known in params.items()
-            if name not in own or id(own[name]) != known
+            if name not in own or own[name] is not known
         ]
         if changes:
             raise ValueError(
@@ -135,7 +135,7 @@ def setup_checked(group: StackedState, stage: str, *, backend: str) -> Iterator[
             )
         for name in group.buffers:
             buffer = module.get_buffer(name)
-            if id(buffer) == buffers[name]:
+            if buffer is buffers[name]:
                 continue
             held = group.trial_view(name, row, group.buffers[name][row])
             if buffer.shape != held.shape or buffer.dtype != held.dtype:
@@ -151,7 +151,9 @@ def setup_checked(group: StackedState, stage: str, *, backend: str) -> Iterator[
         group.replace_buffers({name: group.with_rows(name, values) for name, values in reassigned.items()})
 
 
-def _refuse_differing_new_buffers(group: StackedState, stage: str, backend: str, before: list[dict[str, int]]) -> None:
+def _refuse_differing_new_buffers(
+    group: StackedState, stage: str, backend: str, before: list[dict[str, Tensor]]
+) -> None:
     """Raise ``ValueError`` for a buffer ``setup`` registered whose value differs between the trials."""
     if not group.modules:  # every trial has ended (e.g. a test after the fit): nothing runs fused
         return
@@ -172,9 +174,6 @@ def _refuse_differing_new_buffers(group: StackedState, stage: str, backend: str,
                 )
 
 
-def _tensor_ids(module: nn.Module) -> tuple[dict[str, int], dict[str, int]]:
-    """The identity of the tensor ``module`` holds under each parameter and buffer name."""
-    return (
-        {name: id(param) for name, param in module.named_parameters()},
-        {name: id(buffer) for name, buffer in module.named_buffers()},
-    )
+def _tensors_held(module: nn.Module) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """The tensor ``module`` holds under each parameter and buffer name (kept alive, so compared by identity)."""
+    return dict(module.named_parameters()), dict(module.named_buffers())
