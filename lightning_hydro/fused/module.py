@@ -56,6 +56,7 @@ from lightning_hydro.fused.lightning.group_checkpoint import (
 from lightning_hydro.fused.lightning.hooks import forward_hook, hide_absent_hooks
 from lightning_hydro.fused.lightning.trainer_view import attach_trainer
 from lightning_hydro.fused.lightning.trial_checkpoint_hooks import ENTRIES_KEY, load_trial_entries, save_trial_entries
+from lightning_hydro.fused.lightning.trial_optimizer_steps import TrialOptimizerSteps
 from lightning_hydro.fused.logging.metrics import TrialMetrics
 from lightning_hydro.fused.logging.publisher import TrialPublisher
 from lightning_hydro.fused.optimization import TrialOptimizers
@@ -65,7 +66,6 @@ from lightning_hydro.fused.step.backend_policy import BackendPolicy, Chooser
 from lightning_hydro.fused.step.manual_steps import ManualSteps, choose_loop_for_manual
 from lightning_hydro.fused.step.row_health import RowHealth
 from lightning_hydro.fused.step.training_step import TrainingStep
-from lightning_hydro.fused.step.trial_optimizer_steps import TrialOptimizerSteps
 from lightning_hydro.optim.group_optimizer import OptimizerPath, TrialGroupOptimizer
 from lightning_hydro.stacking.held_graphs import held_graph_tensors
 from lightning_hydro.stacking.stacked_state import StackedState

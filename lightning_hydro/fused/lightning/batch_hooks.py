@@ -46,7 +46,7 @@ BATCH_HOOKS = {
     "on_after_backward": "train",
     "on_before_optimizer_step": "train",
     "on_before_zero_grad": "train",
-    "optimizer_step": "train",  # run by the fused module around its step (fused/step/trial_optimizer_steps.py)
+    "optimizer_step": "train",  # run by the fused module around its step (fused/lightning/trial_optimizer_steps.py)
     "on_validation_batch_start": "validate",
     "on_validation_batch_end": "validate",
     "on_test_batch_start": "test",
