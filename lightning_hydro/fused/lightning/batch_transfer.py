@@ -24,8 +24,6 @@ What the hook's code reads and stores is read off the code
 
 from __future__ import annotations
 
-import types
-from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -59,8 +57,8 @@ class BatchTransfer:
 
     def install(self, fused: L.LightningModule) -> None:
         """Give ``fused`` each hook its trials override (Lightning then calls it instead of its default)."""
-        for hook in self.overridden:
-            fused.__dict__[hook] = types.MethodType(_HOOKS[hook], self)
+        for hook in self.overridden:  # (a method of this object: a module pickled for ddp_spawn keeps it)
+            fused.__dict__[hook] = getattr(self, hook)
 
     def run(self, hook: str, batch: Any, *args: Any) -> Any:
         """The batch after the trials' ``hook`` (``args``: Lightning's arguments after the batch)."""
@@ -84,6 +82,18 @@ class BatchTransfer:
         results = [call_trial_hook(hook, tid, module, batches.next(), *args)[0] for tid, module in zip(ids, modules)]
         return results[0]
 
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Lightning's hook of the fused module: the trials' own."""
+        return self.run("on_before_batch_transfer", batch, dataloader_idx)
+
+    def transfer_batch_to_device(self, batch: Any, device: Any, dataloader_idx: int) -> Any:
+        """Lightning's hook of the fused module: the trials' own."""
+        return self.run("transfer_batch_to_device", batch, device, dataloader_idx)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Lightning's hook of the fused module: the trials' own."""
+        return self.run("on_after_batch_transfer", batch, dataloader_idx)
+
     def _differing(self, hook: str, modules: list[Any], ids: list[int]) -> list[DifferingAttribute]:
         """What ``hook`` reads that differs between the trials (again after a slot change or the trials' code ran)."""
         key = (tuple(ids), state_generation())
@@ -93,22 +103,3 @@ class BatchTransfer:
         if not differing:
             self._checked[hook] = key
         return differing
-
-
-def _before(self: BatchTransfer, batch: Any, dataloader_idx: int) -> Any:
-    return self.run("on_before_batch_transfer", batch, dataloader_idx)
-
-
-def _transfer(self: BatchTransfer, batch: Any, device: Any, dataloader_idx: int) -> Any:
-    return self.run("transfer_batch_to_device", batch, device, dataloader_idx)
-
-
-def _after(self: BatchTransfer, batch: Any, dataloader_idx: int) -> Any:
-    return self.run("on_after_batch_transfer", batch, dataloader_idx)
-
-
-_HOOKS: dict[str, Callable[..., Any]] = {
-    "on_before_batch_transfer": _before,
-    "transfer_batch_to_device": _transfer,
-    "on_after_batch_transfer": _after,
-}

@@ -8,6 +8,8 @@ Now each trial trains as alone; a hook that would give each trial another batch 
 
 from __future__ import annotations
 
+import copy
+import pickle
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,6 +126,12 @@ def test_a_hook_reading_a_per_trial_value_is_refused(backend: str) -> None:
     fused = FusedLightningModule(_trials(ScaledInputMLP, input_scale=[1.0, 2.0, 0.5]), backend=backend, summary=False)
     with pytest.raises(FusionError, match=r"on_after_batch_transfer reads .*hparams.input_scale.*training_step"):
         fit_digits(make_trainer(**FIT), fused)
+
+
+def test_a_group_with_the_hooks_pickles_and_copies() -> None:  # (ddp_spawn pickles the module)
+    fused = FusedLightningModule(_trials(NormalisingMLP), summary=False)
+    for copied in (pickle.loads(pickle.dumps(fused)), copy.deepcopy(fused)):
+        assert copied.on_after_batch_transfer.__self__ is copied._batch_transfer
 
 
 def test_trials_without_the_hooks_leave_them_to_lightning() -> None:
