@@ -11,8 +11,9 @@ Lightning's docs show a warm-up in the ``optimizer_step`` hook::
 
 A fused group updates every trial in one step after one fused forward and backward, but each trial's code around
 its ``optimizer.step`` must run as alone: what it does before the step sets this step's learning rate, what it does
-after sees the updated weights (an EMA of them, say) and sets the next one's. So each trial's override runs in a
-thread of its own, and its ``optimizer`` is a stand-in for its own optimizer (its ``param_groups`` are the trial's
+after sees the updated weights (an EMA of them, say) and sets the next one's. So each trial's override runs on a
+worker thread of its own (the process keeps its workers for the next step: starting a thread costs more than a
+small step), and its ``optimizer`` is a stand-in for its own optimizer (its ``param_groups`` are the trial's
 own) whose ``step`` waits there. When every trial waits in its step, the group steps once, as it does without the
 override: Lightning's closure (the fused forward and backward, clipping, ``on_before_optimizer_step``), then one
 update of every trial with the hyperparameters its code has set. Then each trial's code goes on after its step, one
@@ -68,7 +69,7 @@ _STOP = object()
 class _OwnOptimizer:
     """What a trial's ``optimizer_step`` gets as ``optimizer``: its own optimizer, whose ``step`` the group runs."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, channel: _Channel, trial: _TrialThread) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, channel: _Channel, trial: _TrialCall) -> None:
         self.optimizer = optimizer
         self._channel = channel
         self._trial = trial
@@ -112,29 +113,29 @@ class TrialOptimizerSteps:
         """
         trial_code_ran()  # the overrides change each trial's Python state (its optimizer's param_groups)
         ran_closure = False
-        threads: list[_TrialThread] = []
-        waiting: list[_TrialThread] = []  # the trials waiting in their step
+        calls = [
+            _TrialCall(tid, row, module, optimizer, arguments) for row, (tid, module, optimizer) in enumerate(trials)
+        ]
+        waiting: list[_TrialCall] = []  # the trials waiting in their step
         try:
-            for row, (tid, module, optimizer) in enumerate(trials):
-                trial = _TrialThread(tid, row, module, optimizer, arguments)
-                threads.append(trial)
-                trial.thread.start()
+            for call, worker in zip(calls, _workers(len(calls))):
+                worker.put(call.body)
                 while True:
-                    what = trial.channel.asks.get()[0]
+                    what = call.next_ask()
                     if what == "closure":
                         if not ran_closure:
                             closure()
                             ran_closure = True
-                        trial.channel.answers.put(_row(losses(), row))
+                        call.answer(_row(losses(), call.row))
                     elif what == "step":
-                        waiting.append(trial)
+                        waiting.append(call)
                         break
                     else:  # the override returned (or raised)
-                        trial.finish()
+                        call.finish()
                         break
-            if waiting and len(waiting) != len(trials):
-                stepping = ", ".join(str(trial.tid) for trial in waiting)
-                others = ", ".join(str(trial.tid) for trial in threads if trial not in waiting)
+            if waiting and len(waiting) != len(calls):
+                stepping = ", ".join(str(call.tid) for call in waiting)
+                others = ", ".join(str(call.tid) for call in calls if call not in waiting)
                 raise FusionError(
                     f"FusedLightningModule: in batch {arguments[1]} the optimizer_step of trials {stepping} called "
                     f"optimizer.step() and that of trials {others} did not; a fused group steps its trials together. "
@@ -142,33 +143,31 @@ class TrialOptimizerSteps:
                     "separate groups."
                 )
             report = group_step(None if ran_closure else closure) if waiting else None
-            for trial in waiting:  # each trial's code after its step, in turn
-                trial.channel.answers.put(_row(losses(), trial.row))
-                what = trial.channel.asks.get()[0]
+            for call in waiting:  # each trial's code after its step, in turn
+                call.answer(_row(losses(), call.row))
+                what = call.next_ask()
                 if what != "done":
+                    again = "optimizer.step" if what == "step" else "optimizer_closure"
                     raise FusionError(
-                        f"FusedLightningModule: trial {trial.tid}'s optimizer_step called "
-                        f"{'optimizer.step' if what == 'step' else 'optimizer_closure'}() again after its "
+                        f"FusedLightningModule: trial {call.tid}'s optimizer_step called {again}() again after its "
                         "optimizer.step(); under automatic optimization a fused group steps each trial once per "
                         "optimizer_step."
                     )
-                trial.finish()
+                call.finish()
             logged: dict[str, tuple[list[int], list[Any], dict[str, Any]]] = {}
-            for trial in threads:
-                for call in trial.calls:
-                    ids, values, _ = logged.setdefault(call.name, ([], [], call.options))
-                    ids.append(trial.tid)
-                    values.append(call.value)
-            return any(trial.stepped for trial in threads), report, logged
+            for call in calls:
+                for log in call.calls:
+                    ids, values, _ = logged.setdefault(log.name, ([], [], log.options))
+                    ids.append(call.tid)
+                    values.append(log.value)
+            return any(call.stepped for call in calls), report, logged
         finally:
-            for trial in threads:  # after a failure: the threads that still wait end
-                if trial.thread.is_alive():
-                    trial.channel.answers.put(_STOP)
-                    trial.thread.join()
+            for call in calls:  # after a failure: the overrides that still wait end
+                call.stop()
 
 
-class _TrialThread:
-    """A trial's ``optimizer_step``, run in a thread of its own that waits in its step (see the module's docstring)."""
+class _TrialCall:
+    """A trial's ``optimizer_step``, run by a worker thread, waiting in its step (see the module's docstring)."""
 
     def __init__(
         self, tid: int, row: int, module: Any, optimizer: torch.optim.Optimizer, arguments: tuple[int, int]
@@ -177,30 +176,72 @@ class _TrialThread:
         self.channel = _Channel()
         self.calls: list[Any] = []  # what the override logged
         self.stepped = False
+        self.waiting = False  # it has asked and waits for the answer
         self._failure: list[BaseException] = []
-        own = _OwnOptimizer(optimizer, self.channel, self)
         own_closure = lambda: self.channel.ask("closure")  # noqa: E731
-        self.thread = threading.Thread(
-            target=self._body,
-            args=(module, (*arguments, own, own_closure)),
-            name=f"lightning_hydro trial {tid} optimizer_step",
-            daemon=True,
-        )
+        self._arguments = (module, (*arguments, _OwnOptimizer(optimizer, self.channel, self), own_closure))
+        # the trials' code creates tensors on the device of the process (a DDP rank's), as in the main thread
+        self._device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
 
-    def _body(self, module: Any, arguments: tuple[Any, ...]) -> None:
+    def body(self) -> None:
+        """What the worker runs: the override; then says that it returned (or what it raised)."""
+        module, arguments = self._arguments
         try:
+            if self._device is not None:
+                torch.cuda.set_device(self._device)
             self.calls = call_trial_hook("optimizer_step", self.tid, module, *arguments)[1]
         except _Stop:
-            return
+            pass
         except BaseException as err:
             self._failure.append(err)
         self.channel.asks.put(("done", None))
 
+    def next_ask(self) -> str:
+        """Wait for the override's next request (``"closure"``, ``"step"``) or its end (``"done"``)."""
+        what = self.channel.asks.get()[0]
+        self.waiting = what != "done"
+        return what
+
+    def answer(self, value: Any) -> None:
+        """Let the waiting override go on, with ``value`` as what its call returns."""
+        self.waiting = False
+        self.channel.answers.put(value)
+
     def finish(self) -> None:
-        """The override has returned: its thread ends; what it raised is raised here."""
-        self.thread.join()
+        """The override has returned: what it raised is raised here."""
         if self._failure:
             raise self._failure[0]
+
+    def stop(self) -> None:
+        """End an override that still waits (the group's step failed): it unwinds, and its worker is free again."""
+        if self.waiting:
+            self.answer(_STOP)
+            while self.channel.asks.get()[0] != "done":
+                pass
+
+
+class _Worker:
+    """A daemon thread that runs the jobs it is given, one after another (a new thread per step costs more)."""
+
+    def __init__(self, index: int) -> None:
+        self._jobs: queue.Queue[Callable[[], None]] = queue.Queue()
+        threading.Thread(target=self._loop, name=f"lightning_hydro optimizer_step {index}", daemon=True).start()
+
+    def put(self, job: Callable[[], None]) -> None:
+        self._jobs.put(job)
+
+    def _loop(self) -> None:
+        while True:
+            self._jobs.get()()
+
+
+_WORKERS: list[_Worker] = []  # the process's workers, as many as the largest group has had trials
+
+
+def _workers(count: int) -> list[_Worker]:
+    while len(_WORKERS) < count:
+        _WORKERS.append(_Worker(len(_WORKERS)))
+    return _WORKERS[:count]
 
 
 def _row(losses: Tensor | None, row: int) -> Tensor | None:
