@@ -258,14 +258,17 @@ class MetricRecorder:
             else call.method
             for index, call in enumerate(self.calls)
         ]
-        # call by call (each trial still sees its calls in the step's order), all trials at once where a batched
-        # rule covers the update (lightning_hydro/backends/batched_metrics.py), else trial by trial
+        # call by call (each trial still sees its calls in the step's order): the trials whose metrics a batched rule
+        # covers at once, a group per configuration (lightning_hydro/backends/batched_metrics.py), the rest one by one
         for index, call in enumerate(self.calls):
             metrics = self.trial_metrics(call.path, modules)
-            if methods[index] == "update" and update_all(metrics, *_put_tensors(call.structure, tensors, None)):
-                results[index] = [None] * len(metrics)
-                continue
+            batched = (
+                update_all(metrics, *_put_tensors(call.structure, tensors, None)) if methods[index] == "update" else ()
+            )
             for row, metric in enumerate(metrics):
+                if row in batched:
+                    results[index].append(None)
+                    continue
                 args, kwargs = _put_tensors(call.structure, tensors, row)
                 results[index].append(getattr(metric, methods[index])(*args, **kwargs))
         return results
