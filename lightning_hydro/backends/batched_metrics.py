@@ -11,8 +11,11 @@ same integer or float operations as torchmetrics, and added to each trial's stat
 - ``MeanMetric`` updated with one scalar per trial and no weight (``self.train_loss(loss)``): the state
   grows by that value and the weight by one, as in ``MeanMetric.update``.
 
-Inputs these rules do not cover, or that torchmetrics would reject or clean (labels out of range, NaN), are
-left to the per-trial replay, which raises or warns exactly as the trial's own metric does.
+Each rule reads the metric's configuration (``num_classes``, ``top_k``, ``average``, ...; ``nan_strategy`` and
+``dtype``), which trials may set differently (``MulticlassAccuracy(top_k=k)`` with ``k`` a hyperparameter): the
+trials are batched in groups of one class and one configuration, each group by its own. Inputs or configurations
+these rules do not cover, or that torchmetrics would reject or clean (labels out of range, NaN), are left to the
+per-trial replay, which raises or warns exactly as the trial's own metric does.
 
 Example::
 
@@ -20,7 +23,7 @@ Example::
     >>> trials = [torchmetrics.Accuracy(task="multiclass", num_classes=3) for _ in range(2)]
     >>> preds, target = torch.tensor([[0, 1, 2], [0, 0, 0]]), torch.tensor([[0, 1, 1], [0, 1, 2]])
     >>> update_all(trials, (preds, target), {})
-    True
+    {0, 1}
     >>> [round(float(m.compute()), 4) for m in trials]
     [0.6667, 0.3333]
 """
@@ -36,26 +39,67 @@ from torch import Tensor, nn
 __all__ = ["update_all"]
 
 
-def update_all(metrics: Sequence[nn.Module], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Apply ``metric_b.update(*row b of args)`` to every trial's metric at once, if a batched rule covers it.
+def update_all(metrics: Sequence[nn.Module], args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[int]:
+    """Apply ``metric_b.update(*row b of args)`` to the trials' metrics at once, where a batched rule covers it.
 
     Args:
-        metrics: each trial's metric (one class, one configuration: the trials share an architecture).
+        metrics: each trial's metric (one per row).
         args: the update's positional arguments, tensors stacked ``[B, ...]`` over the trials.
         kwargs: its keyword arguments, stacked the same way.
 
     Returns:
-        Whether the update was applied (False: nothing changed; replay it per trial).
+        The rows whose update was applied (the others are unchanged: replay them per trial).
     """
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for row, metric in enumerate(metrics):
+        configuration = _configuration(metric)
+        if configuration is not None:
+            groups.setdefault(configuration, []).append(row)
+    done: set[int] = set()
+    for configuration, rows in groups.items():
+        members, own_args, own_kwargs = [metrics[row] for row in rows], args, kwargs
+        if len(rows) < len(metrics):  # the group's rows of each stacked argument
+            index = torch.tensor(rows)
+            own_args, own_kwargs = _rows(args, index), _rows(kwargs, index)
+        if configuration[0] == "stat_scores":
+            applied = len(args) + len(kwargs) == 2 and _stat_scores(members, *own_args, **own_kwargs)
+        else:
+            applied = len(args) == 1 and not kwargs and _mean(members, own_args[0])
+        if applied:
+            done.update(rows)
+    return done
+
+
+def _configuration(metric: Any) -> tuple[Any, ...] | None:
+    """What a batched rule reads from ``metric`` besides its state (trials batched together share it); None: no rule."""
     from torchmetrics import MeanMetric
     from torchmetrics.classification import MulticlassStatScores
 
-    metric = metrics[0]
     if isinstance(metric, MulticlassStatScores) and type(metric).update is MulticlassStatScores.update:
-        return _stat_scores(metrics, *args, **kwargs) if len(args) + len(kwargs) == 2 else False
-    if type(metric) is MeanMetric and len(args) == 1 and not kwargs:
-        return _mean(metrics, args[0])
-    return False
+        return (
+            "stat_scores",
+            type(metric),
+            metric.num_classes,
+            metric.top_k,
+            metric.average,
+            metric.multidim_average,
+            metric.ignore_index,
+        )
+    if type(metric) is MeanMetric:
+        return ("mean", metric.nan_strategy, metric.dtype)
+    return None
+
+
+def _rows(value: Any, index: Tensor) -> Any:
+    """``value`` with each tensor cut to the rows ``index`` (the arguments of a group of trials)."""
+    if isinstance(value, Tensor):
+        return value.index_select(0, index.to(value.device))
+    if isinstance(value, (list, tuple)):
+        items = [_rows(v, index) for v in value]
+        return items if isinstance(value, list) else tuple(items)
+    if isinstance(value, dict):
+        return {k: _rows(v, index) for k, v in value.items()}
+    return value
 
 
 def _count(metric: Any) -> None:
@@ -65,7 +109,7 @@ def _count(metric: Any) -> None:
 
 
 def _stat_scores(metrics: Sequence[nn.Module], preds: Any, target: Any) -> bool:
-    first: Any = metrics[0]
+    first: Any = metrics[0]  # the group's configuration
     classes = first.num_classes
     if not (first.top_k == 1 and first.multidim_average == "global" and first.ignore_index is None and classes) or not (
         isinstance(preds, Tensor) and isinstance(target, Tensor)
@@ -103,7 +147,7 @@ def _stat_scores(metrics: Sequence[nn.Module], preds: Any, target: Any) -> bool:
 
 
 def _mean(metrics: Sequence[nn.Module], value: Any) -> bool:
-    first: Any = metrics[0]
+    first: Any = metrics[0]  # the group's configuration
     if not isinstance(value, Tensor) or not value.is_floating_point() or value.shape != (len(metrics),):
         return False
     if first.nan_strategy != "disable" and bool(torch.isnan(value).any()):

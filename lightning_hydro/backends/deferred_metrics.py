@@ -61,6 +61,7 @@ __all__ = [
 _RECORDED = ("forward", "update")
 _REFUSED = ("compute", "reset")
 _MISSING = object()
+_DICT_READS = ("items", "keys", "values", "get")  # what log_dict and dict-reading code call on a returned dict
 
 
 def _metric_classes() -> tuple[type, ...]:
@@ -89,10 +90,22 @@ def _refusal(path: str, what: str) -> FusionError:
     )
 
 
+def _dict_refusal(path: str, metric_class: str) -> FusionError:
+    return FusionError(
+        f"backend='vmap'/'hfta': the step reads the dict that {metric_class}.forward returns ({path}(...)), e.g. "
+        f"self.log_dict(self.{path}(...)), inside the vectorised step, where each trial's metric is only updated after "
+        "the step (its calls are replayed per trial): its keys and values do not exist yet. Update the metric in the "
+        f"step (self.{path}.update(...)) and log its dict in the epoch-end hook (self.log_dict(self.{path}.compute()), "
+        f"then self.{path}.reset()), or use backend='loop' to log each batch's dict. (A MetricCollection's dict can be "
+        "logged from the step.)"
+    )
+
+
 class DeferredValue:
     """What ``metric(...)`` returns inside a vmapped step: each trial's value exists only after the step.
 
-    It may be logged or ignored; any other use raises a ``FusionError`` that names the metric and the fix.
+    It may be logged or ignored; any other use raises a ``FusionError`` that names the metric and the fix (a dict's
+    reads, as ``log_dict`` makes them, with the fix for a metric that returns a dict).
     """
 
     def __init__(self, path: str, metric_class: str, call: int, key: str | None = None) -> None:
@@ -110,11 +123,18 @@ class DeferredValue:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):  # protocol probes (copy, pickle, hasattr) get the usual answer
             raise AttributeError(name)
+        if name in _DICT_READS:  # a metric whose forward returns a dict (ClasswiseWrapper, MultitaskWrapper, ...)
+            raise _dict_refusal(self.path, self.metric_class)
+        self.refuse()
+
+    def __getitem__(self, key: Any) -> NoReturn:
+        if isinstance(key, str):
+            raise _dict_refusal(self.path, self.metric_class)
         self.refuse()
 
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = refuse
     __pow__ = __neg__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __float__ = __int__ = __index__ = refuse
-    __getitem__ = __len__ = __iter__ = __eq__ = __ne__ = __abs__ = __round__ = __floordiv__ = __mod__ = refuse
+    __len__ = __iter__ = __eq__ = __ne__ = __abs__ = __round__ = __floordiv__ = __mod__ = refuse
     __rfloordiv__ = __rmod__ = __matmul__ = __rmatmul__ = __rpow__ = refuse
     __hash__ = object.__hash__  # identity, as before __eq__ was refused
 
@@ -258,14 +278,17 @@ class MetricRecorder:
             else call.method
             for index, call in enumerate(self.calls)
         ]
-        # call by call (each trial still sees its calls in the step's order), all trials at once where a batched
-        # rule covers the update (lightning_hydro/backends/batched_metrics.py), else trial by trial
+        # call by call (each trial still sees its calls in the step's order): the trials whose metrics a batched rule
+        # covers at once, a group per configuration (lightning_hydro/backends/batched_metrics.py), the rest one by one
         for index, call in enumerate(self.calls):
             metrics = self.trial_metrics(call.path, modules)
-            if methods[index] == "update" and update_all(metrics, *_put_tensors(call.structure, tensors, None)):
-                results[index] = [None] * len(metrics)
-                continue
+            batched = (
+                update_all(metrics, *_put_tensors(call.structure, tensors, None)) if methods[index] == "update" else ()
+            )
             for row, metric in enumerate(metrics):
+                if row in batched:
+                    results[index].append(None)
+                    continue
                 args, kwargs = _put_tensors(call.structure, tensors, row)
                 results[index].append(getattr(metric, methods[index])(*args, **kwargs))
         return results

@@ -20,11 +20,15 @@ import pytest
 import torch
 from torch import nn
 from torchmetrics import Accuracy, F1Score, MaxMetric, MeanMetric, MetricCollection, Precision, Recall
+from torchmetrics.wrappers import ClasswiseWrapper, MinMaxMetric
 
+from lightning_hydro import FusedLightningModule
 from lightning_hydro.backends import FusionError, make_backend
 from lightning_hydro.backends.deferred_metrics import DeferredValue, preserved_metric_states
 from lightning_hydro.backends.trial_logging import capture_logs
+from lightning_hydro.demos import DigitsDataModule, DigitsMLP
 from lightning_hydro.stacking.stacked_state import StackedState
+from tests.helpers import make_trainer
 
 CLASSES = 4
 
@@ -158,6 +162,86 @@ def test_a_deferred_value_refuses_torch_functions() -> None:
     assert not hasattr(value, "__array__")  # protocol probes get the usual AttributeError
     with pytest.raises(FusionError, match=r"\(acc\(...\)\)"):
         _ = value == 0.5  # a comparison would silently be False
+
+
+class LogsAClasswiseDict(MetricsEverywhere):
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed)
+        self.per_class = ClasswiseWrapper(Accuracy(task="multiclass", num_classes=CLASSES, average=None))
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log_dict(self.per_class(self.layer(x).argmax(dim=1), y))  # forward returns {"multiclassaccuracy_0": ...}
+
+
+class ReadsAMinMaxDict(MetricsEverywhere):
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed)
+        self.bounded = MinMaxMetric(Accuracy(task="multiclass", num_classes=CLASSES))
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("acc_max", self.bounded(self.layer(x).argmax(dim=1), y)["max"])
+
+
+@pytest.mark.parametrize(
+    ("module_class", "path", "metric_class"),
+    [(LogsAClasswiseDict, "per_class", "ClasswiseWrapper"), (ReadsAMinMaxDict, "bounded", "MinMaxMetric")],
+)
+def test_a_dict_that_a_metric_returns_is_refused_with_the_epoch_end_fix(
+    module_class: type, path: str, metric_class: str
+) -> None:
+    group = StackedState(nn.Module(), [module_class(seed) for seed in range(2)], [0, 1])
+    message = (
+        rf"reads the dict that {metric_class}.forward returns \({path}\(...\)\).*Update the metric in the step "
+        rf"\(self.{path}.update\(...\)\) and log its dict in the epoch-end hook "
+        rf"\(self.log_dict\(self.{path}.compute\(\)\), then self.{path}.reset\(\)\), or use backend='loop'"
+    )
+    with pytest.raises(FusionError, match=message):
+        make_backend("vmap", group).run("validation_step", batches(1)[0], 0)
+
+
+class ClasswiseAtEpochEnd(DigitsMLP):
+    """The fix the refusal gives: update in the step, log the computed dict in the epoch-end hook."""
+
+    def __init__(self, lr: float) -> None:
+        super().__init__(hidden_dim=16, lr=lr)
+        self.val_per_class = ClasswiseWrapper(Accuracy(task="multiclass", num_classes=10, average=None), prefix="acc_")
+        self.logged: list[dict[str, float]] = []
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.val_per_class.update(self(x).argmax(dim=1), y)
+
+    def on_validation_epoch_end(self) -> None:
+        values = self.val_per_class.compute()
+        self.log_dict(values)
+        self.logged.append({name: float(value) for name, value in values.items()})
+        self.val_per_class.reset()
+
+
+def test_the_epoch_end_fix_logs_each_trials_classwise_values_as_alone() -> None:
+    limits: dict[str, Any] = dict(max_epochs=2, limit_train_batches=3, limit_val_batches=2)
+    modules = []
+    for seed, lr in enumerate((0.05, 0.2)):
+        torch.manual_seed(seed)
+        modules.append(ClasswiseAtEpochEnd(lr))
+    alone = []
+    for module in modules:
+        copied = copy.deepcopy(module)
+        torch.manual_seed(1234)
+        make_trainer(**limits).fit(copied, datamodule=DigitsDataModule())
+        alone.append(copied)
+    fused = FusedLightningModule(copy.deepcopy(modules), backend="vmap", summary=False)
+    torch.manual_seed(1234)
+    make_trainer(**limits).fit(fused, datamodule=DigitsDataModule())
+    for tid, module in enumerate(alone):
+        trial = fused.trial_module(tid)
+        assert len(trial.logged) == len(module.logged) == 2
+        for fused_epoch, alone_epoch in zip(trial.logged, module.logged):
+            assert sorted(fused_epoch) == sorted(alone_epoch)
+            assert fused_epoch == pytest.approx(alone_epoch, rel=1e-5)
+        assert fused.results[tid]["metrics"]["acc_3"] == pytest.approx(module.logged[-1]["acc_3"], rel=1e-5)
 
 
 @pytest.mark.filterwarnings("ignore:The ``compute`` method:UserWarning", "ignore:You are trying to `self.log()`")

@@ -299,8 +299,8 @@ class TrialMetrics:
             options = resolve_options(hook, log.options)
             ids = trial_ids if log.rows is None else [trial_ids[row] for row in log.rows]  # some trials did not log
             if isinstance(log.values, list):  # per-trial objects (torchmetrics Metric): computed at epoch end
-                if options.on_epoch:
-                    self.record_objects(phase, log.name, dict(zip(ids, log.values)), options)
+                # kept even on step only: Lightning resets every metric object logged in the epoch at its end
+                self.record_objects(phase, log.name, dict(zip(ids, log.values)), options)
                 if options.on_step:  # the value of the batch, as Lightning logs a metric object's step value
                     cached = [getattr(metric, "_forward_cache", None) for metric in log.values]
                     batch_values = [v for v in cached if isinstance(v, Tensor) and v.numel() == 1]
@@ -318,7 +318,8 @@ class TrialMetrics:
     def record_objects(self, phase: str, name: str, objects: dict[int, Any], options: MetricOptions) -> None:
         """Record per-trial stateful metric objects (``compute()``/``reset()``, e.g. torchmetrics) logged by a step.
 
-        Their value is computed once at the end of the epoch, then they are reset, as Lightning does.
+        Their value is computed once at the end of the epoch (``on_epoch=True`` only), then they are reset, as
+        Lightning resets every metric object logged in the epoch, whatever ``on_step``/``on_epoch`` say.
         """
         name = self._name(phase, name, options).plain
         per_name = self._objects.setdefault(phase, {})
@@ -369,7 +370,7 @@ class TrialMetrics:
     def epoch_options(self, phase: str) -> dict[str, MetricOptions]:
         """The options of each metric accumulated in ``phase`` this epoch."""
         options = {name: acc.options for name, acc in self._epoch.get(phase, {}).items()}
-        options.update({name: opts for name, (opts, _) in self._objects.get(phase, {}).items()})
+        options.update({name: opts for name, (opts, _) in self._objects.get(phase, {}).items() if opts.on_epoch})
         return options
 
     def epoch_so_far(self, phase: str) -> dict[int, dict[str, float]]:
@@ -378,7 +379,9 @@ class TrialMetrics:
         for name, accumulator in self._epoch.get(phase, {}).items():
             for tid, value in accumulator.result(self.reduce).items():
                 out.setdefault(tid, {})[name] = value
-        for name, (_, objects) in self._objects.get(phase, {}).items():
+        for name, (options, objects) in self._objects.get(phase, {}).items():
+            if not options.on_epoch:  # logged on step only: no epoch value, only the reset at the epoch's end
+                continue
             for tid, metric in objects.items():
                 out.setdefault(tid, {})[name] = float(metric.compute())  # torchmetrics syncs across processes
         for tid, values in self._epoch_values.get(phase, {}).items():

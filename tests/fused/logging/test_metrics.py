@@ -4,6 +4,7 @@ import pytest
 import torch
 import torchmetrics
 
+from lightning_hydro.backends import StackedLog
 from lightning_hydro.fused.logging.metrics import MetricOptions, TrialMetrics, resolve_options
 
 
@@ -52,6 +53,19 @@ def test_metric_objects_are_computed_and_reset_at_epoch_end():
     metrics.record_objects("validate", "acc", accuracy, MetricOptions())
     assert metrics.finish_epoch("validate") == {0: {"acc": 0.5}, 1: {"acc": 1.0}}
     assert accuracy[0].update_count == 0
+
+
+def test_metric_objects_logged_on_step_only_are_reset_at_epoch_end_without_an_epoch_value():
+    metrics = TrialMetrics()
+    accuracy = [torchmetrics.MeanMetric(), torchmetrics.MeanMetric()]
+    for metric, value in zip(accuracy, (0.5, 1.0)):
+        metric(torch.tensor(value))  # forward: the batch value a step logs
+    # training_step's default is on_step=True, on_epoch=False; Lightning still resets the object at the epoch's end
+    metrics.record_step("train", "training_step", [StackedLog("acc", list(accuracy))], [0, 1], batch=None)
+    assert metrics.step_values() == {0: {"acc": 0.5}, 1: {"acc": 1.0}}
+    assert metrics.epoch_options("train") == {}
+    assert metrics.finish_epoch("train") == {}
+    assert [metric.update_count for metric in accuracy] == [0, 0]
 
 
 def test_epoch_values_from_hooks_and_empty_means():
