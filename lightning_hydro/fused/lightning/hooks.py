@@ -42,6 +42,12 @@ FORWARDED_HOOKS = {
     "on_test_epoch_end": "test",
     "on_train_end": None,
     "on_fit_end": None,
+    # the modes around evaluation (the fused module applies Lightning's default to the trials that do not override)
+    "on_validation_model_eval": None,
+    "on_validation_model_train": None,
+    "on_test_model_eval": None,
+    "on_test_model_train": None,
+    "on_predict_model_eval": None,
 }
 
 # The epoch-end hooks among them, by the phase whose epoch values Lightning holds in the Trainer's metrics when
