@@ -6,7 +6,10 @@ Python state (counters, outputs lists: :mod:`~lightning_hydro.backends.python_st
 afterwards, so the choice does not change what the trials compute. A backend that cannot run the
 model (a :class:`~lightning_hydro.backends.errors.FusionError`, or any other error of a fused backend) is
 skipped with its reason, which the fused module logs; only the ``loop`` backend's own errors propagate.
-Choices are cached per (model class, number of trials, parameter shapes, device) for the life of the process.
+Choices are cached per (model class, number of trials, parameter shapes, device) for the life of the process,
+except a choice that a candidate's refusal of this group's values decided (a
+:class:`~lightning_hydro.backends.errors.FusionMismatchError`: trials that differ in a value the step reads); a
+group that refuses the cached choice has the candidates timed again, as in a fresh process.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from lightning_hydro.backends.base import Backend
-from lightning_hydro.backends.errors import FusionError
+from lightning_hydro.backends.errors import FusionError, FusionMismatchError
 from lightning_hydro.backends.python_state import PythonState
 
 if TYPE_CHECKING:
@@ -154,6 +157,8 @@ def choose_backend(
 
     With ``timed=False`` the choice does not depend on timings (so not on machine load): the first
     candidate, in the order given, that runs one step; the process-wide cache is neither read nor written.
+    A cached choice that this group refuses (its trials differ in a value the step reads) is skipped, and the
+    others are timed; a choice that such a refusal decided is not cached.
 
     Args:
         group: the stacked state (its buffers are restored after each candidate).
@@ -176,8 +181,13 @@ def choose_backend(
         ((name, factory),) = factories.items()
         return AutoChoice(factory(), skipped={}, seconds={})
     key = (*_cache_key(group), None if eligible is None else tuple(sorted(eligible)))
+    refused: dict[str, str] = {}  # the cached choice, where this group's trials refuse it: timed again below
     if timed and key in _CACHE and _CACHE[key] in factories:
-        return AutoChoice(factories[_CACHE[key]](), cached=True)
+        cached = _CACHE[key]
+        try:
+            return AutoChoice(factories[cached](), cached=True)
+        except FusionError as err:  # e.g. these trials differ in a value the step reads, the earlier group's did not
+            refused[cached] = str(err)
     device = group.device
     saved_buffers = group.saved_buffers()
     python_state = PythonState(group.modules)  # counters, outputs lists...: every candidate starts from them
@@ -191,10 +201,16 @@ def choose_backend(
         eligible=None if eligible is None else [name for name in factories if name in eligible],
         why_eligible=why_eligible,
     )
+    choice.skipped.update(refused)
     last_error: FusionError | None = None
+    # a candidate that refuses these trials' values (FusionMismatchError) says nothing of another group of the
+    # class: such a choice is not cached, and the earlier one stays for the groups whose trials agree
+    mismatch = bool(refused)
     built: dict[str, Backend] = {}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         for name, factory in candidates:
+            if name in refused:
+                continue
             try:
                 backend = factory()
                 times: list[float] = []
@@ -212,6 +228,7 @@ def choose_backend(
             except FusionError as err:
                 choice.skipped[name] = str(err)
                 last_error = err
+                mismatch = mismatch or isinstance(err, FusionMismatchError)
             except Exception as err:
                 if name == "loop":
                     raise  # the trials' own code fails on its own: a bug of the step, not of fusion
@@ -232,6 +249,6 @@ def choose_backend(
     best = min(pool.values())
     fastest = next(n for n in pool if pool[n] <= best * (1.0 + margin))  # in preference order
     choice.backend = built[fastest]
-    if timed:
+    if timed and not mismatch:
         _CACHE[key] = fastest
     return choice

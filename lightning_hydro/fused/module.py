@@ -53,7 +53,7 @@ from lightning_hydro.fused.lightning.group_checkpoint import (
     recorded_trials,
     restore_group,
 )
-from lightning_hydro.fused.lightning.hooks import forward_hook, hide_absent_hooks
+from lightning_hydro.fused.lightning.hooks import EPOCH_END_HOOKS, forward_hook, hide_absent_hooks
 from lightning_hydro.fused.lightning.trainer_view import attach_trainer
 from lightning_hydro.fused.lightning.trial_checkpoint_hooks import ENTRIES_KEY, load_trial_entries, save_trial_entries
 from lightning_hydro.fused.lightning.trial_optimizer_steps import TrialOptimizerSteps
@@ -487,7 +487,13 @@ class FusedLightningModule(EvaluationHooks):
         return self._first().train_dataloader()
 
     def _forward_hook(self, hook: str) -> None:
-        forward_hook(hook, self._running(), self._metrics)
+        running = self._running()
+        phase = EPOCH_END_HOOKS.get(hook)
+        if phase is not None and any(is_overridden(hook, m, L.LightningModule) for _, m in running):
+            # alone, Lightning has put the epoch's values into the Trainer's metrics before the hook: the trials
+            # read theirs there (read back only for a trial's hook: it waits for the device)
+            self._publisher.put_epoch_values(self.trainer, phase)
+        forward_hook(hook, running, self._metrics)
         self._group.adopt_reassigned_buffers()  # what their code reassigned goes into their rows
 
     # -- optimization: see fused/optimization.py ------------------------------------------------------------

@@ -5,8 +5,9 @@ Lightning runs a LightningModule's evaluation through these hooks;
 ``LightningModule`` takes its hooks from a few classes (``ModelHooks``, ``DataHooks``, ``CheckpointHooks``). Each
 hook hands on, a line or two each:
 
-- the trials' train/eval modes around evaluation (:class:`.modes.TrialModes`), and the evaluation layout that lets
-  ``trainer.test`` / ``validate`` / ``predict`` evaluate every trial, the ended ones too
+- the trials' train/eval modes around evaluation (:class:`.modes.TrialModes`; a trial's own
+  ``on_validation_model_eval`` / ``on_validation_model_train``, and test/predict variants, set its own), and the
+  evaluation layout that lets ``trainer.test`` / ``validate`` / ``predict`` evaluate every trial, the ended ones too
   (:class:`.steps.EvaluationSteps`);
 - the steps: one backend call for every trial, what they log booked per trial (with several dataloaders, under
   each loader's names: ``"val_loss/dataloader_idx_1"``), predictions by trial id;
@@ -24,9 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 import lightning as L
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from typing_extensions import override
 
-from lightning_hydro.backends import StepOutputs
+from lightning_hydro.backends import LoopBackend, StepOutputs
+from lightning_hydro.fused.evaluation.modes import differing_modes
 from lightning_hydro.fused.evaluation.steps import predictions_by_trial
 
 if TYPE_CHECKING:
@@ -77,10 +80,11 @@ class EvaluationHooks(L.LightningModule):
         self._eval_steps.enter(self.trainer)
         self._modes.capture(self, self._group.modules)
         super().on_validation_model_eval()
+        self._trials_model_eval("on_validation_model_eval", "validation_step")
 
     @override
     def on_validation_model_train(self) -> None:
-        self._modes.restore()
+        self._trials_model_train("on_validation_model_train")
         self._eval_steps.leave()
 
     @override
@@ -88,10 +92,11 @@ class EvaluationHooks(L.LightningModule):
         self._eval_steps.enter(self.trainer)
         self._modes.capture(self, self._group.modules)
         super().on_test_model_eval()
+        self._trials_model_eval("on_test_model_eval", "test_step")
 
     @override
     def on_test_model_train(self) -> None:
-        self._modes.restore()
+        self._trials_model_train("on_test_model_train")
         self._eval_steps.leave()
 
     @override
@@ -99,11 +104,39 @@ class EvaluationHooks(L.LightningModule):
         self._eval_steps.enter(self.trainer)
         self._modes.capture(self, self._group.modules)
         super().on_predict_model_eval()
+        self._trials_model_eval("on_predict_model_eval", "predict_step")
 
     @override
     def on_predict_end(self) -> None:
-        self._modes.restore()
+        self._modes.restore()  # (Lightning has no on_predict_model_train: it restores the recorded modes)
         self._eval_steps.leave()
+
+    def _overriding(self, hook: str) -> list[L.LightningModule]:
+        return [m for m in self._group.modules if is_overridden(hook, m, L.LightningModule)]  # type: ignore[misc]
+
+    def _trials_model_eval(self, hook: str, step: str) -> None:
+        """The trials' own ``hook`` sets their modes, from those they had, as alone (the others are in eval mode).
+
+        One template runs ``step`` for every trial under vmap and hfta: modes that differ between trials move
+        ``step`` to the loop, each trial in its own modes.
+        """
+        for module in self._overriding(hook):
+            self._modes.put_back(module)  # Lightning's default eval() is not applied to a module that overrides it
+        self._forward_hook(hook)
+        paths = differing_modes(self._group.modules)
+        if paths and not isinstance(self._eval_steps.backend(step), LoopBackend):
+            where = ", ".join(repr(path) if path else "the root module" for path in paths)
+            message = (
+                f"the trials' {hook} left {where} in different modes (train/eval) between trials; "
+                f"backend={self._eval_steps.backend(step).name!r} runs one template's {step} for every trial, "
+                f"so {step} runs per trial with backend='loop' from now on (training is unaffected)."
+            )
+            self._eval_steps.policy.eval_on_loop(step, message, warn=True)
+
+    def _trials_model_train(self, hook: str) -> None:
+        """The recorded modes back, but for the trials that override ``hook``: it sets theirs, as alone."""
+        self._modes.restore(keep=self._overriding(hook))
+        self._forward_hook(hook)
 
     @override
     def val_dataloader(self) -> Any:

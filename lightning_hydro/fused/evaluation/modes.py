@@ -2,16 +2,18 @@
 
 Lightning records the train/eval mode of the LightningModule's submodules before evaluation and restores it
 after; the trial modules of a fused group are not its submodules, so their modes are recorded and restored
-here, and a trial added during evaluation is given the mode the others return to.
+here, and a trial added during evaluation is given the mode the others return to. A trial whose own
+``on_validation_model_eval`` / ``on_validation_model_train`` (or test/predict) hook sets its modes keeps what its
+hook sets, as alone: Lightning's default (``eval()`` before, the recorded modes after) is not applied to it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from torch import nn
 
-__all__ = ["TrialModes"]
+__all__ = ["TrialModes", "differing_modes"]
 
 
 class TrialModes:
@@ -35,8 +37,31 @@ class TrialModes:
         self._saved += [(m, m.training) for m in module.modules()]
         module.eval()
 
-    def restore(self) -> None:
-        """Put every recorded mode back."""
+    def put_back(self, trial: nn.Module) -> None:
+        """Put the recorded modes of ``trial`` and its submodules back (its own hook sets them, not the default)."""
+        inside = {id(m) for m in trial.modules()}
         for module, mode in self._saved:
-            module.training = mode
+            if id(module) in inside:
+                module.training = mode
+
+    def restore(self, *, keep: Iterable[nn.Module] = ()) -> None:
+        """Put every recorded mode back, but in ``keep``'s trials (and their submodules): their own hooks set them."""
+        kept = {id(m) for trial in keep for m in trial.modules()}
+        for module, mode in self._saved:
+            if id(module) not in kept:
+                module.training = mode
         self._saved = []
+
+
+def differing_modes(trials: Sequence[nn.Module]) -> list[str]:
+    """The submodule paths (``""``: the root) whose train/eval mode is not the same in every trial.
+
+    Example::
+
+        >>> trials = [nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)) for _ in range(2)]
+        >>> _ = trials[1][1].eval()
+        >>> differing_modes(trials)
+        ['1']
+    """
+    modes = [{name: m.training for name, m in trial.named_modules()} for trial in trials]
+    return [name for name, mode in modes[0].items() if any(other.get(name, mode) != mode for other in modes[1:])]

@@ -21,7 +21,14 @@ from lightning_hydro.backends.python_state import trial_code_ran
 from lightning_hydro.backends.trial_logging import capture_logs
 from lightning_hydro.fused.logging.metrics import TrialMetrics, resolve_options
 
-__all__ = ["FORWARDED_HOOKS", "OPTIONAL_HOOKS", "call_trial_hook", "forward_hook", "hide_absent_hooks"]
+__all__ = [
+    "EPOCH_END_HOOKS",
+    "FORWARDED_HOOKS",
+    "OPTIONAL_HOOKS",
+    "call_trial_hook",
+    "forward_hook",
+    "hide_absent_hooks",
+]
 
 # Epoch- and fit-level hooks forwarded to every running trial that overrides them (with its logging captured).
 FORWARDED_HOOKS = {
@@ -35,7 +42,17 @@ FORWARDED_HOOKS = {
     "on_test_epoch_end": "test",
     "on_train_end": None,
     "on_fit_end": None,
+    # the modes around evaluation (the fused module applies Lightning's default to the trials that do not override)
+    "on_validation_model_eval": None,
+    "on_validation_model_train": None,
+    "on_test_model_eval": None,
+    "on_test_model_train": None,
+    "on_predict_model_eval": None,
 }
+
+# The epoch-end hooks among them, by the phase whose epoch values Lightning holds in the Trainer's metrics when
+# they run (alone, it reduces the epoch's logged values before the module's hook).
+EPOCH_END_HOOKS = {"on_train_epoch_end": "train", "on_validation_epoch_end": "validate", "on_test_epoch_end": "test"}
 
 # Hooks of the trial modules that the fused module exposes only if the trials implement them, so that
 # Lightning sees the same loops as in an unfused run (e.g. no validation loop without a validation_step).

@@ -161,6 +161,26 @@ class TrialPublisher:
                         add_dataloader_idx=False,  # a loader's suffix is in the name already, before the trial's
                     )
 
+    def put_epoch_values(self, trainer: L.Trainer, phase: str) -> None:
+        """Before the trials' epoch-end hooks: the epoch's values so far into the Trainer's metrics, per trial.
+
+        Alone, Lightning has reduced the epoch's logged values into ``trainer.callback_metrics`` (under the plain and
+        the epoch name) and ``logged_metrics`` (the epoch name) when the module's ``on_train_epoch_end`` or
+        ``on_validation_epoch_end`` runs, so a trial's hook reads this epoch's ``"loss_epoch"`` there.
+        :meth:`publish_epoch` logs the same numbers after the hooks, with what the hooks log.
+        """
+        options = self.metrics.epoch_options(phase)
+        callback, logged = trainer.callback_metrics, trainer.logged_metrics
+        device = trainer.strategy.root_device
+        for tid, values in self.metrics.epoch_so_far(phase).items():
+            for name, value in values.items():
+                names = self.metrics.names_of(phase, name)
+                # the dtype self.log gives a Python float, as publish_epoch logs it
+                tensor = torch.tensor(value, dtype=torch.get_default_dtype(), device=device)
+                callback[f"{names.plain}/trial_{tid}"] = callback[f"{names.epoch}/trial_{tid}"] = tensor
+                if name not in options or options[name].logger:
+                    logged[f"{names.epoch}/trial_{tid}"] = tensor
+
     def publish_evaluation_step(self, phase: str, log: LogFunction) -> None:
         """At an evaluation batch's end: its step values (``on_step=True``), through the fused module's ``log``.
 

@@ -339,20 +339,24 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
         eager_calls(),  # compile=: not worth a graph of its own (eval mode, full precision) for one check
     ):
         fused = backend.run("training_step", tensors_copied(batch), batch_idx).loss()
-        state.restore()
         if fused is None:
             return False
+        # the gradients before the restore (as for each trial's own run below): the backward pass may read buffers
+        # the step moved (BatchNorm statistics, once the step puts the module back in train mode)
         fused_grads = _fused_gradients(fused, backend, stacked, batch, batch_idx, type(modules[0]).__name__)
+        state.restore()
         fused64: tuple[Tensor, list[Tensor | None]] | str | None = None  # made once, if a float32 check fails
         for tid in ids:
             row = group.row_of(tid)
             module = modules[row]
             with capture_logs(module):
                 own = _loss(module.training_step(tensors_copied(batch), batch_idx))  # type: ignore[operator]
-            state.restore()
             assert own is not None
             own_params = [module.get_parameter(name) for name in names]
+            # before the restore: a step that puts BatchNorm back in train mode (self.train()) moved the running
+            # statistics its backward pass reads, and writing them back first would fail that pass
             own_grads = torch.autograd.grad(own, own_params, allow_unused=True)
+            state.restore()
             ref_loss, ref_grads, why = _float64_run(module, names, batch, batch_idx)
             state.restore()
             found = [compare("loss", fused[row], own, ref_loss, reduction=reduction)]

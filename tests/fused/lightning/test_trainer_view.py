@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from lightning_hydro import FusedLightningModule
+from lightning_hydro.demos import DigitsDataModule, DigitsMLP
 from lightning_hydro.demos.template_mnist import DigitsMNISTDataModule, MNISTLitModule, SimpleDenseNet
 from lightning_hydro.fused.lightning.trainer_view import TrialTrainerView, trial_metrics_view
-from tests.helpers import make_trainer
+from tests.helpers import fit_digits, make_trainer, train_fused, train_separately
 
 
 def template_module(lr: float, seed: int = 0, scheduler: bool = True) -> MNISTLitModule:
@@ -109,3 +110,70 @@ def test_a_view_can_be_copied_without_recursing_into_the_trainer() -> None:
     trainer = make_trainer()
     view = TrialTrainerView(trainer, L.LightningModule(), trial_id=0)
     assert copy.copy(view).trial_id == 0
+
+
+class _ReadsEpochValues(DigitsMLP):
+    """Reads what Lightning holds for this epoch in its epoch-end hooks (a schedule or a print keyed on it)."""
+
+    def __init__(self, lr: float) -> None:
+        super().__init__(hidden_dim=8, lr=lr)
+        self.seen: list[tuple[str, dict[str, float], dict[str, float]]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        self.log("loss", loss, on_step=True, on_epoch=True)
+        self.log("acc", (logits.argmax(-1) == y).float().mean(), on_step=False, on_epoch=True)
+        return loss
+
+    def _read(self, hook: str) -> None:
+        callback, logged = self.trainer.callback_metrics, self.trainer.logged_metrics
+        self.seen.append(
+            (
+                hook,
+                {name: float(value) for name, value in callback.items()},
+                {name: float(logged[name]) for name in ("loss_epoch", "acc", "val_loss") if name in logged},
+            )
+        )
+
+    def on_train_epoch_end(self) -> None:
+        self._read("on_train_epoch_end")
+        self.trainer.callback_metrics["loss_epoch"]  # indexed, as in the user's code: a KeyError before
+
+    def on_validation_epoch_end(self) -> None:
+        self._read("on_validation_epoch_end")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.cross_entropy(self(x), y))
+
+    def on_test_epoch_end(self) -> None:
+        self._read("on_test_epoch_end")
+
+
+@pytest.mark.parametrize("backend", ["loop", "vmap"])
+def test_epoch_end_hooks_see_their_own_values_of_this_epoch_as_alone(backend: str) -> None:
+    # alone, Lightning reduces the epoch's logged values into callback_metrics and logged_metrics before the module's
+    # on_train_epoch_end / on_validation_epoch_end (the sanity check's included) / on_test_epoch_end; before, a fused
+    # trial saw the previous epoch's (a KeyError in epoch 0)
+    trials = []
+    for seed, lr in enumerate((0.05, 0.2)):
+        torch.manual_seed(seed)
+        trials.append(_ReadsEpochValues(lr))
+    run = dict(max_epochs=2, limit_train_batches=3, limit_val_batches=2, num_sanity_val_steps=1)
+    alone = train_separately(trials, fit_digits, **run)
+    fused = train_fused(trials, fit_digits, fused_kwargs=dict(backend=backend), **run)
+    for module in [*alone, fused]:
+        make_trainer(limit_test_batches=2).test(module, datamodule=DigitsDataModule(), verbose=False)
+    for tid, single in enumerate(alone):
+        seen = fused.trial_module(tid).seen
+        assert [hook for hook, _, _ in seen] == [hook for hook, _, _ in single.seen]
+        assert seen[-1][0] == "on_test_epoch_end"
+        for (hook, callback, logged), (_, callback_alone, logged_alone) in zip(seen, single.seen):
+            assert callback.keys() == callback_alone.keys(), hook
+            assert logged.keys() == logged_alone.keys(), hook
+            for name in callback_alone:
+                assert callback[name] == pytest.approx(callback_alone[name], rel=1e-6, abs=1e-7), (hook, name)
+            for name in logged_alone:
+                assert logged[name] == pytest.approx(logged_alone[name], rel=1e-6, abs=1e-7), (hook, name)

@@ -12,7 +12,7 @@ from lightning_hydro.backends.auto import AutoChoice, choose_backend
 from lightning_hydro.backends.errors import FusionError
 from lightning_hydro.demos import DigitsMLP
 from lightning_hydro.stacking.stacked_state import StackedState
-from tests.helpers import fit_digits, make_trainer, seeded
+from tests.helpers import fit_digits, make_trainer, max_state_difference, seeded, train_fused, train_separately
 
 
 def mlps(n=3):
@@ -177,3 +177,44 @@ def test_deterministic_auto_under_compile_takes_the_first_fused_backend_that_run
     fused = FusedLightningModule(mlps(2), backend="auto", compile=True, deterministic=True, summary=False)
     fused._policy.for_training(run_step, choose_backend, "DigitsMLP")
     assert (fused._policy.backend.name, ran) == (chosen, [*refuse, chosen])  # nothing after the first that runs
+
+
+class WeightPenalty(DigitsMLP):
+    """A penalty weight the step reads from hparams: trials that differ in it cannot share one vmap/hfta step."""
+
+    def __init__(self, penalty: float = 0.0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.save_hyperparameters()
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.cross_entropy(self(x), y) + self.hparams.penalty * self.head.weight.square().sum()
+        self.log("train_loss", loss)
+        return loss
+
+
+def penalised(*penalties):
+    modules = []
+    for seed, penalty in enumerate(penalties):
+        torch.manual_seed(seed)
+        modules.append(WeightPenalty(penalty, hidden_dim=8, lr=0.1))
+    return modules
+
+
+def test_a_cached_choice_that_a_new_group_refuses_falls_back_as_in_a_fresh_process():
+    # a sweep fits several groups of one class in one process: the first group's trials agree (a fused backend),
+    # the second's differ in a value the step reads, which the cached fused choice cannot run
+    agreeing = FusedLightningModule(penalised(0.01, 0.01, 0.01), backend="auto", summary=False)
+    fit_digits(make_trainer(max_steps=2), agreeing)
+    assert agreeing.backend in ("hfta", "vmap")
+    differing = penalised(0.0, 0.01, 0.1)
+    fused = train_fused(differing, fit_digits, fused_kwargs=dict(backend="auto"), max_steps=3)
+    assert fused.backend == "loop"
+    assert f"{agreeing.backend} skipped: backend='{agreeing.backend}' cannot fuse these" in fused.backend_report
+    for i, alone in enumerate(train_separately(differing, fit_digits, max_steps=3)):
+        assert max_state_difference(fused.unfuse(i), alone) == 0.0
+    # the group-specific refusal left the cached choice for groups whose trials agree
+    again = FusedLightningModule(penalised(0.1, 0.1, 0.1), backend="auto", summary=False)
+    fit_digits(make_trainer(max_steps=1), again)
+    assert again.backend == agreeing.backend
+    assert "reused its earlier choice" in again.backend_report

@@ -148,3 +148,36 @@ def test_auto_times_the_fused_backends_for_training_step_metrics_and_says_so():
     if fused.backend != "loop":
         assert "torchmetrics train_acc run per trial after each fused step" in fused.backend_report
     assert fused.trial_module(1).train_acc.update_count == 2  # the timing steps do not count
+
+
+class EvalTargetInStep(DigitsMLP):
+    """Self-distillation: a target from the model in eval mode (BatchNorm's running statistics), then train mode."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.norm = torch.nn.BatchNorm1d(kwargs["hidden_dim"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.body(x)))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        self.eval()
+        with torch.no_grad():
+            target = F.softmax(self(x), -1)
+        self.train()
+        logits = self(x)
+        return F.cross_entropy(logits, y) + 0.5 * F.kl_div(F.log_softmax(logits, -1), target, reduction="batchmean")
+
+
+@pytest.mark.parametrize(("backend", "tolerance"), [("vmap", 1e-5), ("hfta", 1e-5), ("loop", 0.0)])
+def test_a_step_that_goes_back_to_train_mode_trains_as_alone(backend, tolerance):
+    # the first-batch check ran in eval mode and restored the buffers between a run's forward and its backward: the
+    # step's self.train() had moved BatchNorm's statistics, which the backward reads (before, vmap refused with
+    # torch's in-place error and hfta raised it raw)
+    trials = seeded(lambda: EvalTargetInStep(hidden_dim=8, lr=0.1), range(3))
+    alone = train_separately(trials, fit_digits, max_steps=3)
+    fused = train_fused(trials, fit_digits, fused_kwargs=dict(backend=backend), max_steps=3)
+    assert fused.backend == backend
+    for tid, single in enumerate(alone):
+        assert max_state_difference(fused.unfuse(tid), single) <= tolerance
