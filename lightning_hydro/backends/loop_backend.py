@@ -45,11 +45,17 @@ class LoopBackend(Backend):
         # one unbind per parameter, not p[row] per trial: the backward of indexing allocates a whole [B, ...]
         # zero gradient per trial (quadratic in B), unbind's stacks the B row gradients once
         rows = {name: p.unbind(0) for name, p in self.group.params.items()}
+        frozen = self.group.frozen  # rows whose trial froze the parameter: no gradient flows there, as alone
         reassigned: dict[str, dict[int, Tensor]] = {}  # the buffers each trial's step reassigned, by name and row
         batches = BatchRuns(args, len(self._callers))  # each trial's step gets the batch as the loader gave it
         for row, caller in enumerate(self._callers):
             # each trial at its own width (a group with pad_widths holds zero-padded rows)
-            params = {f"module.{name}": self.group.trial_view(name, row, p[row]) for name, p in rows.items()}
+            params = {
+                f"module.{name}": self.group.trial_view(
+                    name, row, p[row].detach() if row in frozen.get(name, ()) else p[row]
+                )
+                for name, p in rows.items()
+            }
             buffers = {
                 f"module.{name}": self.group.trial_view(name, row, b[row]) for name, b in self.group.buffers.items()
             }
