@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lightning_hydro.backends.errors import FusionMismatchError
 from tests.helpers import fit_digits, max_state_difference, seeded, train_fused, train_separately
 
 UNFREEZE_AT = (1, 2, 0)  # trial 2 never frozen; trial 1 still frozen in epoch 1, when trial 0 trains
@@ -39,9 +40,10 @@ class GraduallyUnfrozen(L.LightningModule):
         frozen = self.current_epoch < self.hparams["unfreeze_at"]
         if self.hparams["how"] == "requires_grad":
             self.backbone.requires_grad_(not frozen)
-        elif frozen:  # Lightning's freeze() freezes every parameter (and sets eval mode): the head trains on
+        elif frozen:  # Lightning's freeze() freezes every parameter: the head trains on
             self.freeze()
             self.head.requires_grad_(True)
+            self.train()  # freeze() also sets eval mode, which vmap and hfta run per trial only if alike (below)
         else:
             self.unfreeze()
 
@@ -96,3 +98,38 @@ def test_a_backbone_frozen_in_every_trial_for_an_epoch_does_not_move(backend: st
         trained = fused.unfuse(trial_id)
         assert torch.equal(trained.backbone[0].weight, module.backbone[0].weight)
         assert max_state_difference(trained, alone[trial_id]) <= TOLERANCE[backend]
+
+
+class FrozenIntoEvalMode(GraduallyUnfrozen):
+    """``self.freeze()`` as Lightning defines it: it also puts the module in eval mode (BatchNorm stops tracking)."""
+
+    def __init__(self, lr: float = 0.05, unfreeze_at: int = 1) -> None:
+        super().__init__(lr, unfreeze_at, how="freeze")
+        self.backbone = nn.Sequential(nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU())
+
+    def on_train_epoch_start(self) -> None:
+        if self.current_epoch < self.hparams["unfreeze_at"]:
+            self.freeze()
+            self.head.requires_grad_(True)
+        else:
+            self.unfreeze()
+
+
+def test_trials_that_freeze_into_eval_mode_at_different_epochs_are_refused_by_vmap_and_run_by_auto_on_the_loop() -> (
+    None
+):
+    # one template's mode runs every trial under vmap and hfta: trials in different modes cannot run there
+    settings = iter(zip((0.05, 0.1), (1, 0)))
+    modules = seeded(lambda: FrozenIntoEvalMode(*next(settings)), range(2))
+    kwargs: dict[str, Any] = dict(max_epochs=2, limit_train_batches=3, limit_val_batches=0)
+    for backend in ("vmap", "hfta"):
+        with pytest.raises(
+            FusionMismatchError,
+            match=r"trial 1's .* in training mode where trial 0's is in eval mode .*self\.freeze\(\)",
+        ):
+            train_fused(modules, fit_digits, fused_kwargs=dict(backend=backend), **kwargs)
+    alone = train_separately(modules, fit_digits, **kwargs)
+    fused = train_fused(modules, fit_digits, fused_kwargs=dict(backend="auto"), **kwargs)
+    assert fused.backend == "loop"
+    for trial_id in range(2):
+        assert max_state_difference(fused.unfuse(trial_id), alone[trial_id]) == 0.0
