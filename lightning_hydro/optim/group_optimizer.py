@@ -119,11 +119,18 @@ class FastPath(Protocol):
     """
 
     def step(
-        self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_rows: Tensor | Sequence[int], *, read: bool = False
+        self,
+        param_groups: Sequence[Sequence[dict[str, Any]]],
+        skip_rows: Tensor | Sequence[int],
+        *,
+        read: bool = False,
+        frozen: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Update every row except ``skip_rows``' and those with non-finite gradients.
 
         ``read``: reading the masks back to the host costs no wait (:meth:`RowsToSkip.reads_each_step`).
+        ``frozen``: ``[P, B]`` bool, True where row b's trial has frozen parameter p: that row of it is not updated,
+        as torch passes over a parameter without a gradient (None: none is).
 
         Returns:
             ``[B]`` bool masks: the rows with non-finite gradients, and every row not stepped.
@@ -261,6 +268,7 @@ class TrialGroupOptimizer(Optimizer):
         self._stacked = list(group.params.values())  # the stacked Parameters keep their identity (see StackedState)
         self._unflagged: list[Optimizer] = []  # optimizers whose schedulers have not heard of a fused step yet
         self._no_rows = NoRows()  # kept for steps that skip no row
+        self._frozen: tuple[Any, Tensor] | None = None  # the latest frozen cells, keyed by the group's frozen rows
         self._within: StepReport | None = None  # the latest step's update ran within training_step (a whole step)
         self.rebuild()
 
@@ -417,7 +425,7 @@ class TrialGroupOptimizer(Optimizer):
                 passed[gradless] = True
                 passed = passed.to(self.group.device)
                 rows = passed if by_loss is None else by_loss | passed
-            by_grads, skipped = self.fused.step(param_groups, rows, read=read)
+            by_grads, skipped = self.fused.step(param_groups, rows, read=read, frozen=self._frozen_cells())
             if passed is not None:
                 by_grads, skipped = by_grads & ~passed, skipped & ~passed
             self._flag_stepped()
@@ -431,6 +439,22 @@ class TrialGroupOptimizer(Optimizer):
         for tid in stepped:
             self.trials[tid].optimizer.step()
         return report
+
+    def _frozen_cells(self) -> Tensor | None:
+        """``[P, B]`` bool: the rows of each stacked parameter whose trial froze it while others train it (None: none).
+
+        Made on the host and copied to the device only when the frozen rows change (a trial's hook froze or unfroze).
+        """
+        frozen = self.group.frozen
+        if not frozen:
+            return None
+        key = (self.group.size, tuple(frozen.items()))
+        if self._frozen is None or self._frozen[0] != key or self._frozen[1].device != self.group.device:
+            cells = torch.zeros(len(self.group.params), self.group.size, dtype=torch.bool)
+            for index, name in enumerate(self.group.params):
+                cells[index, list(frozen.get(name, ()))] = True
+            self._frozen = (key, cells.to(self.group.device))
+        return self._frozen[1]
 
     def stepped_within(self, report: StepReport) -> None:
         """The fused update ran within ``training_step`` (a whole step): ``step`` reports it, clipping passes."""

@@ -219,6 +219,8 @@ class StackedState:
         self.modules: list[nn.Module] = list(modules)
         self.trial_ids: list[int] = list(trial_ids)
         self.params: dict[str, nn.Parameter] = {}
+        # the rows whose trial has frozen its parameter, by name, where other rows train (see follow_requires_grad)
+        self.frozen: dict[str, tuple[int, ...]] = {}
         self.buffers: dict[str, Tensor] = {}
         self._persistent: dict[str, bool] = {}
         first = modules[0]
@@ -284,6 +286,7 @@ class StackedState:
             for name, stacked in self.params.items():
                 module.get_parameter(name).data = self.trial_view(name, row, stacked.data[row])
         self.bind_buffers()
+        self.follow_requires_grad()  # (the rows may have changed)
 
     def saved_buffers(self) -> dict[str, Tensor]:
         """Copies of the stacked buffers, by name, for :meth:`restore_buffers` (a check's runs leave no trace)."""
@@ -368,6 +371,34 @@ class StackedState:
                 self.trial_view(name, row, stacked[row]).copy_(value)
         return stacked
 
+    def follow_requires_grad(self) -> None:
+        """Take into the group each trial parameter's ``requires_grad``, which its own code may toggle (unfreezing).
+
+        A stacked parameter requires grad where any row's trial parameter does; the rows whose trial has frozen it
+        while others train it are kept in :attr:`frozen`: the backends leave their gradients out
+        (:meth:`drop_frozen_grads`) and their trials see none (:meth:`distribute_grads`), so their optimizers pass
+        over them, as torch's pass over a frozen parameter alone.
+        """
+        frozen: dict[str, tuple[int, ...]] = {}
+        for name, stacked in self.params.items():
+            flags = [module.get_parameter(name).requires_grad for module in self.modules]
+            trains = any(flags)
+            if stacked.requires_grad != trains:
+                stacked.requires_grad_(trains)
+            if trains and not all(flags):
+                frozen[name] = tuple(row for row, flag in enumerate(flags) if not flag)
+        self.frozen = frozen
+
+    def drop_frozen_grads(self) -> None:
+        """Zero the gradient rows of the trials' frozen parameters (:attr:`frozen`), which a fused backward fills."""
+        if not self.frozen:
+            return
+        with torch.no_grad():
+            for name, rows in self.frozen.items():
+                grad = self.params[name].grad
+                if grad is not None:
+                    grad[list(rows)] = 0
+
     def adopt_trial_grads(self) -> None:
         """Add each gradient a backward put on a trial's own parameter into its row of the stacked gradient.
 
@@ -388,13 +419,20 @@ class StackedState:
                 param.grad = None
 
     def distribute_grads(self, rows: Iterable[int] | None = None) -> None:
-        """Set each trial parameter's ``.grad`` to the view ``stacked.grad[row]`` (None where it has none)."""
+        """Set each trial parameter's ``.grad`` to the view ``stacked.grad[row]``.
+
+        None where it has none, and where the trial froze the parameter (:attr:`frozen`): alone it gets no gradient.
+        """
         rows = range(self.size) if rows is None else rows
+        frozen = self.frozen
         for row in rows:
             module = self.modules[row]
             for name, stacked in self.params.items():
                 grad = stacked.grad
-                module.get_parameter(name).grad = None if grad is None else self.trial_view(name, row, grad[row])
+                if grad is None or (frozen and row in frozen.get(name, ())):
+                    module.get_parameter(name).grad = None
+                else:
+                    module.get_parameter(name).grad = self.trial_view(name, row, grad[row])
 
     def clear_trial_grads(self, rows: Iterable[int] | None = None) -> None:
         """Drop the trials' gradient views (the stacked gradients are managed by the caller); ``rows``: only theirs."""

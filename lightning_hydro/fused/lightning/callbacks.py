@@ -66,8 +66,9 @@ _NOT_PER_TRIAL: dict[type[Callback], str] = {
     ),
     BaseFinetuning: (
         "it freezes and unfreezes submodules of the LightningModule (the fused wrapper has none of the trial's "
-        "attributes) and adds parameter groups to the one optimizer. Freeze layers in the trial module's own "
-        "hooks (on_train_epoch_start), which run per trial"
+        "attributes) and adds parameter groups to the one optimizer. Freeze and unfreeze layers in the trial "
+        "module's own hooks (self.backbone.requires_grad_(...) in on_train_epoch_start), which run per trial, with "
+        "every parameter in the optimizer configure_optimizers returns (a frozen one gets no step)"
     ),
     ModelPruning: (
         "it prunes the stacked tensors with one threshold over all trials, coupling them. Prune the chosen trial "

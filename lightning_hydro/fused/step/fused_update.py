@@ -207,6 +207,9 @@ class FusedUpdate(RowStates, ABC):
     def _finish(self, active: list[int], prepared: Any) -> None:
         """Host-side bookkeeping after a step."""
 
+    def _held_back(self, indices: list[int]) -> None:
+        """The parameters ``indices`` took the latest step with rows that may have been frozen (and did not step)."""
+
     def state_keys(self, kind: str) -> tuple[str, ...]:
         """The per-parameter state tensors a part of ``kind`` needs (created as zeros on first use)."""
         return ()
@@ -285,7 +288,12 @@ class FusedUpdate(RowStates, ABC):
 
     @torch.no_grad()
     def step(
-        self, param_groups: Sequence[Sequence[dict[str, Any]]], skip_rows: SkipRows = (), *, read: bool = False
+        self,
+        param_groups: Sequence[Sequence[dict[str, Any]]],
+        skip_rows: SkipRows = (),
+        *,
+        read: bool = False,
+        frozen: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Update every row but ``skip_rows``' and those with non-finite gradients; ``param_groups[r]``: row r's.
 
@@ -293,6 +301,8 @@ class FusedUpdate(RowStates, ABC):
         state exactly; their gradients are zeroed where not finite. Nothing is read back to the host, unless
         ``read`` says that costs no wait (the CPU, its health read back every step): then whether any row is
         skipped is read, and a step that skips none leaves out the masking (the same values, fewer ops).
+        ``frozen`` (``[P, B]`` bool, on the device): the rows of single parameters their trial froze; each is left as
+        it was too (torch's optimizers pass over a parameter without a gradient), and is not reported as skipped.
 
         Returns:
             ``[B]`` bool masks, on the device: the rows with non-finite gradients, and every row not stepped.
@@ -310,11 +320,15 @@ class FusedUpdate(RowStates, ABC):
             return bad, skip
         prepared = self.prepare(param_groups, active)
         by_part = self.by_part(active, grads)
-        if self._compiled is not None:
+        if frozen is not None:  # each (parameter, row) skipped or not: the factors' table takes [P, B] masks
+            self.device_step(by_part, skip | frozen, prepared)
+        elif self._compiled is not None:
             self._compiled(self, by_part, skip, prepared)
         else:
             self.device_step(by_part, skip, prepared, clean=clean or (read and not bool(skip.any())))
         self.finish(active, prepared)
+        if frozen is not None:  # (which parameters have a frozen row is not read back: all are said to)
+            self._held_back(active)
         return bad, skip
 
     def prepare(self, param_groups: Sequence[Sequence[dict[str, Any]]], active: list[int]) -> Any:
@@ -356,9 +370,10 @@ class FusedUpdate(RowStates, ABC):
         rows is left out, and so is the table's write where it would store what it holds (bitwise the same step).
         """
         if not clean:
-            for part_grads in grads:  # a NaN times a neutral factor is still NaN: zero the skipped rows' gradients
-                for grad in part_grads:
-                    grad.masked_fill_(skip.view(-1, *([1] * (grad.dim() - 1))), 0)
+            for part, part_grads in zip(self._plan, grads):  # a NaN times a neutral factor is still NaN: zero the
+                for index, grad in zip(part.indices, part_grads):  # skipped rows' gradients ([P, B]: each parameter's)
+                    rows = skip if skip.dim() == 1 else skip[index]
+                    grad.masked_fill_(rows.view(-1, *([1] * (grad.dim() - 1))), 0)
         factors = self._factors
         assert factors is not None
         plain = clean and not self._writes_table(prepared)  # this step's table is the base factors
@@ -507,6 +522,10 @@ class FusedSGDUpdate(SGDRowStates, FusedUpdate):
             self._fresh.difference_update(active)
 
     @override
+    def _held_back(self, indices: list[int]) -> None:
+        self._fresh.update(indices)  # a frozen row starts its momentum buffer when it first steps
+
+    @override
     def _run(self, part: Part, grads: list[Tensor] | tuple[Tensor, ...], views: dict[str, list[Tensor]]) -> None:
         params = part.params
         if part.decay:
@@ -609,8 +628,8 @@ class FusedAdamUpdate(AdamRowStates, FusedUpdate):
         if index is None:
             steps = self.steps + ~skip
         else:  # a parameter without a gradient takes no step
-            taken = (~skip).to(self.steps.dtype)
-            steps = self.steps.index_add(0, index, taken.expand(index.shape[0], -1))
+            taken = (~skip).to(self.steps.dtype).expand(self.steps.shape)  # (skip: [B], or [P, B] with frozen rows)
+            steps = self.steps.index_add(0, index, taken.index_select(0, index))
         store(self.steps, steps)
         # torch, in doubles on the host: step_size = lr / (1 - beta1 ** step), bias_correction2_sqrt =
         # sqrt(1 - beta2 ** step); here in doubles on the device, both corrections at once

@@ -84,6 +84,7 @@ class TrainingStep:
         group = policy.slots.group
         if not group.trial_ids:
             return None  # every trial has stopped (the module's on_train_batch_start skips such batches)
+        group.follow_requires_grad()  # a trial's hooks may have frozen or unfrozen its parameters
         backend = policy.backend
         if backend is None or policy.verify_ids:  # not settled: auto has not chosen, or a trial is unverified
             # each timing run on a copy of the batch: the step may change it (batch["x"] = ..., x.sub_(...))
@@ -235,5 +236,7 @@ class TrainingStep:
             if explained is None:
                 raise
             raise explained from err
+        group = self.policy.slots.group
         if self.backend_name == "loop":  # reentrant checkpointing differentiates the trials' own parameters
-            self.policy.slots.group.adopt_trial_grads()
+            group.adopt_trial_grads()
+        group.drop_frozen_grads()  # a fused backward reaches the rows a trial froze too

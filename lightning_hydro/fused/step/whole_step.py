@@ -252,6 +252,8 @@ class WholeStep:
             return "the trials' optimizers step one by one (the universal optimizer path)"
         if optimizer.own_clipping:
             return "a trial clips its gradients its own way"
+        if backend.group.frozen:  # (the flags themselves are guarded by dynamo: a change needs a new graph)
+            return "some trials have frozen parameters that others train (requires_grad_(False) in their own code)"
         refused = optimizer.fused.why_not_compiled()
         if refused:
             return refused

@@ -222,12 +222,11 @@ def _float64_fused_run(
     default = torch.get_default_dtype()
     try:
         torch.set_default_dtype(torch.float64)
-        twin = StackedState(
-            nn.Module(),
-            [copy_template(m).double() for m in group.modules],  # not the tensors its outputs lists hold
-            group.trial_ids,
-            pad_widths=group.pad_widths,
-        )
+        copies = [copy_template(m).double() for m in group.modules]  # not the tensors its outputs lists hold
+        for twin_module in copies:  # the group's flags: rows a trial froze are stacked with the others
+            for name, param in group.params.items():
+                twin_module.get_parameter(name).requires_grad_(param.requires_grad)
+        twin = StackedState(nn.Module(), copies, group.trial_ids, pad_widths=group.pad_widths)
         result = make_backend(backend.name, twin).run("training_step", _to_double(tensors_copied(batch)), batch_idx)
         loss = result.loss()
         if loss is None:
@@ -248,15 +247,17 @@ def _persists_in_float64(
     ref_grads: Sequence[Tensor | None],
     reduction: int,
     group: StackedState,
+    trains: Sequence[bool],
 ) -> list[Comparison]:
     """The comparisons in which the float64 fused run differs from the trial's own float64 run.
 
-    ``group`` cuts each padded row to the trial's own width (the float64 twin has the same shapes).
+    ``group`` cuts each padded row to the trial's own width (the float64 twin has the same shapes); ``trains``: by
+    name, whether the trial trains the parameter (one it froze is not compared).
     """
     loss, grads = fused64
     found = [] if ref_loss is None else [compare("loss (float64)", loss[row], ref_loss, None, reduction=reduction)]
-    for name, f, r in zip(names, grads, ref_grads):
-        if f is not None and r is not None:
+    for name, f, r, t in zip(names, grads, ref_grads, trains):
+        if t and f is not None and r is not None:
             own_width = group.trial_view(name, row, f[row])
             found.append(compare(f"gradient of {name} (float64)", own_width, r, None, reduction=reduction))
     return [c for c in found if c.differs]
@@ -352,16 +353,21 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
             with capture_logs(module):
                 own = _loss(module.training_step(tensors_copied(batch), batch_idx))  # type: ignore[operator]
             assert own is not None
-            own_params = [module.get_parameter(name) for name in names]
+            # of those, the trial's own: one it froze in its own code (gradual unfreezing) has no gradient alone
+            trains = [module.get_parameter(name).requires_grad for name in names]
+            own_params = [module.get_parameter(name) for name, t in zip(names, trains) if t]
             # before the restore: a step that puts BatchNorm back in train mode (self.train()) moved the running
             # statistics its backward pass reads, and writing them back first would fail that pass
-            own_grads = torch.autograd.grad(own, own_params, allow_unused=True)
+            taken = iter(torch.autograd.grad(own, own_params, allow_unused=True))
+            own_grads = [next(taken) if t else None for t in trains]
             state.restore()
             ref_loss, ref_grads, why = _float64_run(module, names, batch, batch_idx)
             state.restore()
             found = [compare("loss", fused[row], own, ref_loss, reduction=reduction)]
             unused: list[str] = []
-            for name, f, o, r in zip(names, fused_grads, own_grads, ref_grads):
+            for name, f, o, r, t in zip(names, fused_grads, own_grads, ref_grads, trains):
+                if not t:
+                    continue  # frozen by this trial: its row's fused gradient is dropped (StackedState.frozen)
                 if (f is None) != (o is None):
                     unused.append(name)
                 elif f is not None and o is not None:
@@ -375,7 +381,7 @@ def verify_fusion(group: StackedState, backend: Backend, ids: Sequence[int], bat
                 if isinstance(fused64, str):
                     why = f"{why}; {fused64}" if why else fused64
                 else:
-                    confirmed = _persists_in_float64(fused64, row, names, ref_loss, ref_grads, reduction, group)
+                    confirmed = _persists_in_float64(fused64, row, names, ref_loss, ref_grads, reduction, group, trains)
                     if not confirmed:  # rounding flipped a discontinuity in one float32 run: not a mismatch
                         _log.info(
                             "First-batch check: trial %d's float32 difference (%s) vanishes when the fused step "
