@@ -56,7 +56,7 @@ from lightning_hydro.fused.lightning.group_checkpoint import (
 from lightning_hydro.fused.lightning.hooks import EPOCH_END_HOOKS, forward_hook, hide_absent_hooks
 from lightning_hydro.fused.lightning.trainer_view import attach_trainer
 from lightning_hydro.fused.lightning.trial_checkpoint_hooks import ENTRIES_KEY, load_trial_entries, save_trial_entries
-from lightning_hydro.fused.lightning.trial_optimizer_steps import TrialOptimizerSteps
+from lightning_hydro.fused.lightning.trial_optimizer_steps import GroupStep, TrialOptimizerSteps
 from lightning_hydro.fused.logging.metrics import TrialMetrics
 from lightning_hydro.fused.logging.publisher import TrialPublisher
 from lightning_hydro.fused.optimization import TrialOptimizers
@@ -514,9 +514,9 @@ class FusedLightningModule(EvaluationHooks):
         if "optimizer_step" in self._batch_hooks.overridden:  # the trials' own, around one group step
             optimizations = [(tid, m, self._optimizers.optimization(tid)) for tid, m in self._running()]
             own = [(tid, m, o.optimizer) for tid, m, o in optimizations if o is not None]
-            stepped, report, logged = self._trial_steps.run(
-                own, (epoch, batch_idx), optimizer_closure, group_step, self._closure_losses
-            )
+            own_state = lambda: optimizer.active_path == "universal"  # noqa: E731
+            group = GroupStep(self._group, group_step, self._closure_losses, own_state, step.leave_out)
+            stepped, report, logged = self._trial_steps.run(own, (epoch, batch_idx), optimizer_closure, group)
             self._group.adopt_reassigned_buffers()  # what their code reassigned goes into their rows
             self._batch_hooks.record("optimizer_step", logged, step.batch)
             if not stepped:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,8 +40,9 @@ from torch import Tensor
 from lightning_hydro.backends.errors import FusionError
 from lightning_hydro.backends.python_state import trial_code_ran
 from lightning_hydro.fused.lightning.hooks import call_trial_hook
+from lightning_hydro.stacking.stacked_state import StackedState
 
-__all__ = ["TrialOptimizerSteps"]
+__all__ = ["GroupStep", "TrialOptimizerSteps"]
 
 
 class _Stop(BaseException):
@@ -54,9 +56,9 @@ class _Channel:
         self.asks: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.answers: queue.Queue[Any] = queue.Queue()
 
-    def ask(self, what: str) -> Any:
-        """From the trial's thread: ``"closure"`` or ``"step"``; waits for the answer (the trial's loss)."""
-        self.asks.put((what, None))
+    def ask(self, what: str, payload: Any = None) -> Any:
+        """From the trial's thread: ``"closure"``, ``"step"`` or ``"zero_grad"``; waits for the answer."""
+        self.asks.put((what, payload))
         answer = self.answers.get()
         if answer is _STOP:
             raise _Stop
@@ -67,7 +69,13 @@ _STOP = object()
 
 
 class _OwnOptimizer:
-    """What a trial's ``optimizer_step`` gets as ``optimizer``: its own optimizer, whose ``step`` the group runs."""
+    """What a trial's ``optimizer_step`` gets as ``optimizer``: its own optimizer, whose ``step`` the group runs.
+
+    Its ``param_groups`` are the trial's own; ``zero_grad`` clears the trial's gradients (with ``set_to_none``, the
+    trial is then not updated in this step, as torch's optimizers pass over a parameter without a gradient); its
+    ``state`` is the trial's own where the group steps each trial's optimizer (``optimizer_path="universal"``), and
+    refused where the fused update keeps every trial's state stacked.
+    """
 
     def __init__(self, optimizer: torch.optim.Optimizer, channel: _Channel, trial: _TrialCall) -> None:
         self.optimizer = optimizer
@@ -78,10 +86,25 @@ class _OwnOptimizer:
     def param_groups(self) -> list[dict[str, Any]]:
         return self.optimizer.param_groups
 
+    @property
+    def state(self) -> Any:
+        if not self._trial.own_state:
+            raise FusionError(
+                f"FusedLightningModule: trial {self._trial.tid}'s optimizer_step reads optimizer.state, which the "
+                "group's fused update keeps stacked for every trial (the trial's own optimizer holds none of it). "
+                "FusedLightningModule(..., optimizer_path='universal') steps each trial's own optimizer, whose state "
+                "optimizer_step then reads as alone."
+            )
+        return self.optimizer.state
+
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         """Wait for the group's step (its closure is Lightning's: the fused forward and backward); the trial's loss."""
         self._trial.stepped = True
-        return self._channel.ask("step")
+        return self._channel.ask("step", closure is not None)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the trial's gradients (the group's rows of them)."""
+        self._channel.ask("zero_grad", set_to_none)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.optimizer, name)
@@ -95,8 +118,7 @@ class TrialOptimizerSteps:
         trials: Sequence[tuple[int, Any, torch.optim.Optimizer]],
         arguments: tuple[int, int],
         closure: Callable[[], Any],
-        group_step: Callable[[Callable[[], Any] | None], Any],
-        losses: Callable[[], Tensor | None],
+        group: GroupStep,
     ) -> tuple[bool, Any, dict[str, tuple[list[int], list[Any], dict[str, Any]]]]:
         """Each trial's ``optimizer_step(epoch, batch_idx, its optimizer, its closure)``, stepped as one group.
 
@@ -104,8 +126,7 @@ class TrialOptimizerSteps:
             trials: ``(trial id, module, its own optimizer)`` of every running trial, in row order.
             arguments: ``(epoch, batch_idx)``, as Lightning passes them.
             closure: Lightning's closure (the fused forward and backward).
-            group_step: steps the group, given the closure to run first (None: it ran already); returns the report.
-            losses: the fused step's ``[B]`` losses, once the closure ran.
+            group: the group's step, losses and gradients (the fused module's).
 
         Returns:
             Whether the trials stepped, the group step's report, and what the overrides logged: by name, the trial
@@ -113,26 +134,40 @@ class TrialOptimizerSteps:
         """
         trial_code_ran()  # the overrides change each trial's Python state (its optimizer's param_groups)
         ran_closure = False
+        own_state = group.own_state()
         calls = [
-            _TrialCall(tid, row, module, optimizer, arguments) for row, (tid, module, optimizer) in enumerate(trials)
+            _TrialCall(tid, row, module, optimizer, arguments, own_state)
+            for row, (tid, module, optimizer) in enumerate(trials)
         ]
         waiting: list[_TrialCall] = []  # the trials waiting in their step
+
+        def answer(call: _TrialCall, what: str, payload: Any) -> None:
+            """The main thread's side of a request that does not end the trial's turn."""
+            nonlocal ran_closure
+            if what == "closure":
+                if not ran_closure:
+                    closure()
+                    ran_closure = True
+                    group.share()  # each trial's .grad its rows of the gradients, as alone after the closure
+                call.answer(_row(group.losses(), call.row))
+            else:  # "zero_grad": after the closure, this trial's gradients (before it, the closure clears them)
+                if ran_closure:
+                    group.zero(call.row, set_to_none=payload)
+                call.answer(None)
+
         try:
             for call, worker in zip(calls, _workers(len(calls))):
                 worker.put(call.body)
                 while True:
-                    what = call.next_ask()
-                    if what == "closure":
-                        if not ran_closure:
-                            closure()
-                            ran_closure = True
-                        call.answer(_row(losses(), call.row))
-                    elif what == "step":
+                    what, payload = call.next_ask()
+                    if what == "step":
+                        call.passed_closure = payload
                         waiting.append(call)
                         break
-                    else:  # the override returned (or raised)
+                    if what == "done":  # the override returned (or raised)
                         call.finish()
                         break
+                    answer(call, what, payload)
             if waiting and len(waiting) != len(calls):
                 stepping = ", ".join(str(call.tid) for call in waiting)
                 others = ", ".join(str(call.tid) for call in calls if call not in waiting)
@@ -142,17 +177,32 @@ class TrialOptimizerSteps:
                     "Make the condition the same for every trial (e.g. on batch_idx), or fuse such trials in "
                     "separate groups."
                 )
-            report = group_step(None if ran_closure else closure) if waiting else None
-            for call in waiting:  # each trial's code after its step, in turn
-                call.answer(_row(losses(), call.row))
-                what = call.next_ask()
-                if what != "done":
-                    again = "optimizer.step" if what == "step" else "optimizer_closure"
+            report = None
+            if waiting:
+                # alone, optimizer.step(closure=optimizer_closure) after optimizer_closure() runs the closure again
+                again = {call.passed_closure for call in waiting}
+                if ran_closure and len(again) > 1:
                     raise FusionError(
-                        f"FusedLightningModule: trial {call.tid}'s optimizer_step called {again}() again after its "
-                        "optimizer.step(); under automatic optimization a fused group steps each trial once per "
-                        "optimizer_step."
+                        f"FusedLightningModule: in batch {arguments[1]} some trials' optimizer_step passed the closure "
+                        "to optimizer.step() after calling it and others did not; the group runs its closure for "
+                        "every trial at once. Make the calls the same for every trial."
                     )
+                group.unshare()
+                report = group.step(closure if not ran_closure or again == {True} else None)
+                group.share()  # the code after the step sees its gradients, as alone
+            for call in waiting:  # each trial's code after its step, in turn
+                call.answer(_row(group.losses(), call.row))
+                while True:
+                    what, payload = call.next_ask()
+                    if what == "done":
+                        break
+                    if what == "step":
+                        raise FusionError(
+                            f"FusedLightningModule: trial {call.tid}'s optimizer_step called optimizer.step() again "
+                            "after its step; under automatic optimization a fused group steps each trial once per "
+                            "optimizer_step."
+                        )
+                    answer(call, what, payload)
                 call.finish()
             logged: dict[str, tuple[list[int], list[Any], dict[str, Any]]] = {}
             for call in calls:
@@ -164,15 +214,60 @@ class TrialOptimizerSteps:
         finally:
             for call in calls:  # after a failure: the overrides that still wait end
                 call.stop()
+            group.unshare()  # the stacked gradients stay the truth; a change made through a view is in them
+
+
+@dataclass
+class GroupStep:
+    """The fused module's side of the trials' ``optimizer_step``: its group's step, losses and gradients.
+
+    Args:
+        stacked: the group's stacked state (its gradients, the trials' views of them).
+        step: steps the group, running the closure given first (None: it ran already); returns the report.
+        losses: the ``[B]`` losses a trial's closure returns alone (None before the closure ran).
+        own_state: whether each trial's optimizer holds its own state (the universal path steps it).
+        leave_out: a trial (by id) not to update in this step: its code cleared its gradients.
+    """
+
+    stacked: StackedState
+    step: Callable[[Callable[[], Any] | None], Any]
+    losses: Callable[[], Tensor | None]
+    own_state: Callable[[], bool]
+    leave_out: Callable[[int], None]
+
+    def share(self) -> None:
+        """Each trial parameter's ``.grad``: its row of the stacked gradients (a change in place reaches them)."""
+        self.stacked.distribute_grads()
+
+    def unshare(self) -> None:
+        """The trials' gradient views dropped (the stacked gradients stay the truth)."""
+        self.stacked.clear_trial_grads()
+
+    def zero(self, row: int, *, set_to_none: bool) -> None:
+        """The row's gradients zeroed; with ``set_to_none`` gone from the trial and its update left out, as alone."""
+        with torch.no_grad():
+            for param in self.stacked.params.values():
+                if param.grad is not None:
+                    param.grad[row].zero_()
+        if set_to_none:
+            self.stacked.clear_trial_grads([row])
+            self.leave_out(self.stacked.trial_ids[row])
 
 
 class _TrialCall:
     """A trial's ``optimizer_step``, run by a worker thread, waiting in its step (see the module's docstring)."""
 
     def __init__(
-        self, tid: int, row: int, module: Any, optimizer: torch.optim.Optimizer, arguments: tuple[int, int]
+        self,
+        tid: int,
+        row: int,
+        module: Any,
+        optimizer: torch.optim.Optimizer,
+        arguments: tuple[int, int],
+        own_state: bool,
     ) -> None:
-        self.tid, self.row = tid, row
+        self.tid, self.row, self.own_state = tid, row, own_state
+        self.passed_closure = False  # its optimizer.step got the closure
         self.channel = _Channel()
         self.calls: list[Any] = []  # what the override logged
         self.stepped = False
@@ -196,11 +291,11 @@ class _TrialCall:
             self._failure.append(err)
         self.channel.asks.put(("done", None))
 
-    def next_ask(self) -> str:
-        """Wait for the override's next request (``"closure"``, ``"step"``) or its end (``"done"``)."""
-        what = self.channel.asks.get()[0]
+    def next_ask(self) -> tuple[str, Any]:
+        """Wait for the override's next request (``"closure"``, ``"step"``, ``"zero_grad"``) or its end (``"done"``)."""
+        what, payload = self.channel.asks.get()
         self.waiting = what != "done"
-        return what
+        return what, payload
 
     def answer(self, value: Any) -> None:
         """Let the waiting override go on, with ``value`` as what its call returns."""

@@ -68,6 +68,7 @@ class TrainingStep:
         # the trials whose step returned a loss since the last optimizer step; None: every trial did (the usual case)
         self._with_loss: set[int] | None = None
         self._window_batches = 0  # the batches since the last optimizer step (gradient accumulation's window)
+        self._left_out: set[int] = set()  # trials whose own optimizer_step cleared their gradients (see leave_out)
 
     def __call__(self, batch: Any, batch_idx: int, chooser: Callable[[], Chooser]) -> Tensor | None:
         """The loss Lightning runs backward on (None: every trial has stopped, or the step returned None).
@@ -145,9 +146,21 @@ class TrainingStep:
         parameters without a gradient; in a group the other trials' backward gives those rows zeros, so the group
         optimizer must be told. Empty in the usual case (every trial returned a loss), at no cost.
         """
-        if self._with_loss is None:
+        if self._with_loss is None and not self._left_out:
             return []
-        return [tid for tid in self.policy.slots.group.trial_ids if tid not in self._with_loss]
+        with_loss = self._with_loss
+        return [
+            tid
+            for tid in self.policy.slots.group.trial_ids
+            if (with_loss is not None and tid not in with_loss) or tid in self._left_out
+        ]
+
+    def leave_out(self, trial_id: int) -> None:
+        """A trial whose own ``optimizer_step`` cleared its gradients: stepped with none in this step (no update).
+
+        As alone, where ``optimizer.zero_grad()`` between the closure and ``optimizer.step()`` skips the update.
+        """
+        self._left_out.add(trial_id)
 
     def rows_without_loss(self) -> tuple[int, ...]:
         """The rows whose step returned None in the latest batch while others returned a loss."""
@@ -156,6 +169,7 @@ class TrainingStep:
     def optimizer_stepped(self) -> None:
         """An optimizer step ended the gradient-accumulation window."""
         self._with_loss, self._window_batches = None, 0
+        self._left_out = set()
 
     def compile_report(self, update_failure: str) -> str:
         """What ``compile=`` did so far, in one line (``update_failure``: why the split step's update runs eagerly)."""

@@ -75,6 +75,77 @@ class StepsByItsRate(WarmupAfterStep):
             optimizer_closure()
 
 
+class ClipsByHand(WarmupAfterStep):
+    """Runs the closure, clips its own gradients by hand, then steps (reads and changes ``p.grad`` in between)."""
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        optimizer_closure()
+        self.norms.append(float(torch.nn.utils.clip_grad_norm_(self.parameters(), 0.5)))
+        optimizer.step()
+
+
+class SkipsByClearing(WarmupAfterStep):
+    """Clears its gradients between the closure and the step in every other batch: no update there, as alone."""
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        optimizer_closure()
+        if batch_idx % 2 == 0:
+            optimizer.zero_grad()
+        optimizer.step()
+
+
+class ClosureTwice(WarmupAfterStep):
+    """Calls the closure, then passes it to ``optimizer.step`` too: alone the step runs twice (counted here)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.steps_run = 0
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.steps_run += 1
+        return super().training_step(batch, batch_idx)
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        optimizer_closure()
+        optimizer.step(closure=optimizer_closure)
+
+
+class ReadsMomentum(WarmupAfterStep):
+    """Reads its optimizer's momentum buffers after the step."""
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        optimizer.step(closure=optimizer_closure)
+        self.norms.append(float(sum(s["momentum_buffer"].norm() for s in optimizer.state.values())))
+
+
+@pytest.mark.parametrize("cls", [ClipsByHand, SkipsByClearing, ClosureTwice])
+@pytest.mark.parametrize("backend", ["loop", "vmap"])
+def test_gradients_and_closures_in_the_override_are_the_trials_own(cls: type, backend: str) -> None:
+    trials = _trials(cls)
+    alone = train_separately(trials, fit_digits, **FIT)
+    fused = train_fused(trials, fit_digits, fused_kwargs={"backend": backend}, **FIT)
+    exact = backend == "loop"
+    for row, own in enumerate(alone):
+        module = fused.trial_module(row)
+        assert module.rates == own.rates
+        assert module.norms == (own.norms if exact else pytest.approx(own.norms, rel=1e-5))
+        assert max_state_difference(fused.unfuse(row), own) <= (0.0 if exact else 1e-6)
+        if cls is ClosureTwice:
+            assert module.steps_run == own.steps_run == 20  # 2 epochs x 5 batches x twice
+
+
+def test_the_optimizer_state_is_the_trials_own_on_the_universal_path_and_refused_on_the_fused_one() -> None:
+    trials = _trials(ReadsMomentum)
+    alone = train_separately(trials, fit_digits, **FIT)
+    fused = train_fused(trials, fit_digits, fused_kwargs={"backend": "loop", "optimizer_path": "universal"}, **FIT)
+    for row, own in enumerate(alone):
+        assert fused.trial_module(row).norms == own.norms
+        assert max_state_difference(fused.unfuse(row), own) == 0.0
+    fused = FusedLightningModule(_trials(ReadsMomentum), backend="vmap", summary=False)
+    with pytest.raises(FusionError, match=r"reads optimizer.state, which the group's fused update keeps stacked"):
+        fit_digits(make_trainer(**FIT), fused)
+
+
 def _trials(cls: type) -> list[DigitsMLP]:
     rates = iter([0.05, 0.1, 0.2])
     return seeded(lambda: cls(lr=next(rates), momentum=0.9), [0, 1, 2])
