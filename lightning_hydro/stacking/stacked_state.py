@@ -221,6 +221,7 @@ class StackedState:
         self.params: dict[str, nn.Parameter] = {}
         # the rows whose trial has frozen its parameter, by name, where other rows train (see follow_requires_grad)
         self.frozen: dict[str, tuple[int, ...]] = {}
+        self._trial_params: dict[str, list[nn.Parameter]] = {}  # each trial's parameter by name, in row order (bind)
         self.buffers: dict[str, Tensor] = {}
         self._persistent: dict[str, bool] = {}
         first = modules[0]
@@ -282,9 +283,10 @@ class StackedState:
     def bind(self) -> None:
         """Point every trial's parameters and buffers at its row of the stacked tensors."""
         self.refresh_buffers()
-        for row, module in enumerate(self.modules):
-            for name, stacked in self.params.items():
-                module.get_parameter(name).data = self.trial_view(name, row, stacked.data[row])
+        self._trial_params = {name: [module.get_parameter(name) for module in self.modules] for name in self.params}
+        for name, stacked in self.params.items():
+            for row, param in enumerate(self._trial_params[name]):
+                param.data = self.trial_view(name, row, stacked.data[row])
         self.bind_buffers()
         self.follow_requires_grad()  # (the rows may have changed)
 
@@ -380,8 +382,8 @@ class StackedState:
         over them, as torch's pass over a frozen parameter alone.
         """
         frozen: dict[str, tuple[int, ...]] = {}
-        for name, stacked in self.params.items():
-            flags = [module.get_parameter(name).requires_grad for module in self.modules]
+        for name, stacked in self.params.items():  # (every step: the trials' parameters as bind found them)
+            flags = [param.requires_grad for param in self._trial_params[name]]
             trains = any(flags)
             if stacked.requires_grad != trains:
                 stacked.requires_grad_(trains)
