@@ -453,4 +453,5 @@ def test_the_first_batch_float64_recheck_runs_a_padded_twin_at_each_trial_s_widt
     for row, module in enumerate(trials):
         ref_loss, ref_grads, why = _float64_run(module, names, batch, 0)
         assert why == ""
-        assert _persists_in_float64(fused64, row, names, ref_loss, ref_grads, 64 * 24, group) == []
+        trains = [True] * len(names)
+        assert _persists_in_float64(fused64, row, names, ref_loss, ref_grads, 64 * 24, group, trains) == []
