@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,6 +33,7 @@ from lightning_hydro.sweeper.job.backend_cache import BackendCache, model_signat
 from lightning_hydro.sweeper.job.early_stopping import REFILLING, build_stopping_callback
 from lightning_hydro.sweeper.job.group_search import GroupSearch, group_stopping
 from lightning_hydro.sweeper.job.metric_history import MetricHistory, scalar_metrics
+from lightning_hydro.sweeper.job.trial_builder import TrialBuilder
 from lightning_hydro.sweeper.json_files import read_json_or_redo, write_json_atomic
 
 __all__ = ["FusedSettings", "TrainerFactory", "fit_trials", "trial_dir"]
@@ -168,7 +169,7 @@ def _fit_fused(
     if done is not None:
         log.info("trials %s: finished before, not retrained (%s)", trial_ids, root / ROUND_RESULT_FILE)
         return {int(k): v for k, v in done.items()}
-    builder = _TrialBuilder(build_module)
+    builder = TrialBuilder(build_module)
     pending = iter(builder.buildable(trial_ids))  # a trial whose module cannot be built fails alone
     started = [drawn for _, drawn in zip(range(slots), pending)]
     if not started:  # every trial failed to build
@@ -231,29 +232,6 @@ def _fit_fused(
     if all(r["status"] != "running" for r in results.values()):
         write_json_atomic(root / ROUND_RESULT_FILE, {str(k): v for k, v in results.items()})
     return results
-
-
-class _TrialBuilder:
-    """Builds trial modules, recording each trial whose module raised as ``failed``, with the error."""
-
-    def __init__(self, build_module: Callable[[int], L.LightningModule]) -> None:
-        self.build_module = build_module
-        self.failed: dict[int, TrialResult] = {}
-
-    def buildable(self, trial_ids: Sequence[int]) -> Iterator[tuple[int, L.LightningModule]]:
-        """``(trial_id, module)`` of each trial whose module builds, in order, built when drawn."""
-        for tid in trial_ids:
-            try:
-                module = self.build_module(tid)
-            except Exception as err:  # the user's module: any error fails this trial only
-                cause = err
-                while cause.__cause__ is not None and isinstance(cause.__cause__, Exception):
-                    cause = cause.__cause__  # e.g. the module's own error, under Hydra's InstantiationException
-                error = f"{type(cause).__name__}: " + " ".join(str(cause).split())
-                log.error("trial %d failed: building its module raised %s", tid, error, exc_info=err)
-                self.failed[tid] = TrialResult(status="failed", budget=0, metrics={}, history=[], error=error)
-                continue
-            yield tid, module
 
 
 def _fit_one(

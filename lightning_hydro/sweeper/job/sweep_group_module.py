@@ -24,10 +24,12 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from lightning_hydro.fused import FusedLightningModule
+from lightning_hydro.stopping import TrialResult
 from lightning_hydro.sweeper.group_spec import GroupSpec, read_group_result, write_group_result
 from lightning_hydro.sweeper.job.backend_cache import BackendCache, model_signature
 from lightning_hydro.sweeper.job.early_stopping import REFILLING, build_stopping_callback
 from lightning_hydro.sweeper.job.group_search import GroupSearch, group_stopping
+from lightning_hydro.sweeper.job.trial_builder import TrialBuilder
 
 __all__ = ["GroupResultWriter", "SweepGroupModule"]
 
@@ -61,6 +63,7 @@ class SweepGroupModule(FusedLightningModule):
         self.search = search
         self.backend_record: tuple[BackendCache, str] | None = None
         self._build_trial = build_trial
+        self.builder = TrialBuilder(build_trial)  # builds refills; records the trials whose module raised
 
     @classmethod
     def for_group(
@@ -86,8 +89,14 @@ class SweepGroupModule(FusedLightningModule):
                 "your task function cannot train them in rounds. Fix: hydra.sweeper.scheduler.refill=false "
                 "(groups of at most fusion_limit trials), or a refilling scheduler (asha, hyperband, deadline)."
             )
-        first = ids[: spec.slots]
-        modules = [build_trial(t) for t in first]
+        builder = TrialBuilder(build_trial)  # a trial whose module cannot be built fails alone
+        started = [drawn for _, drawn in zip(range(spec.slots), builder.buildable(ids))]
+        if not started:
+            errors = "; ".join(f"trial {tid}: {r.get('error', '')}" for tid, r in builder.failed.items())
+            raise RuntimeError(
+                f"lightning_hydro sweeper: no trial of group {spec.group_id} could build its module ({errors})."
+            )
+        first, modules = [tid for tid, _ in started], [module for _, module in started]
         configured = str(spec.fused.get("backend", "auto"))
         deterministic = bool(spec.fused.get("deterministic", False))
         signature = model_signature(modules[0])
@@ -108,9 +117,15 @@ class SweepGroupModule(FusedLightningModule):
             monitor=spec.early_stopping.metric,
             mode="max" if spec.early_stopping.mode == "max" else "min",
         )
+        module.builder = builder  # (it holds the trials that failed)
         if backend_cache is not None and configured == "auto" and not deterministic:
             module.backend_record = (backend_cache, signature)  # the writer records what the group ran on
         return module
+
+    @property
+    def failed_trials(self) -> dict[int, TrialResult]:
+        """The trials whose module raised when built (status ``failed``, with the error): they never joined."""
+        return self.builder.failed
 
     @override
     def configure_callbacks(self) -> list[Callback]:
@@ -121,7 +136,8 @@ class SweepGroupModule(FusedLightningModule):
         configured = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 10
         max_t = stopping.max_t or configured
         pending = [t.trial_id for t in self.spec.trials if t.trial_id not in self.results]
-        refill: Any = ((t, self._build_trial(t)) for t in pending) if pending else None
+        pending = [tid for tid in pending if tid not in self.failed_trials]
+        refill: Any = self.builder.buildable(pending) if pending else None  # a refill that raises fails alone
         planned = len(self.spec.trials)
         if self.search is not None:  # waiting trials first, then new ones asked of the sweep's sampler
             # (draw i is the same trial in a resumed fit: the waiting trials are those after the first slots)
@@ -173,6 +189,18 @@ class GroupResultWriter(Callback):
                 }
                 for tid, r in results.items()
             }
+            failed = pl_module.failed_trials if isinstance(pl_module, SweepGroupModule) else {}
+            for tid, r in failed.items():  # never joined: failed alone, with the error its module raised
+                trials[str(tid)] = {
+                    "status": "failed",
+                    "budget": 0,
+                    "budget_unit": "epochs",
+                    "metrics": {},
+                    "history": [],
+                    "seed": seeds.get(tid),
+                    "backend": "",
+                    "error": r.get("error", ""),
+                }
         elif previous is not None:
             # test/validate after fit (perhaps from a checkpoint, whose records are older): keep what fit
             # recorded, and add the metrics it did not log (test/acc, ...)

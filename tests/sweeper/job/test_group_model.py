@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec, GroupSpec, TrialSpec, trial_seed
+from lightning_hydro.sweeper.group_spec import EarlyStoppingSpec, GroupSpec, TrialSpec, read_group_result, trial_seed
 from lightning_hydro.sweeper.job.group_model import (
     GROUP_MODEL_TARGET,
     fused_group_model,
@@ -17,6 +17,7 @@ from lightning_hydro.sweeper.job.group_model import (
 from lightning_hydro.sweeper.job.sweep_group_module import SweepGroupModule
 from lightning_hydro.sweeper.planning.fusion_report import nothing_fuses_message
 from lightning_hydro.sweeper.planning.trial_groups import TrialGroup
+from tests.helpers import fit_digits, make_trainer
 
 
 def test_the_rewritten_node_keeps_every_key_and_interpolation_and_restores():
@@ -101,3 +102,27 @@ def test_the_group_module_pads_widths_when_the_config_says_so(tmp_path: Path):
     plain = GroupSpec("group_0001", "search", 2, (TrialSpec(0), TrialSpec(1)))
     with pytest.raises(ValueError, match=r"Trial 1 cannot be fused with trial 0"):
         SweepGroupModule.for_group(plain, lambda tid: DigitsMLP(hidden_dim=8 * (tid + 1)), job_dir=tmp_path)
+
+
+def test_a_trial_whose_module_raises_fails_alone_and_its_group_mates_train(tmp_path: Path):
+    # before: the first module that raised ended the group job (every trial "failed", no error recorded)
+    from lightning_hydro.demos import DigitsMLP
+
+    def build(tid: int) -> DigitsMLP:
+        if tid == 1:
+            raise ValueError("DigitsMLP: optimizer must be 'sgd', 'adam' or 'adamw', got 'bogus'.")
+        return DigitsMLP(hidden_dim=8)
+
+    spec = GroupSpec("group_0000", "search", 3, (TrialSpec(0), TrialSpec(1), TrialSpec(2)))
+    module = SweepGroupModule.for_group(spec, build, job_dir=tmp_path)
+    assert module.trial_ids == [0, 2]
+    fit_digits(make_trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1), module)
+    trials = read_group_result(tmp_path)["trials"]
+    assert {tid: t["status"] for tid, t in trials.items()} == {"0": "completed", "1": "failed", "2": "completed"}
+    assert trials["1"]["error"] == "ValueError: DigitsMLP: optimizer must be 'sgd', 'adam' or 'adamw', got 'bogus'."
+
+
+def test_a_group_none_of_whose_trials_builds_says_why(tmp_path: Path):
+    spec = GroupSpec("group_0000", "search", 2, (TrialSpec(0), TrialSpec(1)))
+    with pytest.raises(RuntimeError, match=r"no trial of group group_0000 could build its module \(trial 0: KeyError"):
+        SweepGroupModule.for_group(spec, lambda tid: {}["missing"], job_dir=tmp_path)  # type: ignore[return-value]
