@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_hydro import FusedLightningModule
-from lightning_hydro.backends.batch_copies import BatchRuns, containers_copied, tensors_copied
+from lightning_hydro.backends.batch_copies import BatchRuns, containers_copied, first_difference, tensors_copied
 from lightning_hydro.demos import DigitsMLP, load_digits_tensors
 from tests.helpers import make_trainer, max_state_difference
 
@@ -157,3 +157,14 @@ def test_copies_keep_the_containers_kinds() -> None:
     assert cloned[0][0] is not x
     assert torch.equal(cloned[0][0], x)
     assert cloned[1][1:] == (3, "s")
+
+
+def test_first_difference_names_where_two_batches_differ() -> None:
+    x = torch.arange(4.0)
+    assert first_difference({"x": x, "tags": ["a"]}, {"x": x.clone(), "tags": ["a"]}) is None
+    assert first_difference((x, 1), (x + 1, 1)) == "batch[0]: tensor values differ"
+    assert first_difference((x, 1), (x, 2)) == "batch[1]: 1 against 2"
+    assert first_difference([x], [x, x]) == "batch: 1 entries against 2"
+    assert first_difference({"x": x}, {"y": x}) == "batch: keys ['x'] against ['y']"
+    assert first_difference((x,), (x.double(),)) == "batch[0]: dtype torch.float32 against torch.float64"
+    assert first_difference((x,), ([x],)) == "batch[0]: a Tensor against a list"
