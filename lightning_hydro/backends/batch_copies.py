@@ -12,6 +12,7 @@ later trial normalised the normalised batch again (trials 0.08 and 0.39 relative
 - :func:`tensors_copied`: the same with every tensor cloned (a run that must leave no trace: a check, a timing run);
 - :class:`BatchRuns`: the batch for each of several runs in turn: the loader's own tensors while no run has changed
   one in place (read off the tensors' version counters), fresh copies of them as they came after one has;
+- :func:`batch_tensors`: the batch's tensors (a compiled step's check puts them back before its eager run);
 - :func:`first_difference`: where two runs' batches differ (the trials' batch-transfer hooks must give one batch).
 """
 
@@ -24,7 +25,7 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 
-__all__ = ["BatchRuns", "containers_copied", "first_difference", "tensors_copied"]
+__all__ = ["BatchRuns", "batch_tensors", "containers_copied", "first_difference", "tensors_copied"]
 
 _LEAVES = frozenset({Tensor, int, float, bool, str, type(None)})  # (a Parameter is a Tensor's subclass: not here)
 
@@ -96,7 +97,8 @@ def _same(tensor: Tensor) -> Tensor:
     return tensor
 
 
-def _tensors(batch: Any) -> list[Tensor]:
+def batch_tensors(batch: Any) -> list[Tensor]:
+    """The tensors in ``batch`` (a compiled step's check puts them back before its eager run: they may be written)."""
     found: list[Tensor] = []
     apply_to_collection(batch, Tensor, found.append)
     return found
@@ -118,7 +120,7 @@ class BatchRuns:
 
     def __init__(self, batch: Any, runs: int) -> None:
         self._batch = batch
-        self._tensors = _tensors(batch) if runs > 1 else []
+        self._tensors = batch_tensors(batch) if runs > 1 else []
         # an inference tensor (a batch made under torch.inference_mode, as Lightning's evaluation loops do) has no
         # version counter: a run may have written into it unseen, so each run after the first gets copies
         self._changed = any(t.is_inference() for t in self._tensors)
