@@ -52,6 +52,9 @@ class StepOutputs:
     # the rows whose step returned None while others returned a value (each trial's own code on the loop may skip a
     # batch, as Lightning lets a step do): ``output`` holds zeros there, with no graph
     without_output: tuple[int, ...] = ()
+    # each row's batch as its run of the step left it (what it rebound, what it wrote in place), where each row's
+    # code ran on a batch of its own (the loop): the trials' batch-end hooks get their own, as alone
+    batches: list[Any] | None = None
 
     def detached(self) -> StepOutputs:
         """The outputs without their autograd graph (and without the logs, which are booked already)."""
@@ -59,6 +62,7 @@ class StepOutputs:
             output=_detach(self.output),
             per_row=None if self.per_row is None else [_detach(v) for v in self.per_row],
             without_output=self.without_output,
+            batches=self.batches,
         )
 
     def cloned(self) -> StepOutputs:
@@ -70,7 +74,12 @@ class StepOutputs:
             logs=logs,
             per_row=per_row,
             without_output=self.without_output,
+            batches=self.batches,
         )
+
+    def batch_of(self, row: int, batch: Any) -> Any:
+        """Row ``row``'s batch after the step: its own where the rows had their own, else ``batch`` (the loader's)."""
+        return batch if self.batches is None else self.batches[row]
 
     def loss(self) -> Tensor | None:
         """The ``[B]`` losses of a ``training_step`` (its tensor, or the dict's ``"loss"``), or None."""

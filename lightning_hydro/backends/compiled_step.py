@@ -28,6 +28,7 @@ from typing import Any, Literal
 import torch
 
 from lightning_hydro.backends import compile_check
+from lightning_hydro.backends.batch_copies import batch_tensors
 
 __all__ = [
     "COMPILE_SETTINGS",
@@ -317,6 +318,10 @@ class CompiledStep:
         check = self._schedule.due(key) and not _several_processes()
         kept = list(buffers.values()) if check else []
         before = [b.clone() for b in kept]
+        # the batch, put back too (not compared): a step may write into it (x.mul_(2)), and the eager run must get it
+        # as it came, not written twice
+        batch = [t for t in batch_tensors(args[5]) if all(t is not b for b in kept)] if check else []
+        batch_before = [t.clone() for t in batch]
         generators = compile_check.rng_states(device) if check else []
         try:
             result = self._compiled(*args)
@@ -326,7 +331,7 @@ class CompiledStep:
         if not check:
             return result
         number = self._schedule.take(key)
-        return self._checked_call(args, result, device, (kept, before), generators, number)
+        return self._checked_call(args, result, device, (kept, before), (batch, batch_before), generators, number)
 
     def _checked_call(
         self,
@@ -334,6 +339,7 @@ class CompiledStep:
         compiled: Any,
         device: torch.device,
         buffers: tuple[list[torch.Tensor], list[torch.Tensor]],
+        batch: tuple[list[torch.Tensor], list[torch.Tensor]],
         generators: list[torch.Tensor],
         number: int,
     ) -> Any:
@@ -346,13 +352,16 @@ class CompiledStep:
         makes the step run eagerly from now on, said in one log line. A step that draws random numbers is not
         compared (compiled code draws its own). Its cost, at each of the first
         :data:`~lightning_hydro.backends.compile_check.CHECKED_CALLS` calls per group size: one eager forward and two
-        backwards, a copy of the gradients and of the buffers.
+        backwards, a copy of the gradients, of the buffers and of the batch (put back before the eager call: a step
+        that writes into its batch writes once).
         """
         kept, before = buffers
         trainable = [p for p in args[3].values() if p.requires_grad]
         compiled_buffers = [b.clone() for b in kept]
         compiled_losses, compiled_grads = _losses_and_gradients(compiled, trainable, retain=False)
-        eager, random = compile_check.eager_again(kept, before, device, generators, lambda: self.function(*args))
+        eager, random = compile_check.eager_again(
+            [*kept, *batch[0]], [*before, *batch[1]], device, generators, lambda: self.function(*args)
+        )
         self.checks += 1
         self.unchecked = ""
         if random:

@@ -59,6 +59,7 @@ class LoopBackend(Backend):
         frozen = self.group.frozen  # rows whose trial froze the parameter: no gradient flows there, as alone
         reassigned: dict[str, dict[int, Tensor]] = {}  # the buffers each trial's step reassigned, by name and row
         batches = BatchRuns(args, len(self._callers))  # each trial's step gets the batch as the loader gave it
+        own_batches: list[Any] = []  # each trial's batch as its step left it (its batch-end hooks get it)
         for row, caller in enumerate(self._callers):
             # each trial at its own width (a group with pad_widths holds zero-padded rows)
             params = {
@@ -71,9 +72,11 @@ class LoopBackend(Backend):
                 f"module.{name}": self.group.trial_view(name, row, b[row]) for name, b in self.group.buffers.items()
             }
             versions = [rows[name][row]._version for name in self._written]
+            own_args = batches.next()
+            own_batches.append(own_args[0] if own_args else None)
             with capture_logs(caller.module) as calls:
                 try:
-                    output, new_buffers = call_method(caller, params, buffers, method, batches.next())
+                    output, new_buffers = call_method(caller, params, buffers, method, own_args)
                 except RuntimeError as err:
                     if "Unbind is a view" not in str(err):
                         raise
@@ -93,6 +96,7 @@ class LoopBackend(Backend):
             logs=stack_logs(calls_per_row, self.group.device),
             per_row=outputs,
             without_output=rows_without_output(outputs) if strict else (),
+            batches=own_batches,
         )
 
     def _write_back(self, row: int, rows: Mapping[str, Sequence[Tensor]], versions: list[int]) -> None:

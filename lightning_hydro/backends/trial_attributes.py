@@ -432,10 +432,14 @@ def state_writes(template: nn.Module) -> tuple[str, ...]:
 
 
 def hook_writes(cls: type, hook: str) -> tuple[str, ...]:
-    """What a hook of ``cls`` (and the user's code it calls) may change in Python state, as :func:`state_writes`."""
+    """What a hook of ``cls`` (and the user's code it calls) may change in Python state, as :func:`state_writes`.
+
+    Stores into containers count too (``self.seen["train"] += 1``: ``"seen[...]"``), but for those into the hook's
+    own arguments (``batch["x"] = ...``): a hook that writes runs per trial, which costs runs, not results.
+    """
     key = (cls, hook)
     if key not in _HOOK_STORES:
-        _HOOK_STORES[key] = _writes_in(_followed_code(cls, (hook,), False))
+        _HOOK_STORES[key] = _writes_in(_followed_code(cls, (hook,), False), subscripts=True)
     return _HOOK_STORES[key]
 
 
@@ -458,19 +462,40 @@ def hook_reads(modules: Sequence[nn.Module], hook: str, *, ids: Sequence[int]) -
     ]
 
 
-def _writes_in(codes: Iterable[types.CodeType]) -> tuple[str, ...]:
+def _writes_in(codes: Iterable[types.CodeType], *, subscripts: bool = False) -> tuple[str, ...]:
+    """What :func:`state_writes` describes; ``subscripts``: stores into containers too (see :func:`hook_writes`)."""
     found: dict[str, None] = {}
     for code in codes:
         instructions = list(dis.get_instructions(code))
+        arguments = _untouched_arguments(code, instructions) if subscripts else frozenset()
         for index, instruction in enumerate(instructions):
             if instruction.opname in ("STORE_ATTR", "DELETE_ATTR"):
                 found[str(instruction.argval)] = None
+            elif subscripts and instruction.opname in ("STORE_SUBSCR", "DELETE_SUBSCR"):
+                container, key = instructions[index - 2 : index] if index >= 2 else (None, None)
+                if not (_loads(container, arguments) and key is not None and key.opname in _SIMPLE_LOADS):
+                    owner = container.argval if container is not None and container.opname == "LOAD_ATTR" else ""
+                    found[f"{owner}[...]"] = None
             elif instruction.argval in _MUTATORS and index and instruction.opname in ("LOAD_ATTR", "LOAD_METHOD"):
                 owner = instructions[index - 1].argval
                 found[f"{owner if isinstance(owner, str) else '[...]'}.{instruction.argval}"] = None
         if "setattr" in code.co_names or "delattr" in code.co_names:
             found["setattr(...)"] = None
     return tuple(found)
+
+
+_SIMPLE_LOADS = frozenset({"LOAD_CONST", "LOAD_FAST", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_NAME"})
+
+
+def _untouched_arguments(code: types.CodeType, instructions: list[dis.Instruction]) -> frozenset[str]:
+    """The arguments of ``code`` but the first (``self``) that it never rebinds: the batch, not the module's state."""
+    count = code.co_argcount + code.co_kwonlyargcount
+    rebound = {i.argval for i in instructions if i.opname in ("STORE_FAST", "DELETE_FAST")}
+    return frozenset(name for name in code.co_varnames[1:count] if name not in rebound)
+
+
+def _loads(instruction: dis.Instruction | None, names: frozenset[str]) -> bool:
+    return instruction is not None and instruction.opname == "LOAD_FAST" and instruction.argval in names
 
 
 class _ReadNames:

@@ -42,7 +42,7 @@ from lightning_hydro.fused.group.slots import TrialSlots
 from lightning_hydro.fused.group.specs import trials_from_configs
 from lightning_hydro.fused.group.trial_layers import build_trial_layers, setup_checked
 from lightning_hydro.fused.group.width_padding import width_optimizer_path
-from lightning_hydro.fused.lightning.batch_hooks import TrialBatchHooks
+from lightning_hydro.fused.lightning.batch_hooks import TrialBatchHooks, batch_of
 from lightning_hydro.fused.lightning.batch_transfer import BatchTransfer
 from lightning_hydro.fused.lightning.callbacks import per_trial_callbacks, refuse_module_callbacks
 from lightning_hydro.fused.lightning.group_checkpoint import (
@@ -391,9 +391,11 @@ class FusedLightningModule(EvaluationHooks):
                 output = self._batch_hooks.train_output(
                     self._training_step.outputs, row, self.trainer.accumulate_grad_batches
                 )
+                own_batch = batch_of(self._training_step.outputs, row, stepped[0])
             else:
                 output = self._batch_hooks.train_output(self._step_out, row)
-            batch_end.append((trial_id, module, (output, *stepped)))
+                own_batch = batch_of(self._step_out, row, stepped[0])
+            batch_end.append((trial_id, module, (output, own_batch, *stepped[1:])))
         owes_epoch = self._epoch_open and is_overridden("on_train_epoch_end", module, L.LightningModule)
         return batch_end, [(trial_id, module)] if owes_epoch else []
 

@@ -126,3 +126,32 @@ def test_the_code_scan_follows_super_into_the_users_base_classes():
 
     assert set(state_writes(Child())) >= {"calls", "losses.append"}
     assert set(state_writes(WithChained())) == {"calls", "losses.append", "running"}
+
+
+def test_a_hook_storing_into_a_container_it_holds_writes_state():
+    # before, subscript stores were not seen: a hook counting into a dict ran on the first trial only, and the next
+    # batch was refused for values that differed only because of that (tests/fused/lightning/test_batch_transfer_hooks)
+    from lightning_hydro.backends.trial_attributes import hook_writes
+
+    class Hooks:
+        def counting(self, batch, dataloader_idx):
+            self.seen["train"] += 1
+            return batch
+
+        def through_a_local(self, batch, dataloader_idx):
+            seen = self.seen
+            seen[dataloader_idx] = 1
+            return batch
+
+        def deleting(self, batch, dataloader_idx):
+            del self.cache[dataloader_idx]
+            return batch
+
+        def into_the_batch(self, batch, dataloader_idx):
+            batch["x"] = batch["x"] * 2  # the hook's own argument: not the module's state
+            return batch
+
+    assert hook_writes(Hooks, "counting") == ("[...]",)
+    assert hook_writes(Hooks, "through_a_local") == ("[...]",)
+    assert hook_writes(Hooks, "deleting") == ("cache[...]",)
+    assert hook_writes(Hooks, "into_the_batch") == ()

@@ -14,6 +14,13 @@ Lightning's documented patterns run unchanged, e.g. logging gradient norms::
     def on_before_optimizer_step(self, optimizer):
         self.log_dict(grad_norm(self, norm_type=2))
 
+The batch-end hooks (``on_train_batch_end``, ``on_validation_batch_end``, ...) get the batch as the trial's own step
+left it, as alone: on the loop, where each trial's step runs on a batch of its own
+(:class:`~lightning_hydro.backends.batch_copies.BatchRuns`), with what that step rebound (``batch[0] = ...``) and
+wrote in place; under vmap and hfta, where one call runs every trial's step, the loader's batch, with the step's
+in-place writes (the same in every trial there) but not its rebound entries (they hold vmap's tensors, which cannot
+leave the call).
+
 Hooks no trial overrides cost nothing: the fused module asks :attr:`TrialBatchHooks.overridden` first.
 ``on_train_batch_start`` returning -1 (skip the rest of the epoch) is honoured when every trial returns it; a
 group cannot skip the epoch for some trials only, which raises with the remedy.
@@ -36,7 +43,7 @@ from lightning_hydro.fused.group.slots import TrialSlots
 from lightning_hydro.fused.lightning.hooks import call_trial_hook
 from lightning_hydro.fused.logging.metrics import TrialMetrics, resolve_options
 
-__all__ = ["BATCH_HOOKS", "TrialBatchHooks", "outputs_by_row"]
+__all__ = ["BATCH_HOOKS", "TrialBatchHooks", "batch_of", "outputs_by_row"]
 
 # The batch-level hooks a trial may override, and the phase its logged values belong to (None: not logged).
 BATCH_HOOKS = {
@@ -73,6 +80,11 @@ def outputs_by_row(out: StepOutputs, rows: int, *, training: bool) -> list[Any]:
     else:
         per_row = [None] * rows
     return [_as_training_output(value) for value in per_row] if training else per_row
+
+
+def batch_of(out: StepOutputs | None, row: int, batch: Any) -> Any:
+    """Row ``row``'s batch after the step, as its trial's batch-end hooks get it alone (see the module docstring)."""
+    return batch if out is None else out.batch_of(row, batch)
 
 
 def _as_training_output(value: Any) -> Any:
@@ -161,7 +173,7 @@ class TrialBatchHooks:
         outputs = [None] * rows if out is None else outputs_by_row(out, rows, training=True)
         if accumulate > 1:
             outputs = [_normalized(output, accumulate) for output in outputs]
-        self.run("on_train_batch_end", lambda tid, row: (outputs[row], batch, batch_idx), batch)
+        self.run("on_train_batch_end", lambda tid, row: (outputs[row], batch_of(out, row, batch), batch_idx), batch)
 
     def before_backward(
         self, losses: Tensor | None, batch: Any, accumulate: int = 1, without_loss: Collection[int] = ()
@@ -200,7 +212,7 @@ class TrialBatchHooks:
             self.run(hook, lambda tid, row: (batch, batch_idx, *rest), batch)
         else:
             outputs = outputs_by_row(out, self.slots.group.size, training=False)
-            self.run(hook, lambda tid, row: (outputs[row], batch, batch_idx, *rest), batch)
+            self.run(hook, lambda tid, row: (outputs[row], batch_of(out, row, batch), batch_idx, *rest), batch)
 
     # -- the per-trial calls -------------------------------------------------------------------------------------
 

@@ -9,17 +9,21 @@ its trials override (only those: Lightning warns about a module's hook that a Da
 A group feeds all its trials one batch, so:
 
 - a hook whose code reads no value that differs between the trials and stores no Python state runs once, on the
-  first running trial's module, and the batch it gives is every trial's;
-- a hook that stores Python state (``self.batches_seen += 1``) runs for each trial in turn, on a batch of the
-  trial's own (:class:`~lightning_hydro.backends.batch_copies.BatchRuns`), so that each trial's state is as alone;
-  the first trial's batch is the group's (the hooks read the same values, so they give the same batch, but for
-  random draws, which the trials share, as in their steps);
-- a hook whose code reads a value that differs between the trials (an augmentation strength searched as a
-  hyperparameter) would give each trial a batch of its own, which a group cannot feed: it is refused, naming the
-  values, and the remedy (do it in the step, which runs per trial).
+  first running trial's module, and the batch it gives is every trial's; one whose code reads a value that differs
+  between the trials (an augmentation strength searched as a hyperparameter) would give each trial a batch of its
+  own, which a group cannot feed: it is refused, naming the values, and the remedy (do it in the step, which runs
+  per trial);
+- a hook that stores Python state (``self.batches_seen += 1``, ``self.seen["train"] += 1``) runs for each trial in
+  turn, on a batch of the trial's own (:class:`~lightning_hydro.backends.batch_copies.BatchRuns`), so that each
+  trial's state is as alone. Each run starts from the same random-number state (the generators end as one run left
+  them), so a random augmentation draws for every trial what it draws alone; the batches the trials' hooks give are
+  then compared, and the first trial's feeds the group where they are equal. Where they differ (the hook scales by a
+  hyperparameter, or its state differs between the trials and it reads that state: a trial that joined later), it
+  is refused, naming the hook, the trials and the first entry that differs.
 
-What the hook's code reads and stores is read off the code
-(:func:`~lightning_hydro.backends.trial_attributes.hook_reads`), as for the steps: it errs towards refusing.
+What a hook's code reads and stores is read off the code
+(:func:`~lightning_hydro.backends.trial_attributes.hook_reads`, :func:`~.trial_attributes.hook_writes`), as for the
+steps: it errs towards refusing, and towards running per trial.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from lightning_hydro.backends.batch_copies import BatchRuns
+from lightning_hydro.backends.batch_copies import BatchRuns, first_difference
+from lightning_hydro.backends.compile_check import rng_states, set_rng_states
 from lightning_hydro.backends.errors import FusionError
 from lightning_hydro.backends.python_state import state_generation, trial_code_ran
 from lightning_hydro.backends.trial_attributes import DifferingAttribute, hook_reads, hook_writes
@@ -66,6 +71,8 @@ class BatchTransfer:
         modules, ids = list(group.modules), list(group.trial_ids)
         if not ids:  # every trial has ended: nothing trains on the batch
             return batch
+        if self._each[hook]:
+            return self._run_each(hook, modules, ids, batch, *args)
         differing = self._differing(hook, modules, ids)
         if differing:
             shown = "; ".join(str(attribute) for attribute in differing[:4])
@@ -75,11 +82,28 @@ class BatchTransfer:
                 "one batch. Do the per-trial part in training_step (which runs per trial), or train these trials "
                 "in separate groups."
             )
-        if not self._each[hook]:
-            return call_trial_hook(hook, ids[0], modules[0], batch, *args)[0]
+        return call_trial_hook(hook, ids[0], modules[0], batch, *args)[0]
+
+    def _run_each(self, hook: str, modules: list[Any], ids: list[int], batch: Any, *args: Any) -> Any:
+        """Every trial's ``hook``, each from the same random-number state; the first's batch, if all give it."""
         trial_code_ran()  # each trial's hook changes its own Python state
+        device = self.slots.group.device
+        states = rng_states(device)
         batches = BatchRuns(batch, len(ids))
-        results = [call_trial_hook(hook, tid, module, batches.next(), *args)[0] for tid, module in zip(ids, modules)]
+        results = []
+        for tid, module in zip(ids, modules):
+            set_rng_states(device, states)  # each trial draws what the first draws (the state after: one run's)
+            results.append(call_trial_hook(hook, tid, module, batches.next(), *args)[0])
+        for tid, result in zip(ids[1:], results[1:]):
+            where = first_difference(results[0], result)
+            if where is not None:
+                raise FusionError(
+                    f"FusedLightningModule: {type(modules[0]).__name__}.{hook} gives trial {tid} another batch than "
+                    f"trial {ids[0]} ({where}); a fused group feeds all its trials one batch. The hook runs for each "
+                    "trial, as it stores Python state; where its batch depends on a value that differs between the "
+                    "trials (a hyperparameter, or state of a trial that joined later), do that part in training_step "
+                    "(which runs per trial), or train these trials in separate groups."
+                )
         return results[0]
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

@@ -35,6 +35,7 @@ from torch.optim import Optimizer
 from lightning_hydro.backends import Backend, StepOutputs
 from lightning_hydro.backends.auto import AutoChoice
 from lightning_hydro.backends.base import stack_logs
+from lightning_hydro.backends.batch_copies import BatchRuns
 from lightning_hydro.backends.trial_logging import LogCall, capture_logs
 from lightning_hydro.fused.group.slots import TrialSlots
 from lightning_hydro.fused.step.row_health import RowHealth
@@ -89,12 +90,16 @@ class ManualSteps:
         self._attempts = dict.fromkeys(ids, 0)
         outputs: list[Any] = []
         calls_per_row: list[list[LogCall]] = []
+        runs = BatchRuns(batch, len(ids))  # each trial's step gets the batch as the loader gave it
+        batches: list[Any] = []  # and as its step left it, for its batch-end hooks
         self.active = True
         try:
             for _tid, module in self.slots.running():
                 step: Callable[..., Any] = module.training_step  # type: ignore[assignment]
+                batches.append(runs.next())
                 # as Lightning calls it: training_step(batch) where the step takes no batch_idx
-                args = (batch, batch_idx) if is_param_in_hook_signature(step, "batch_idx", min_args=2) else (batch,)
+                with_index = is_param_in_hook_signature(step, "batch_idx", min_args=2)
+                args = (batches[-1], batch_idx) if with_index else (batches[-1],)
                 with capture_logs(module) as calls:
                     outputs.append(step(*args))
                 calls_per_row.append(calls)
@@ -106,7 +111,7 @@ class ManualSteps:
         by_loss = torch.tensor([self._bad.get(tid) in ("non-finite loss", "earlier") for tid in ids], device=device)
         by_grads = torch.tensor([self._bad.get(tid) == "non-finite gradients" for tid in ids], device=device)
         return ManualStepResult(
-            outputs=StepOutputs(output=None, logs=stack_logs(calls_per_row, device), per_row=outputs),
+            outputs=StepOutputs(output=None, logs=stack_logs(calls_per_row, device), per_row=outputs, batches=batches),
             report=StepReport(tuple(ids), by_loss, by_grads, on_host=True),
             steps=max(self._attempts.values(), default=0),
         )

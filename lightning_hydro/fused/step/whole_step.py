@@ -34,6 +34,7 @@ from torch import Tensor
 from torch.func import grad_and_value
 from torch.utils._pytree import tree_leaves
 
+from lightning_hydro.backends.batch_copies import batch_tensors
 from lightning_hydro.backends.compile_check import (
     CHECKED_CALLS,
     RANDOM,
@@ -370,8 +371,9 @@ class WholeStep:
         """One of an update's first whole steps, compiled, then checked against the same step run eagerly.
 
         Every tensor the step writes (the stacked parameters and buffers, the update's state, counters and factors)
-        is copied; the compiled step runs; its result is copied, the tensors and the random number generators are
-        put back, and :func:`_whole_step` runs eagerly from the same state, on the same batch. The eager result is
+        is copied, and so is the batch (a step may write into it); the compiled step runs; its result is copied, the
+        tensors and the random number generators are put back, and :func:`_whole_step` runs eagerly from the same
+        state, on the same batch as it came. The eager result is
         kept. If the compiled one differs beyond float rounding (:data:`WHOLE_CHECK_RELATIVE`), compiled code
         computed otherwise than the step it stands for: every later step runs eagerly (the whole step, the split
         step's compiled pieces), said in one log line. A step that draws random numbers (dropout) cannot be
@@ -384,14 +386,20 @@ class WholeStep:
         """
         backend, group, device = call[0], call[0].group, update.device
         written = unique_tensors([*group.params.values(), *group.buffers.values(), *update.device_tensors(())])
+        # the batch too (put back, not compared): a step may write into it (x.mul_(2)), and the eager run must get it
+        # as it came, not written twice
+        batch = [t for t in unique_tensors(batch_tensors(call[6])) if id(t) not in {id(w) for w in written}]
         before = [t.clone() for t in written]
+        batch_before = [t.clone() for t in batch]
         generators = rng_states(device)
         compiled(*call)  # raises before running if it cannot compile: then nothing is checked yet
         number = self._schedule.take(update)
         result = [t.clone() for t in written]
         grads: list[Tensor] = []
         eager_step: Callable[..., Any] = _whole_step  # the same Python, not compiled
-        eager, random = eager_again(written, before, device, generators, lambda: eager_step(*call, grads_out=grads))
+        eager, random = eager_again(
+            [*written, *batch], [*before, *batch_before], device, generators, lambda: eager_step(*call, grads_out=grads)
+        )
         self.checks += 1
         self.unchecked = ""
         if random:
