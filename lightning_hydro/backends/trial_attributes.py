@@ -48,6 +48,7 @@ from lightning_hydro.backends.python_state import CONTAINER_TYPES, tracked_modul
 __all__ = [
     "DifferingAttribute",
     "SettingsReader",
+    "differing_modes",
     "hook_reads",
     "hook_writes",
     "same_settings",
@@ -539,3 +540,33 @@ __getattr__ = renamed_names(
         )
     },
 )
+
+
+def differing_modes(modules: Sequence[nn.Module]) -> list[str]:
+    """The outermost submodule paths (``""``: the root) whose train/eval mode is not the same in every trial.
+
+    A trial's own code may set its modes (Lightning's ``self.freeze()`` also calls ``eval()``, a hook may keep
+    BatchNorm training during validation), where vmap and hfta run one template's modes for every row.
+
+    Example::
+
+        >>> trials = [nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)) for _ in range(2)]
+        >>> _ = trials[1][1].eval()
+        >>> differing_modes(trials)
+        ['1']
+    """
+    if not modules:  # every trial has ended (an evaluation after the fit): nothing runs fused
+        return []
+    first = {path: sub.training for path, sub in modules[0].named_modules()}
+    paths = {
+        path
+        for module in modules[1:]
+        for path, sub in module.named_modules()
+        if first.get(path, sub.training) != sub.training
+    }
+    return [path for path in sorted(paths) if not any(_inside(path, other) for other in paths)]
+
+
+def _inside(path: str, other: str) -> bool:
+    """Whether submodule ``path`` lies inside submodule ``other`` (every path lies inside the root's, "")."""
+    return path != other and (not other or path.startswith(f"{other}."))

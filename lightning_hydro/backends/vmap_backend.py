@@ -48,6 +48,7 @@ from lightning_hydro.backends.python_state import state_generation
 from lightning_hydro.backends.step_state import ActiveCall, StepState
 from lightning_hydro.backends.trial_attributes import (
     SettingsReader,
+    differing_modes,
     same_settings,
     state_writes,
     unfusible_attributes,
@@ -282,7 +283,7 @@ class VmapBackend(Backend):
         if self._checked_generation == state_generation():
             return False
         self._checked_generation = state_generation()
-        differing = differing_modes(self.group.modules, self.group.trial_ids)
+        differing = modes_refusal(self.group.modules, self.group.trial_ids)
         if differing:
             raise FusionMismatchError(f"FusedLightningModule(backend={self.name!r}): {differing}")
         if self._settings is None:
@@ -522,31 +523,19 @@ class VmapBackend(Backend):
         return logs
 
 
-def differing_modes(modules: Sequence[nn.Module], ids: Sequence[int]) -> str:
-    """What differs between the trials' train/eval modes, and what to do ("" if every submodule's mode agrees).
-
-    A trial's own hook may set its mode (Lightning's ``self.freeze()`` also calls ``eval()``); one call runs the
-    template's mode for every row.
-    """
-    first = {path: sub.training for path, sub in modules[0].named_modules()}
-    for tid, module in zip(ids[1:], modules[1:]):
-        paths = [path for path, sub in module.named_modules() if first.get(path, sub.training) != sub.training]
-        if not paths:
-            continue
-        tops = [p for p in paths if not any(_inside(p, q) for q in paths)]  # the outermost that differ
-        shown = ", ".join(repr(p) if p else "the module itself" for p in tops[:4])
-        top = tops[0]
-        mode = "training" if module.get_submodule(top).training else "eval"
-        other = "eval" if mode == "training" else "training"
-        return (
-            f"trial {tid}'s {repr(top) if top else 'module'} is in {mode} mode where trial {ids[0]}'s is in {other} "
-            f"mode (differing: {shown}); set by the trials' own code (self.freeze() also calls eval(), "
-            "module.eval()). One call runs every trial in one mode. Use backend='loop' (backend='auto' hands over "
-            "to it), or keep the trials' modes alike (self.train() after self.freeze())."
-        )
-    return ""
-
-
-def _inside(path: str, other: str) -> bool:
-    """Whether submodule ``path`` lies inside submodule ``other`` (every path lies inside the root's, "")."""
-    return path != other and (not other or path.startswith(f"{other}."))
+def modes_refusal(modules: Sequence[nn.Module], ids: Sequence[int]) -> str:
+    """What differs between the trials' train/eval modes, and what to do ("" if every submodule's mode agrees)."""
+    tops = differing_modes(modules)
+    if not tops:
+        return ""
+    top = tops[0]
+    expected = modules[0].get_submodule(top).training
+    tid, module = next((t, m) for t, m in zip(ids, modules) if m.get_submodule(top).training != expected)
+    mode, other = ("training", "eval") if module.get_submodule(top).training else ("eval", "training")
+    shown = ", ".join(repr(p) if p else "the module itself" for p in tops[:4])
+    return (
+        f"trial {tid}'s {repr(top) if top else 'module'} is in {mode} mode where trial {ids[0]}'s is in {other} "
+        f"mode (differing: {shown}); set by the trials' own code (self.freeze() also calls eval(), "
+        "module.eval()). One call runs every trial in one mode. Use backend='loop' (backend='auto' hands over "
+        "to it), or keep the trials' modes alike (self.train() after self.freeze())."
+    )

@@ -29,7 +29,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from typing_extensions import override
 
 from lightning_hydro.backends import LoopBackend, StepOutputs
-from lightning_hydro.fused.evaluation.modes import differing_modes
+from lightning_hydro.backends.trial_attributes import differing_modes
 from lightning_hydro.fused.evaluation.steps import predictions_by_trial
 
 if TYPE_CHECKING:

@@ -9,11 +9,11 @@ hook sets, as alone: Lightning's default (``eval()`` before, the recorded modes 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from torch import nn
 
-__all__ = ["TrialModes", "differing_modes"]
+__all__ = ["TrialModes"]
 
 
 class TrialModes:
@@ -51,17 +51,3 @@ class TrialModes:
             if id(module) not in kept:
                 module.training = mode
         self._saved = []
-
-
-def differing_modes(trials: Sequence[nn.Module]) -> list[str]:
-    """The submodule paths (``""``: the root) whose train/eval mode is not the same in every trial.
-
-    Example::
-
-        >>> trials = [nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)) for _ in range(2)]
-        >>> _ = trials[1][1].eval()
-        >>> differing_modes(trials)
-        ['1']
-    """
-    modes = [{name: m.training for name, m in trial.named_modules()} for trial in trials]
-    return [name for name, mode in modes[0].items() if any(other.get(name, mode) != mode for other in modes[1:])]
