@@ -34,6 +34,19 @@ class QuietLogger(Logger):
         pass
 
 
+class SeriesLogger(QuietLogger):
+    """Keeps every call of ``log_metrics``: each name's (step, value) in the order logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.series: dict[str, list[tuple[int | None, float]]] = {}
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        for key, value in metrics.items():
+            if key != "epoch":  # Lightning adds it to the rows it logs itself
+                self.series.setdefault(key, []).append((step, float(value)))
+
+
 def make_trainer(**overrides: Any) -> L.Trainer:
     kwargs: dict[str, Any] = dict(
         accelerator="cpu",

@@ -23,7 +23,7 @@ from lightning_hydro.backends import make_backend
 from lightning_hydro.backends.batched_metrics import update_all
 from lightning_hydro.demos import DigitsDataModule, DigitsMLP
 from lightning_hydro.stacking.stacked_state import StackedState
-from tests.helpers import QuietLogger, make_trainer
+from tests.helpers import SeriesLogger, make_trainer
 
 CLASSES = 4
 # per trial: top_k, average, num_classes, ignore_index, nan_strategy
@@ -114,19 +114,6 @@ def test_update_all_batches_the_trials_that_share_a_configuration_and_leaves_the
     assert [m.update_count for m in metrics] == [1, 0, 1]
 
 
-class Recorded(QuietLogger):
-    """Keeps every call of ``log_metrics``: each name's (step, value) in the order logged."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.series: dict[str, list[tuple[int | None, float]]] = {}
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        for key, value in metrics.items():
-            if key != "epoch":
-                self.series.setdefault(key, []).append((step, float(value)))
-
-
 class TopK(DigitsMLP):
     """A digits MLP whose validation accuracy counts a hit in the top ``k`` classes, ``k`` a hyperparameter."""
 
@@ -153,11 +140,11 @@ def test_trials_of_several_top_k_log_the_values_they_log_alone(backend: str) -> 
         modules.append(TopK(lr, k))
     alone = []
     for module in modules:
-        logger = Recorded()
+        logger = SeriesLogger()
         torch.manual_seed(1234)
         make_trainer(logger=logger, **limits).fit(copy.deepcopy(module), datamodule=DigitsDataModule())
         alone.append(logger.series)
-    logger = Recorded()
+    logger = SeriesLogger()
     fused = FusedLightningModule(copy.deepcopy(modules), backend=backend, summary=False)
     torch.manual_seed(1234)
     make_trainer(logger=logger, **limits).fit(fused, datamodule=DigitsDataModule())

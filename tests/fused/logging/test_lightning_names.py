@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Subset
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsDataModule, DigitsMLP
 from lightning_hydro.fused.lightning.trainer_view import trial_metrics_view
-from tests.helpers import QuietLogger, make_trainer, max_state_difference
+from tests.helpers import SeriesLogger, make_trainer, max_state_difference
 
 BACKENDS = ["vmap", "loop"]
 LEARNING_RATES = (0.05, 0.2, 0.5)
@@ -83,19 +83,6 @@ class TwoLoaders(DigitsDataModule):
         return self.val_dataloader()
 
 
-class Recorded(QuietLogger):
-    """Keeps every call of ``log_metrics``: each name's (step, value) in the order logged."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.series: dict[str, list[tuple[int | None, float]]] = {}
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        for key, value in metrics.items():
-            if key != "epoch":  # Lightning adds it to the rows it logs itself
-                self.series.setdefault(key, []).append((step, float(value)))
-
-
 def trials(cls: type[DigitsMLP]) -> list[DigitsMLP]:
     modules = []
     for seed, lr in enumerate(LEARNING_RATES):
@@ -121,7 +108,7 @@ def stages(
     return out
 
 
-def assert_same_series(logger: Recorded, tid: int, alone: dict[str, list[tuple[int | None, float]]]) -> None:
+def assert_same_series(logger: SeriesLogger, tid: int, alone: dict[str, list[tuple[int | None, float]]]) -> None:
     """The logger calls of trial ``tid`` in a fused run equal those of the trial alone: names, steps and values."""
     suffix = f"/trial_{tid}"
     logged = {key[: -len(suffix)]: steps for key, steps in logger.series.items() if key.endswith(suffix)}
@@ -144,9 +131,9 @@ def test_every_on_step_on_epoch_combination_has_the_names_and_values_of_the_tria
     modules = trials(EveryLevel)
     alone = []
     for module in modules:
-        logger = Recorded()
+        logger = SeriesLogger()
         alone.append((stages(copy.deepcopy(module), DigitsDataModule(), logger, **limits), logger.series))
-    logger = Recorded()
+    logger = SeriesLogger()
     fused = FusedLightningModule(copy.deepcopy(modules), backend=backend, summary=False)
     fused_stages = stages(fused, DigitsDataModule(), logger, **limits)
 
@@ -372,7 +359,7 @@ def test_metric_objects_logged_on_step_log_each_batchs_value_as_alone(backend: s
     modules = trials(MetricObjects)
     alone = []
     for module in modules:
-        logger = Recorded()
+        logger = SeriesLogger()
         trainer = make_trainer(logger=logger, **limits)
         torch.manual_seed(1234)
         trainer.fit(copy.deepcopy(module), datamodule=DigitsDataModule())
@@ -380,7 +367,7 @@ def test_metric_objects_logged_on_step_log_each_batchs_value_as_alone(backend: s
     assert sorted(alone[0][0]["logged_metrics"]) == [
         "both_acc_epoch", "both_acc_step", "col_acc_epoch", "col_acc_step", "step_acc",
     ]  # fmt: skip
-    logger = Recorded()
+    logger = SeriesLogger()
     trainer = make_trainer(logger=logger, **limits)
     torch.manual_seed(1234)
     trainer.fit(

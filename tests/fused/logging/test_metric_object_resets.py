@@ -13,23 +13,10 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.demos import DigitsDataModule, DigitsMLP
-from tests.helpers import QuietLogger, make_trainer
+from tests.helpers import SeriesLogger, make_trainer
 
 LEARNING_RATES = (0.05, 0.1, 0.2)
 LIMITS: dict[str, Any] = dict(max_epochs=3, limit_train_batches=4, limit_val_batches=2, log_every_n_steps=1)
-
-
-class Recorded(QuietLogger):
-    """Keeps every call of ``log_metrics``: each name's (step, value) in the order logged."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.series: dict[str, list[tuple[int | None, float]]] = {}
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        for key, value in metrics.items():
-            if key != "epoch":
-                self.series.setdefault(key, []).append((step, float(value)))
 
 
 class StepOnlyMetrics(DigitsMLP):
@@ -81,11 +68,11 @@ def test_a_metric_object_logged_on_step_only_is_reset_at_each_epoch_end_as_alone
         modules.append(StepOnlyMetrics(lr))
     alone = []
     for module in modules:
-        logger, copied = Recorded(), copy.deepcopy(module)
+        logger, copied = SeriesLogger(), copy.deepcopy(module)
         torch.manual_seed(1234)
         make_trainer(logger=logger, **LIMITS).fit(copied, datamodule=DigitsDataModule())
         alone.append((copied, logger.series))
-    logger = Recorded()
+    logger = SeriesLogger()
     fused = FusedLightningModule(copy.deepcopy(modules), backend=backend, summary=False)
     torch.manual_seed(1234)
     make_trainer(logger=logger, **LIMITS).fit(fused, datamodule=DigitsDataModule())
