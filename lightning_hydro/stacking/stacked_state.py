@@ -409,9 +409,10 @@ class StackedState:
         on the module's own parameters, bound to their rows, and differentiates those: that gradient is the trial's
         too. It is added to the row, and the parameter's own dropped (a view of the stacked gradient is left alone).
         """
-        for row, module in enumerate(self.modules):
-            for name, param in module.named_parameters():
-                grad, stacked = param.grad, self.params[name]
+        for name, params in self._trial_params.items():  # (every backward on the loop: the cached parameters)
+            stacked = self.params[name]
+            for row, param in enumerate(params):
+                grad = param.grad
                 if grad is None or (stacked.grad is not None and _same_storage(grad, stacked.grad)):
                     continue
                 if stacked.grad is None:
@@ -425,22 +426,19 @@ class StackedState:
 
         None where it has none, and where the trial froze the parameter (:attr:`frozen`): alone it gets no gradient.
         """
-        rows = range(self.size) if rows is None else rows
-        frozen = self.frozen
-        for row in rows:
-            module = self.modules[row]
-            for name, stacked in self.params.items():
-                grad = stacked.grad
-                if grad is None or (frozen and row in frozen.get(name, ())):
-                    module.get_parameter(name).grad = None
-                else:
-                    module.get_parameter(name).grad = self.trial_view(name, row, grad[row])
+        rows = range(self.size) if rows is None else list(rows)
+        for name, stacked in self.params.items():  # (the trials' parameters as bind found them)
+            params, grad, frozen = self._trial_params[name], stacked.grad, self.frozen.get(name, ())
+            views = None if grad is None else grad.unbind(0)
+            for row in rows:
+                params[row].grad = None if views is None or row in frozen else self.trial_view(name, row, views[row])
 
     def clear_trial_grads(self, rows: Iterable[int] | None = None) -> None:
         """Drop the trials' gradient views (the stacked gradients are managed by the caller); ``rows``: only theirs."""
-        for module in self.modules if rows is None else [self.modules[row] for row in rows]:
-            for param in module.parameters():
-                param.grad = None
+        rows = range(self.size) if rows is None else list(rows)
+        for params in self._trial_params.values():
+            for row in rows:
+                params[row].grad = None
 
     def detach(self, module: nn.Module) -> None:
         """Give a trial module its own storage again (a copy of its current row): it leaves the group.
