@@ -521,8 +521,9 @@ class FusedLightningModule(EvaluationHooks):
             stepped, report, logged = self._trial_steps.run(own, (epoch, batch_idx), optimizer_closure, group)
             self._group.adopt_reassigned_buffers()  # what their code reassigned goes into their rows
             self._batch_hooks.record("optimizer_step", logged, step.batch)
-            if not stepped:
-                return  # (Lightning's docs' alternating schedule: the closure ran, no trial stepped)
+            if not stepped:  # (Lightning's docs' alternating schedule: the closure ran, no trial stepped)
+                step.no_optimizer_step()
+                return
         else:
             report = group_step(optimizer_closure)
         step.optimizer_stepped()

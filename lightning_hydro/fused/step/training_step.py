@@ -166,6 +166,10 @@ class TrainingStep:
         """The rows whose step returned None in the latest batch while others returned a loss."""
         return () if self.outputs is None else self.outputs.without_output
 
+    def no_optimizer_step(self) -> None:
+        """The trials' ``optimizer_step`` ran the closure and stepped none: what they cleared counts for that batch."""
+        self._left_out = set()
+
     def optimizer_stepped(self) -> None:
         """An optimizer step ended the gradient-accumulation window."""
         self._with_loss, self._window_batches = None, 0

@@ -94,6 +94,17 @@ class SkipsByClearing(WarmupAfterStep):
         optimizer.step()
 
 
+class ClearsWhenSkipping(WarmupAfterStep):
+    """The alternating schedule, clearing its gradients in the batches it does not step (they step normally after)."""
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        if (batch_idx + 1) % 2 == 0:
+            optimizer.step(closure=optimizer_closure)
+        else:
+            optimizer_closure()
+            optimizer.zero_grad()
+
+
 class ClosureTwice(WarmupAfterStep):
     """Calls the closure, then passes it to ``optimizer.step`` too: alone the step runs twice (counted here)."""
 
@@ -118,7 +129,7 @@ class ReadsMomentum(WarmupAfterStep):
         self.norms.append(float(sum(s["momentum_buffer"].norm() for s in optimizer.state.values())))
 
 
-@pytest.mark.parametrize("cls", [ClipsByHand, SkipsByClearing, ClosureTwice])
+@pytest.mark.parametrize("cls", [ClipsByHand, SkipsByClearing, ClearsWhenSkipping, ClosureTwice])
 @pytest.mark.parametrize("backend", ["loop", "vmap"])
 def test_gradients_and_closures_in_the_override_are_the_trials_own(cls: type, backend: str) -> None:
     trials = _trials(cls)
