@@ -12,6 +12,7 @@ trial's code wrote is copied back into its row: the trial's weight is renormalis
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -78,7 +79,7 @@ class LoopBackend(Backend):
                 try:
                     output, new_buffers = call_method(caller, params, buffers, method, own_args)
                 except RuntimeError as err:
-                    if "Unbind is a view" not in str(err):
+                    if not _UNBIND_VIEW_WRITTEN.search(str(err)):
                         raise
                     raise _in_place_write_error(err, type(caller.module).__name__) from err
             self._write_back(row, rows, versions)
@@ -106,6 +107,11 @@ class LoopBackend(Backend):
             if own._version != version:
                 with torch.no_grad():  # (.data: the copies, not the rows, are what the step's graph saved)
                     self.group.params[name].data[row].copy_(own)
+
+
+# torch's refusal to write into one of unbind's views ("Output 0 of Unbind is a view", "... of UnbindBackward0 ..."
+# in torch 2.11)
+_UNBIND_VIEW_WRITTEN = re.compile(r"Output \d+ of Unbind\w* is a view")
 
 
 def written_in_forward(modules: Sequence[nn.Module]) -> tuple[str, ...]:
