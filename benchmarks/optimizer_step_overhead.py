@@ -1,7 +1,7 @@
 """What a trial's own ``optimizer_step`` costs a fused step: the same group with and without the override.
 
-The override (the LightningModule docs' warm-up after ``optimizer.step``) runs per trial on a worker thread that
-waits in its step (``lightning_hydro/fused/lightning/trial_optimizer_steps.py``); this times the fused vmap step of B
+The override (the LightningModule docs' warm-up after ``optimizer.step``) runs per trial as a greenlet that pauses
+in its step (``lightning_hydro/fused/lightning/trial_optimizer_steps.py``); this times the fused vmap step of B
 digits MLPs with it and without it, alternating, and prints the medians and their difference per trial::
 
     PYTHONPATH=. python benchmarks/optimizer_step_overhead.py --trials 16 --width 8 --steps 200 --repeats 3

@@ -121,6 +121,16 @@ class ClosureTwice(WarmupAfterStep):
         optimizer.step(closure=optimizer_closure)
 
 
+class StepsWithoutGrad(WarmupAfterStep):
+    """Steps inside ``torch.no_grad()`` (alone, torch's step runs the closure with grad enabled) and reads its modes."""
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        with torch.no_grad():
+            optimizer.step(closure=optimizer_closure)
+            self.norms.append(float(torch.is_grad_enabled()))  # 0.0, as alone: the trial's own mode after its step
+        self.norms.append(float(torch.is_grad_enabled()))
+
+
 class ReadsMomentum(WarmupAfterStep):
     """Reads its optimizer's momentum buffers after the step."""
 
@@ -129,7 +139,7 @@ class ReadsMomentum(WarmupAfterStep):
         self.norms.append(float(sum(s["momentum_buffer"].norm() for s in optimizer.state.values())))
 
 
-@pytest.mark.parametrize("cls", [ClipsByHand, SkipsByClearing, ClearsWhenSkipping, ClosureTwice])
+@pytest.mark.parametrize("cls", [ClipsByHand, SkipsByClearing, ClearsWhenSkipping, ClosureTwice, StepsWithoutGrad])
 @pytest.mark.parametrize("backend", ["loop", "vmap"])
 def test_gradients_and_closures_in_the_override_are_the_trials_own(cls: type, backend: str) -> None:
     trials = _trials(cls)
@@ -143,6 +153,8 @@ def test_gradients_and_closures_in_the_override_are_the_trials_own(cls: type, ba
         assert max_state_difference(fused.unfuse(row), own) <= (0.0 if exact else 1e-6)
         if cls is ClosureTwice:
             assert module.steps_run == own.steps_run == 20  # 2 epochs x 5 batches x twice
+        if cls is StepsWithoutGrad:
+            assert module.norms == own.norms == [0.0, 1.0] * 10
 
 
 def test_the_optimizer_state_is_the_trials_own_on_the_universal_path_and_refused_on_the_fused_one() -> None:
