@@ -237,6 +237,10 @@ class SettingsReader:
     checks the settings after every hook the trials ran (:func:`~lightning_hydro.backends.python_state.trial_code_ran`),
     and runs its full check only when a read differs from the last: after a batch-level hook that changed nothing,
     that is the whole cost. A setting a hook adds as a new attribute is not read (the walk found the names).
+
+    Each trial's submodules are looked up once and then only checked to be still in place (one dict read per
+    level of their path): a hook that replaces a submodule (``self.drop = nn.Dropout(0.3)``) is followed. Looking
+    each one up anew (``get_submodule``) cost 0.3 ms per read for 16 digits MLPs, at every step with a trial hook.
     """
 
     def __init__(self, modules: Sequence[nn.Module]) -> None:
@@ -246,18 +250,55 @@ class SettingsReader:
                 names.setdefault(path, {})[name] = None
         self._hparams = tuple(n.removeprefix("hparams.") for n in names.get("", {}) if n.startswith("hparams."))
         self._by_path = {path: tuple(n for n in found if not n.startswith("hparams.")) for path, found in names.items()}
+        self._found: dict[int, tuple[nn.Module, list[_FoundSubmodule]]] = {}  # by id(trial module)
 
     def read(self, modules: Sequence[nn.Module]) -> tuple[Any, ...]:
         """Every trial's values of the settings, in one tuple (compare two with :func:`same_settings`)."""
         values: list[Any] = []
         for module in modules:
-            for path, names in self._by_path.items():
-                sub = _submodule(module, path)
-                values.append(tuple(getattr(sub, name, _MISSING) for name in names))
+            for found in self._submodules(module):
+                sub = found.submodule if found.in_place() else _submodule(module, found.path)
+                values.append(tuple(getattr(sub, name, _MISSING) for name in found.names))
             hparams = getattr(module, "hparams", None)
             hparams = hparams if isinstance(hparams, dict) else {}
             values.append(tuple(hparams.get(name, _MISSING) for name in self._hparams))
         return tuple(values)
+
+    def _submodules(self, module: nn.Module) -> list[_FoundSubmodule]:
+        cached = self._found.get(id(module))
+        if cached is None or cached[0] is not module:
+            cached = (module, [_FoundSubmodule.find(module, path, names) for path, names in self._by_path.items()])
+            self._found[id(module)] = cached
+        return cached[1]
+
+
+@dataclass
+class _FoundSubmodule:
+    """A trial's submodule at ``path``, with the chain of ``_modules`` entries that lead to it from the root."""
+
+    path: str
+    names: tuple[str, ...]
+    submodule: object
+    # (a parent's _modules, the key, the child found there); None: not a chain of submodules, looked up at each read
+    chain: tuple[tuple[dict[str, Any], str, object], ...] | None
+
+    @classmethod
+    def find(cls, module: nn.Module, path: str, names: tuple[str, ...]) -> _FoundSubmodule:
+        chain: list[tuple[dict[str, Any], str, object]] = []
+        current: Any = module
+        for key in path.split(".") if path else ():
+            children = getattr(current, "_modules", None)
+            if not isinstance(children, dict) or key not in children:  # not a plain submodule path here
+                return cls(path, names, _submodule(module, path), None)
+            current = children[key]
+            chain.append((children, key, current))
+        return cls(path, names, current, tuple(chain))
+
+    def in_place(self) -> bool:
+        """Whether every submodule on the path is still the one found (no hook replaced it)."""
+        if self.chain is None:
+            return False
+        return all(children.get(key, _MISSING) is child for children, key, child in self.chain)
 
 
 def same_settings(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
