@@ -230,6 +230,19 @@ def test_a_setting_a_batch_hook_makes_differ_is_still_refused_on_vmap():
         train_fused(trials, fit_digits, fused_kwargs={"backend": "vmap"}, max_steps=4)
 
 
+class DropoutWarmUpByNewModule(DropoutWarmUp):
+    """The same warm-up written as a new dropout module each step (the settings' reader must follow it)."""
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self.net[2] = nn.Dropout(self.hparams["final_p"] * min(1.0, self.global_step / 2))
+
+
+def test_a_setting_of_a_submodule_a_batch_hook_replaces_is_refused_on_vmap():
+    trials = [DropoutWarmUpByNewModule(0.0), DropoutWarmUpByNewModule(0.5)]
+    with pytest.raises(FusionMismatchError, match=r"net.2.p \(trial 0: 0.0, trial 1: 0.25\)"):
+        train_fused(trials, fit_digits, fused_kwargs={"backend": "vmap"}, max_steps=4)
+
+
 def test_hfta_runs_a_setting_a_batch_hook_changes_with_each_trials_own_value():
     trials = [seeded(lambda p=p: DropoutWarmUp(p), [0])[0] for p in (0.0, 0.5)]
     fused = train_fused(trials, fit_digits, fused_kwargs={"backend": "hfta"}, max_steps=4)
