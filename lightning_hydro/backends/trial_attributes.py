@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dis
 import inspect
-import operator
 import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -48,11 +47,9 @@ from lightning_hydro.backends.python_state import CONTAINER_TYPES, tracked_modul
 
 __all__ = [
     "DifferingAttribute",
-    "SettingsReader",
     "differing_modes",
     "hook_reads",
     "hook_writes",
-    "same_settings",
     "scan_attributes",
     "settings_fingerprint",
     "state_writes",
@@ -229,86 +226,6 @@ def settings_fingerprint(modules: Sequence[nn.Module]) -> list[dict[tuple[str, s
         }
         for module in modules
     ]
-
-
-class SettingsReader:
-    """Reads the trials' settings (what :func:`settings_fingerprint` compares) at the cost of attribute reads.
-
-    The settings' names are found once, by the full walk; each :meth:`read` then reads only their values. A backend
-    checks the settings after every hook the trials ran (:func:`~lightning_hydro.backends.python_state.trial_code_ran`),
-    and runs its full check only when a read differs from the last: after a batch-level hook that changed nothing,
-    that is the whole cost. A setting a hook adds as a new attribute is not read (the walk found the names).
-
-    Each trial's submodules are looked up once and then only checked to be still in place (one dict read per
-    level of their path): a hook that replaces a submodule (``self.drop = nn.Dropout(0.3)``) is followed. Looking
-    each one up anew (``get_submodule``) cost 316 us per read for 16 digits MLPs (now 69), at every step with a
-    trial hook.
-    """
-
-    def __init__(self, modules: Sequence[nn.Module]) -> None:
-        names: dict[str, dict[str, None]] = {}
-        for fingerprint in settings_fingerprint(modules):
-            for path, name in fingerprint:
-                names.setdefault(path, {})[name] = None
-        self._hparams = tuple(n.removeprefix("hparams.") for n in names.get("", {}) if n.startswith("hparams."))
-        self._by_path = {path: tuple(n for n in found if not n.startswith("hparams.")) for path, found in names.items()}
-        self._found: dict[int, tuple[nn.Module, list[_FoundSubmodule]]] = {}  # by id(trial module)
-
-    def read(self, modules: Sequence[nn.Module]) -> tuple[Any, ...]:
-        """Every trial's values of the settings, in one tuple (compare two with :func:`same_settings`)."""
-        values: list[Any] = []
-        for module in modules:
-            for found in self._submodules(module):
-                values.append(found.values(module))
-            hparams = getattr(module, "hparams", None)
-            hparams = hparams if isinstance(hparams, dict) else {}
-            values.append(tuple(hparams.get(name, _MISSING) for name in self._hparams))
-        return tuple(values)
-
-    def _submodules(self, module: nn.Module) -> list[_FoundSubmodule]:
-        cached = self._found.get(id(module))
-        if cached is None or cached[0] is not module:
-            cached = (module, [_FoundSubmodule(module, path, names) for path, names in self._by_path.items()])
-            self._found[id(module)] = cached
-        return cached[1]
-
-
-class _FoundSubmodule:
-    """A trial's submodule at ``path``, with the chain of ``_modules`` entries that lead to it from the root."""
-
-    def __init__(self, module: nn.Module, path: str, names: tuple[str, ...]) -> None:
-        self.path, self.names = path, names
-        self._read = operator.attrgetter(*names) if names else lambda sub: ()
-        # (a parent's _modules, the key, the child found there); None: not a chain of submodules, looked up each time
-        self._chain: list[tuple[dict[str, Any], str, object]] | None = []
-        current: Any = module
-        for key in path.split(".") if path else ():
-            children = getattr(current, "_modules", None)
-            if not isinstance(children, dict) or key not in children:
-                self._chain = None
-                break
-            current = children[key]
-            self._chain.append((children, key, current))
-        self._submodule = current
-
-    def values(self, module: nn.Module) -> tuple[Any, ...]:
-        """The setting values, read from the submodule found unless a hook replaced one on its path."""
-        sub = self._submodule
-        if self._chain is None or any(children.get(key, _MISSING) is not child for children, key, child in self._chain):
-            sub = _submodule(module, self.path)
-        try:
-            found = self._read(sub)
-        except AttributeError:  # a setting the trial's code deleted: read one by one
-            return tuple(getattr(sub, name, _MISSING) for name in self.names)
-        return found if len(self.names) != 1 else (found,)
-
-
-def same_settings(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    """Whether two :meth:`SettingsReader.read` results are equal (a value that cannot be compared: not equal)."""
-    try:
-        return bool(a == b)
-    except Exception:  # e.g. a hook set a setting to a tensor of several elements
-        return False
 
 
 def _holds_tensor(value: Any) -> bool:

@@ -47,15 +47,14 @@ from lightning_hydro.backends.per_trial_values import PerTrialValue
 from lightning_hydro.backends.python_state import state_generation
 from lightning_hydro.backends.step_state import ActiveCall, StepState
 from lightning_hydro.backends.trial_attributes import (
-    SettingsReader,
     differing_modes,
-    same_settings,
     state_writes,
     unfusible_attributes,
     unfusible_error_text,
 )
 from lightning_hydro.backends.trial_logging import LogCall, LogRecorder, capture_logs
 from lightning_hydro.backends.trial_ops.functional_patch import trial_functional
+from lightning_hydro.backends.trial_readers import ModesReader, SettingsReader, same_settings
 
 if TYPE_CHECKING:
     from lightning_hydro.stacking.stacked_state import StackedState
@@ -219,6 +218,7 @@ class VmapBackend(Backend):
         self._checked_generation = state_generation()  # the trials' settings are checked just below
         self._settings: SettingsReader | None = None  # reads the trials' settings cheaply (check_settings)
         self._settings_seen: tuple[Any, ...] | None = None  # what it read at the last full check
+        self._modes = ModesReader()  # the trials' train/eval modes, read cheaply (check_settings)
         refusal = self.refusal(group.modules, group.trial_ids)
         if refusal is not None:
             try:
@@ -267,6 +267,7 @@ class VmapBackend(Backend):
         self._state.forget()
         self._checked_generation = -1
         self._settings = self._settings_seen = None
+        self._modes = ModesReader()
 
     def check_settings(self) -> bool:
         """After the trials' own code ran (a hook, a loop step): refuse settings that have come to differ.
@@ -283,7 +284,7 @@ class VmapBackend(Backend):
         if self._checked_generation == state_generation():
             return False
         self._checked_generation = state_generation()
-        differing = modes_refusal(self.group.modules, self.group.trial_ids)
+        differing = modes_refusal(self.group.modules, self.group.trial_ids, self._modes.differing(self.group.modules))
         if differing:
             raise FusionMismatchError(f"FusedLightningModule(backend={self.name!r}): {differing}")
         if self._settings is None:
@@ -523,9 +524,12 @@ class VmapBackend(Backend):
         return logs
 
 
-def modes_refusal(modules: Sequence[nn.Module], ids: Sequence[int]) -> str:
-    """What differs between the trials' train/eval modes, and what to do ("" if every submodule's mode agrees)."""
-    tops = differing_modes(modules)
+def modes_refusal(modules: Sequence[nn.Module], ids: Sequence[int], tops: list[str] | None = None) -> str:
+    """What differs between the trials' train/eval modes, and what to do ("" if every submodule's mode agrees).
+
+    ``tops``: what :func:`~lightning_hydro.backends.trial_attributes.differing_modes` says of them, if known.
+    """
+    tops = differing_modes(modules) if tops is None else tops
     if not tops:
         return ""
     top = tops[0]
