@@ -62,3 +62,21 @@ def test_recurrent_trials_on_cuda_train_as_alone_when_one_is_stopped(cell):
     errors = [max_state_difference(fused.unfuse(trial_id).cpu(), alone[trial_id].cpu()) for trial_id in (0, 2)]
     print(f"{cell} on loop, CUDA float32 (TF32 off), trial 1 stopped at step 5: relative state errors {errors}")
     assert max(errors) <= 1e-5, errors
+
+
+@pytest.mark.parametrize("backend", ["vmap", "loop"])
+def test_the_trials_own_optimizer_step_on_cuda_runs_as_alone(backend):
+    # each override runs as a greenlet in the fit's thread (its CUDA device and grad mode; before, a worker thread
+    # had to be given the device): the docs' warm-up after the step, and one stepping inside torch.no_grad()
+    from tests.fused.step.test_trial_optimizer_step import StepsWithoutGrad, WarmupAfterStep, _trials
+    from tests.helpers import max_state_difference, train_fused, train_separately
+
+    fit_kwargs = dict(max_epochs=2, limit_train_batches=5, limit_val_batches=1, accelerator="gpu")
+    for cls in (WarmupAfterStep, StepsWithoutGrad):
+        trials = _trials(cls)
+        alone = train_separately(trials, fit_digits, **fit_kwargs)
+        fused = train_fused(trials, fit_digits, fused_kwargs={"backend": backend}, **fit_kwargs)
+        for row, own in enumerate(alone):
+            assert fused.trial_module(row).rates == own.rates
+            assert fused.trial_module(row).norms == pytest.approx(own.norms, rel=1e-5)
+            assert max_state_difference(fused.unfuse(row).cpu(), own.cpu()) <= 1e-5, (cls.__name__, row)
