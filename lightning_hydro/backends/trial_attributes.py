@@ -40,6 +40,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from lightning_hydro._deprecation import Renamed, renamed_names
+from lightning_hydro.backends.config_values import config_leaves, plain_mapping
 from lightning_hydro.backends.deferred_metrics import metric_paths
 from lightning_hydro.backends.errors import package_dir
 from lightning_hydro.backends.hfta import per_trial
@@ -126,13 +127,20 @@ def _plain_state(module: nn.Module) -> dict[tuple[str, str], Any]:
         if f"{path}.".startswith(metrics):
             continue
         for key, value in vars(sub).items():
-            if not key.startswith("_") and key not in _IGNORED and _comparable(value):
+            if key.startswith("_") or key in _IGNORED:
+                continue
+            if _comparable(value):
                 found[(path, key)] = value
-    hparams = getattr(module, "hparams", None)
-    if isinstance(hparams, dict):
-        for key, value in hparams.items():
-            if isinstance(key, str) and _comparable(value):
-                found[("", f"hparams.{key}")] = value
+            else:  # a config object (dataclass, DictConfig, namespace): its leaves, by dotted name
+                found.update(((path, leaf), v) for leaf, v in config_leaves(key, value, _comparable).items())
+    hparams = plain_mapping(getattr(module, "hparams", None))  # Lightning's AttributeDict, or a DictConfig
+    for key, value in (hparams or {}).items():
+        if not isinstance(key, str):
+            continue
+        if _comparable(value):
+            found[("", f"hparams.{key}")] = value
+        else:
+            found.update((("", f"hparams.{leaf}"), v) for leaf, v in config_leaves(key, value, _comparable).items())
     return found
 
 
@@ -156,7 +164,8 @@ def scan_attributes(modules: Sequence[nn.Module], *, ids: Sequence[int]) -> list
         for name in per_trial.differing_attributes([_submodule(module, path) for module in modules])
         if name not in _IGNORED
     ]
-    differing += [key for key in keys if key[1].startswith("hparams.")]
+    # hparams and the leaves of config objects (dotted names) are compared by value, not as a module's attributes
+    differing += [key for key in keys if key[1].startswith("hparams.") or "." in key[1]]
     reads = _ReadNames(modules[0])
     found = []
     for path, name in differing:
@@ -202,7 +211,8 @@ def unfusible_attributes(
     tracked = {path for path, _ in tracked_modules(modules[0])}
 
     def is_per_trial(attribute: DifferingAttribute) -> bool:
-        if attribute.path in tracked and all(isinstance(v, CONTAINER_TYPES) for v in attribute.values):
+        leaf = "." in attribute.name.removeprefix("hparams.")  # inside a config object: no step state of its own
+        if not leaf and attribute.path in tracked and all(isinstance(v, CONTAINER_TYPES) for v in attribute.values):
             return True
         if settings_only and attribute.path in tracked and not attribute.name.startswith("hparams."):
             return True  # the user's own attributes: a value that differs is refused where a step uses it
@@ -222,7 +232,9 @@ def settings_fingerprint(modules: Sequence[nn.Module]) -> list[dict[tuple[str, s
         {
             key: value
             for key, value in _plain_state(module).items()
-            if (key[0] not in tracked or key[1].startswith("hparams.")) and not _holds_tensor(value)
+            if (key[0] not in tracked or key[1].startswith("hparams."))
+            and "." not in key[1].removeprefix("hparams.")  # read back by name: a config object's leaves are not
+            and not _holds_tensor(value)
         }
         for module in modules
     ]
@@ -477,7 +489,18 @@ class _ReadNames:
         return bool(self.readers(path, name))
 
     def readers(self, path: str, name: str) -> tuple[str, ...]:
-        """``""`` if the root's steps name ``name``, and each of ``path`` and its ancestors whose forward does."""
+        """``""`` if the root's steps name ``name``, and each of ``path`` and its ancestors whose forward does.
+
+        A config object's leaf (``cfg.loss.gamma``, ``hparams.cfg.gamma``) is read where the code names the object
+        and the leaf's own name (the last part that is not a list index).
+        """
+        head, dot, rest = name.removeprefix("hparams.").partition(".")
+        if dot:
+            leaf = next((part for part in reversed(rest.split(".")) if not part.isdigit()), head)
+            hparams = name.startswith("hparams.")
+            owners = self.readers(path, f"hparams.{head}" if hparams else head)
+            wanted = f"hparams.{leaf}" if hparams else leaf
+            return tuple(owner for owner in owners if wanted in (self.root if not owner else self._of(owner)))
         if name.startswith("hparams."):
             return ("",) if name in self.root else ()
         found = [""] if name in self.root else []

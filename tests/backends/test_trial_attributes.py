@@ -3,7 +3,9 @@
 import ast
 import importlib
 from pathlib import Path
+from typing import Any
 
+import lightning as L
 import pytest
 import torch
 from torch import nn
@@ -155,3 +157,63 @@ def test_a_hook_storing_into_a_container_it_holds_writes_state():
     assert hook_writes(Hooks, "through_a_local") == ("[...]",)
     assert hook_writes(Hooks, "deleting") == ("cache[...]",)
     assert hook_writes(Hooks, "into_the_batch") == ()
+
+
+def _config_trials(kind: str) -> list[nn.Module]:
+    """Trials that keep a per-trial anneal length and a per-trial lr in a config object, as Hydra projects do."""
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    @dataclass
+    class Loss:
+        anneal_steps: int
+        lr: float
+
+    class Annealed(nn.Module):
+        def __init__(self, anneal_steps: int, lr: float) -> None:
+            super().__init__()
+            self.linear = nn.Linear(2, 2)
+            if kind == "dataclass":
+                self.cfg = Loss(anneal_steps, lr)
+            elif kind == "namespace":
+                self.cfg = SimpleNamespace(anneal_steps=anneal_steps, lr=lr)
+            else:
+                self.cfg = OmegaConf.create({"loss": {"anneal_steps": anneal_steps}, "optim": {"lr": lr}})
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            steps = self.cfg.loss.anneal_steps if kind == "dictconfig" else self.cfg.anneal_steps
+            return self.linear(x) / steps
+
+    return [Annealed(steps, lr) for steps, lr in ((2, 0.1), (7, 0.2))]
+
+
+@pytest.mark.parametrize("kind", ["dataclass", "namespace", "dictconfig"])
+def test_a_value_inside_a_config_object_that_the_fused_code_reads_is_found(kind: str):
+    # before, config objects were not compared: a per-trial anneal length in one ran with trial 0's under vmap
+    found = {a.qualified_name: a for a in scan_attributes(_config_trials(kind), ids=[0, 1])}
+    steps = "cfg.loss.anneal_steps" if kind == "dictconfig" else "cfg.anneal_steps"
+    lr = "cfg.optim.lr" if kind == "dictconfig" else "cfg.lr"
+    assert found[steps].values == (2, 7)
+    assert found[steps].read
+    assert not found[lr].read  # only the trial's own configure_optimizers would read it: no refusal for a sweep's lr
+
+
+def test_hyperparameters_saved_from_a_dictconfig_are_compared_as_a_dict_of_hparams():
+    from omegaconf import OmegaConf
+
+    class FromConfig(L.LightningModule):
+        def __init__(self, cfg: Any) -> None:
+            super().__init__()
+            self.save_hyperparameters(cfg)  # self.hparams is the DictConfig
+            self.linear = nn.Linear(2, 2)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return self.linear(batch).sum() * min(1.0, self.global_step / self.hparams.anneal_steps)
+
+    trials = [FromConfig(OmegaConf.create({"anneal_steps": s, "lr": lr})) for s, lr in ((2, 0.1), (7, 0.2))]
+    found = {a.qualified_name: a for a in scan_attributes(trials, ids=[0, 1])}
+    assert found["hparams.anneal_steps"].values == (2, 7)
+    assert found["hparams.anneal_steps"].read
+    assert not found["hparams.lr"].read

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import logging
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
@@ -228,13 +227,15 @@ def test_a_wide_deep_mlp_whose_trials_differ_only_in_lr_passes_the_check():
     assert fused.results[3]["steps"] == 1
 
 
-@dataclass
 class LossConfig:
-    smoothing: float
+    """A plain object of the user's own class (not a dataclass or a config: those the scan opens and compares)."""
+
+    def __init__(self, smoothing: float) -> None:
+        self.smoothing = smoothing
 
 
 class ConfiguredMLP(DigitsMLP):
-    """Label smoothing kept in a config object: state the attribute scan cannot compare."""
+    """Label smoothing kept in an object of the user's own class: state the attribute scan cannot compare."""
 
     def __init__(self, smoothing: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
