@@ -295,6 +295,10 @@ def _logging_step(trainer: L.Trainer) -> int:
 
 
 def _should_log_step(trainer: L.Trainer, step: int) -> bool:
-    """Lightning's rule: every ``log_every_n_steps`` batches that stepped, counting this one."""
+    """Lightning's rule: every ``log_every_n_steps`` batches that stepped, counting this one, and the last batch.
+
+    The last: the one after which the fit stops (``trainer.should_stop``: a ``Timer``, ``max_time``, a callback),
+    whatever its step.
+    """
     every = getattr(trainer, "log_every_n_steps", 50)  # set by Lightning's logger connector
-    return bool(every) and (step + 1) % every == 0
+    return bool(every) and ((step + 1) % every == 0 or bool(trainer.should_stop))

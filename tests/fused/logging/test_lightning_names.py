@@ -377,3 +377,34 @@ def test_metric_objects_logged_on_step_log_each_batchs_value_as_alone(backend: s
         for which, values in dicts.items():
             assert_same_values(trial_metrics_view(floats(getattr(trainer, which)), tid), values, which)
         assert_same_series(logger, tid, series)
+
+
+class StopsAtStep(L.Callback):
+    """Ends the fit after the batch of ``step`` (as Lightning's ``Timer`` and ``max_time`` do, off the log grid)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            trainer.should_stop = True
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_batch_after_which_the_fit_stops_is_logged_as_alone(backend: str) -> None:
+    # alone, Lightning logs the step values of the batch that ends the fit, whatever log_every_n_steps says;
+    # before, the fused trials' series ended a row early (steps 3, 7 where alone logged 3, 7, 9)
+    limits: dict[str, Any] = dict(max_epochs=5, log_every_n_steps=4)
+    alone = []
+    for module in trials(DigitsMLP):
+        logger = SeriesLogger()
+        torch.manual_seed(1234)
+        make_trainer(logger=logger, callbacks=[StopsAtStep(10)], **limits).fit(module, datamodule=DigitsDataModule())
+        alone.append(logger.series)
+    assert [step for step, _ in alone[0]["train_loss"]] == [3, 7, 9]
+    logger = SeriesLogger()
+    fused = FusedLightningModule(trials(DigitsMLP), backend=backend, summary=False)
+    torch.manual_seed(1234)
+    make_trainer(logger=logger, callbacks=[StopsAtStep(10)], **limits).fit(fused, datamodule=DigitsDataModule())
+    for tid, series in enumerate(alone):
+        assert_same_series(logger, tid, series)
