@@ -45,6 +45,12 @@ from lightning_hydro.fused.group.width_padding import width_optimizer_path
 from lightning_hydro.fused.lightning.batch_hooks import TrialBatchHooks, batch_of
 from lightning_hydro.fused.lightning.batch_transfer import BatchTransfer
 from lightning_hydro.fused.lightning.callbacks import per_trial_callbacks, refuse_module_callbacks
+from lightning_hydro.fused.lightning.group_access import (
+    GroupHyperparameters,
+    trial_attribute_error,
+    trial_attribute_refusal,
+    warn_group_unaware_callbacks,
+)
 from lightning_hydro.fused.lightning.group_checkpoint import (
     CHECKPOINT_KEY,
     group_checkpoint_for_trial,
@@ -214,6 +220,40 @@ class FusedLightningModule(EvaluationHooks):
         # under ddp_spawn the group's state returns to this process with the weights (see rank_sync.py)
         self.register_state_dict_post_hook(_hand_back_group)
         self.register_load_state_dict_pre_hook(_take_back_group)
+        self._hparams = GroupHyperparameters()  # a trial's hparams read on the group: said where they are
+        self.__dict__["_group_ready"] = True  # from here on, an attribute of the trials set on the group is refused
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            trial = self._trial_holding(name)
+            if trial is None:
+                raise
+            raise trial_attribute_error(name, self._slots.trial_ids, type(trial).__name__) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_group_ready") and name not in self.__dict__:
+            trial = self._trial_holding(name)  # (a callback's pl_module.flag = True, alone the trial's own)
+            if trial is not None:
+                raise trial_attribute_refusal(name, self._slots.trial_ids, type(trial).__name__)
+        super().__setattr__(name, value)
+
+    def _trial_holding(self, name: str) -> nn.Module | None:
+        """A running trial that has attribute ``name`` where the group has none (fused/lightning/group_access.py)."""
+        found = self.__dict__
+        if name.startswith("_") or "_group_ready" not in found or hasattr(type(self), name):
+            return None
+        if any(name in found.get(store, {}) for store in ("_parameters", "_buffers", "_modules")):
+            return None
+        slots = found.get("_slots")
+        for module in () if slots is None else slots.group.modules:
+            own = vars(module)
+            if name in own or any(name in own.get(store, {}) for store in ("_parameters", "_buffers", "_modules")):
+                return module
+            if hasattr(type(module), name):
+                return module
+        return None
 
     @classmethod
     def from_configs(
@@ -464,6 +504,7 @@ class FusedLightningModule(EvaluationHooks):
         refuse_module_callbacks(self._first())
         callbacks: list[Callback] = self.trainer.callbacks  # type: ignore[attr-defined]
         callbacks[:] = per_trial_callbacks(callbacks)
+        warn_group_unaware_callbacks(callbacks)
         return []
 
     @override

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from lightning_hydro.optim.group_param_group import GroupParamGroup
 from lightning_hydro.optim.optimizer_config import TrialOptimization
 
 if TYPE_CHECKING:
@@ -257,6 +258,8 @@ class TrialGroupOptimizer(Optimizer):
         clipping: TrialClipping | None = None,
     ) -> None:
         super().__init__(list(group.params.values()), defaults={})
+        # a hyperparameter set here would reach no trial (a callback's warm-up on trainer.optimizers): refused
+        self.param_groups = [GroupParamGroup(param_group) for param_group in self.param_groups]
         self.clipping = clipping
         self._own_clipping = False  # a trial clips its own way: every trial is clipped by its own hook
         self.group = group

@@ -222,6 +222,7 @@ class StackedState:
         # the rows whose trial has frozen its parameter, by name, where other rows train (see follow_requires_grad)
         self.frozen: dict[str, tuple[int, ...]] = {}
         self._trial_params: dict[str, list[nn.Parameter]] = {}  # each trial's parameter by name, in row order (bind)
+        self._followed_flags: dict[str, bool] = {}  # each stacked parameter's requires_grad as last followed
         self.buffers: dict[str, Tensor] = {}
         self._persistent: dict[str, bool] = {}
         first = modules[0]
@@ -288,6 +289,7 @@ class StackedState:
             for row, param in enumerate(self._trial_params[name]):
                 param.data = self.trial_view(name, row, stacked.data[row])
         self.bind_buffers()
+        self._followed_flags = {}  # the trials' flags are the truth at binding (the stacked tensors may be new)
         self.follow_requires_grad()  # (the rows may have changed)
 
     def saved_buffers(self) -> dict[str, Tensor]:
@@ -382,11 +384,19 @@ class StackedState:
         over them, as torch's pass over a frozen parameter alone.
         """
         frozen: dict[str, tuple[int, ...]] = {}
+        followed = self._followed_flags
         for name, stacked in self.params.items():  # (every step: the trials' parameters as bind found them)
-            flags = [param.requires_grad for param in self._trial_params[name]]
+            trial_params = self._trial_params[name]
+            if name in followed and stacked.requires_grad != followed[name]:
+                # set on the stacked tensor itself (a callback's pl_module.freeze(), as alone it freezes the trial's
+                # parameters): every trial's parameter takes it, or the trials' flags would undo it here
+                for param in trial_params:
+                    param.requires_grad_(stacked.requires_grad)
+            flags = [param.requires_grad for param in trial_params]
             trains = any(flags)
             if stacked.requires_grad != trains:
                 stacked.requires_grad_(trains)
+            followed[name] = trains
             if trains and not all(flags):
                 frozen[name] = tuple(row for row, flag in enumerate(flags) if not flag)
         self.frozen = frozen
