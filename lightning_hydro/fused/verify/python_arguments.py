@@ -88,9 +88,14 @@ class _Recorder(TorchFunctionMode):
         self._grouped = TrialGroupedModule.forward.__code__
 
     def _inside_step(self, frame: Any) -> bool:
-        """Whether the frame runs inside the user's step (and not inside one of hfta's per-group modules)."""
+        """Whether the frame runs inside the user's step (and not inside one of hfta's per-group modules).
+
+        Not inside a ``torch.autograd.Function`` of the user's either: under vmap its ``forward`` runs where torch
+        function modes are not seen (``generate_vmap_rule``), so only the trial's own run would record its calls.
+        """
+        functions = _autograd_function_codes()
         while frame is not None:
-            if frame.f_code is self._grouped:
+            if frame.f_code is self._grouped or frame.f_code in functions:
                 return False
             if frame.f_code is self._step:
                 return True
@@ -115,6 +120,30 @@ class _Recorder(TorchFunctionMode):
             where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
             self.calls.append(ArgumentCall(name, where, recorded))
         return standing_in(func)(*args, **kwargs)
+
+
+_FUNCTION_CODES: tuple[int, frozenset[CodeType]] = (-1, frozenset())  # (how many subclasses, their codes)
+
+
+def _autograd_function_codes() -> frozenset[CodeType]:
+    """The code of each ``forward``, ``setup_context``, ``backward`` of the ``torch.autograd.Function`` subclasses."""
+    global _FUNCTION_CODES
+    classes: list[type] = []
+    pending: list[type] = [torch.autograd.Function]
+    while pending:
+        subclasses: list[type] = pending.pop().__subclasses__()
+        classes += subclasses
+        pending += subclasses
+    if _FUNCTION_CODES[0] != len(classes):
+        codes: set[CodeType] = set()
+        for cls in classes:
+            for name in ("forward", "setup_context", "backward", "jvp", "vmap"):
+                member = vars(cls).get(name)
+                code = getattr(getattr(member, "__func__", member), "__code__", None)
+                if isinstance(code, CodeType):
+                    codes.add(code)
+        _FUNCTION_CODES = (len(classes), frozenset(codes))
+    return _FUNCTION_CODES[1]
 
 
 @contextmanager

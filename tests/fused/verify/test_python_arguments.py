@@ -14,7 +14,6 @@ with its cause, and ``auto`` falls back to the loop.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
@@ -28,18 +27,35 @@ from torch.utils.data import DataLoader
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.backends import FusionError
 from lightning_hydro.backends.errors import FusionMismatchError
-from tests.helpers import fit_digits, make_trainer, max_state_difference, token_data
+from lightning_hydro.demos import DigitsMLP
+from tests.helpers import (
+    fit_digits,
+    make_trainer,
+    max_state_difference,
+    seeded,
+    token_data,
+    train_fused,
+    train_separately,
+)
 
 
-@dataclass
 class TinyConfig:
-    """A config object as Hugging Face passes to every layer."""
+    """A config object as Hugging Face passes to every layer: a plain class of its own (``PretrainedConfig``'s shape).
 
-    vocab: int = 20
-    d_model: int = 16
-    heads: int = 2
-    attn_pdrop: float = 0.0
-    hidden_dropout_prob: float = 0.0
+    (A dataclass, a namespace or an OmegaConf config the attribute scan opens and compares field by field:
+    ``tests/fused/test_config_objects.py``; an object of the user's own class it cannot.)
+    """
+
+    def __init__(
+        self,
+        vocab: int = 20,
+        d_model: int = 16,
+        heads: int = 2,
+        attn_pdrop: float = 0.0,
+        hidden_dropout_prob: float = 0.0,
+    ) -> None:
+        self.vocab, self.d_model, self.heads = vocab, d_model, heads
+        self.attn_pdrop, self.hidden_dropout_prob = attn_pdrop, hidden_dropout_prob
 
 
 class GPT2StyleAttention(nn.Module):
@@ -274,3 +290,48 @@ def test_hfta_runs_a_setting_a_hook_changes_with_each_trials_own_value():
     fit_digits(make_trainer(max_epochs=2, limit_train_batches=3), fused)
     moved = max((a - b).abs().max().item() for a, b in zip(fused.unfuse(0).parameters(), fused.unfuse(1).parameters()))
     assert moved > 1e-4
+
+
+class _StraightThroughClamp(torch.autograd.Function):
+    """A clamp whose gradient passes straight through (quantisation-aware training's shape), with a vmap rule."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
+        return x.clamp(low, high)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        return grad, None, None
+
+
+class ClampedMLP(DigitsMLP):
+    def __init__(self, low: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(hidden_dim=16, **kwargs)
+        self.low = low
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(_StraightThroughClamp.apply(self.body(x), self.low, 2.0))
+
+
+@pytest.mark.parametrize("backend", ["vmap", "hfta"])
+def test_a_custom_autograd_function_with_a_vmap_rule_fuses_as_alone(backend: str) -> None:
+    # before, the training-mode check saw the Function's calls in the trial's own run only (under vmap its forward
+    # runs where torch function modes are not seen) and refused: "the Python code takes another path"
+    rates = iter([0.05, 0.1, 0.2])
+    trials = seeded(lambda: ClampedMLP(lr=next(rates)), [0, 1, 2])
+    alone = train_separately(trials, fit_digits, max_steps=6)
+    fused = train_fused(trials, fit_digits, fused_kwargs={"backend": backend}, max_steps=6)
+    for row, own in enumerate(alone):
+        assert max_state_difference(fused.unfuse(row), own) <= 1e-6
+
+
+def test_a_per_trial_value_handed_to_a_custom_autograd_function_is_still_refused() -> None:
+    trials = [ClampedMLP(low=low) for low in (0.0, 0.5)]
+    with pytest.raises(FusionMismatchError, match=r"low \(trial 0: 0.0, trial 1: 0.5\)"):
+        FusedLightningModule(trials, backend="vmap", summary=False)
