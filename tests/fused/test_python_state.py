@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 from typing import Any
 
 import lightning as L
@@ -226,6 +227,13 @@ def test_auto_runs_state_that_comes_to_differ_on_the_loop_as_alone():
         fused, metrics = fit_fused(alone, "auto", deterministic=True, **FIT)
     assert fused.backend == "loop"
     assert {result["backend"] for result in fused.results.values()} == {"loop"}
+    # the report says what runs now, and what auto had chosen first (before, it still said "chose 'hfta'")
+    assert re.match(
+        r"FusedLightningModule: backend='auto' runs the group on 'loop' from now on: .*self\.boost.*"
+        r"\(first: backend='auto' \(deterministic\) chose 'hfta'",
+        fused.backend_report,
+        re.S,
+    )
     for tid, (own, values) in enumerate(zip(separate, expected)):
         assert fused.results[tid]["metrics"]["boost"] == values["boost"] == float(own.boost)
         assert fused.trial_module(tid).boost == own.boost

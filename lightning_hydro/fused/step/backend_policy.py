@@ -102,7 +102,12 @@ class BackendPolicy:
         return self.name if self.parked is None else self.parked.name
 
     def _to_loop(self, reason: str) -> None:
-        rank_zero_warn(f"FusedLightningModule: backend='auto' runs the group on 'loop' from now on: {reason}")
+        message = f"FusedLightningModule: backend='auto' runs the group on 'loop' from now on: {reason}"
+        rank_zero_warn(message)
+        if self.report:  # what was chosen first, then why the loop runs it now
+            first = self.report.removeprefix("FusedLightningModule: ")
+            message = f"{message.removesuffix('.')} (first: {first.removesuffix('.')})."
+        self.report = message
         self.backend, self.parked = make_backend("loop", self.slots.group), None
         self.slots.book.set_backend(self.slots.trial_ids, "loop")
 
