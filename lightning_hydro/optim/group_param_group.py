@@ -10,16 +10,18 @@ Example::
     >>> group["lr"] = 0.1
     Traceback (most recent call last):
     ...
-    lightning_hydro.backends.errors.FusionError: FusedLightningModule: param_group['lr'] = ... on the group's ...
+    lightning_hydro.optim.group_param_group.GroupHyperparameterError: FusedLightningModule: param_group['lr'] = ...
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from lightning_hydro.backends.errors import FusionError
+__all__ = ["GroupHyperparameterError", "GroupParamGroup"]
 
-__all__ = ["GroupParamGroup"]
+
+class GroupHyperparameterError(ValueError):
+    """A hyperparameter was set on the fused group's optimizer, where it would reach no trial."""
 
 
 class GroupParamGroup(dict[str, Any]):
@@ -31,13 +33,16 @@ class GroupParamGroup(dict[str, Any]):
 
     def __setitem__(self, key: str, value: Any) -> None:
         if key not in self:
-            raise FusionError(
+            raise GroupHyperparameterError(
                 f"FusedLightningModule: param_group[{key!r}] = ... on the group's optimizer (trainer.optimizers, a "
                 "callback's optimizer argument) reaches no trial: the group steps every trial with the "
                 "hyperparameters of the trial's own optimizer. Set them there (fused.trial_module(tid).optimizers()"
                 ".param_groups), or in the trial's own hooks or LR scheduler, which run per trial as alone."
             )
         super().__setitem__(key, value)
+
+    def __reduce__(self) -> Any:  # a copy is built whole (pickle and deepcopy would set each entry anew)
+        return (type(self), (dict(self),))
 
     def __missing__(self, key: str) -> Any:
         raise KeyError(
