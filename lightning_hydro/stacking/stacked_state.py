@@ -384,7 +384,7 @@ class StackedState:
         over them, as torch's pass over a frozen parameter alone.
         """
         frozen: dict[str, tuple[int, ...]] = {}
-        followed = self._followed_flags
+        followed = self.__dict__.setdefault("_followed_flags", {})  # (a group pickled before it existed has none)
         for name, stacked in self.params.items():  # (every step: the trials' parameters as bind found them)
             trial_params = self._trial_params[name]
             if name in followed and stacked.requires_grad != followed[name]:
