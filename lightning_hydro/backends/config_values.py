@@ -71,23 +71,28 @@ def config_leaves(name: str, value: Any, comparable: Callable[[Any], bool] = lam
     """
     found: dict[str, Any] = {}
 
-    def visit(prefix: str, item: Any, depth: int) -> None:
-        fields = config_fields(item)
-        if fields is None and isinstance(item, Mapping) and all(isinstance(k, str) for k in item):
-            fields = item
-        if fields is None:
-            if comparable(item):
-                found[prefix] = item
-            return
+    def visit(prefix: str, fields: Mapping[str, Any], depth: int) -> None:
         if depth >= _DEPTH:
             return
-        for key, field in fields.items():
-            visit(f"{prefix}.{key}", field, depth + 1)
+        for key, item in fields.items():
+            inner = _opened(item)
+            if inner is not None:
+                visit(f"{prefix}.{key}", inner, depth + 1)
+            elif comparable(item):
+                found[f"{prefix}.{key}"] = item
 
-    if config_fields(value) is None and not isinstance(value, Mapping):
-        return found
-    visit(name, value, 0)
+    top = _opened(value)
+    if top is not None:
+        visit(name, top, 0)
     return found
+
+
+def _opened(value: Any) -> Mapping[str, Any] | None:
+    """A config object's fields, or a mapping with string keys itself; None for anything else."""
+    fields = config_fields(value)
+    if fields is None and isinstance(value, Mapping) and all(isinstance(key, str) for key in value):
+        return value
+    return fields
 
 
 def plain_mapping(value: Any) -> Mapping[str, Any] | None:

@@ -54,6 +54,7 @@ __all__ = [
     "scan_attributes",
     "settings_fingerprint",
     "state_writes",
+    "submodule_at",
     "uncompared_reads",
     "unfusible_attributes",
     "unfusible_error_text",
@@ -127,21 +128,23 @@ def _plain_state(module: nn.Module) -> dict[tuple[str, str], Any]:
         if f"{path}.".startswith(metrics):
             continue
         for key, value in vars(sub).items():
-            if key.startswith("_") or key in _IGNORED:
-                continue
-            if _comparable(value):
-                found[(path, key)] = value
-            else:  # a config object (dataclass, DictConfig, namespace): its leaves, by dotted name
-                found.update(((path, leaf), v) for leaf, v in config_leaves(key, value, _comparable).items())
+            if not key.startswith("_") and key not in _IGNORED:
+                found.update(((path, name), v) for name, v in _plain_values(key, value).items())
     hparams = plain_mapping(getattr(module, "hparams", None))  # Lightning's AttributeDict, or a DictConfig
     for key, value in (hparams or {}).items():
-        if not isinstance(key, str):
-            continue
-        if _comparable(value):
-            found[("", f"hparams.{key}")] = value
-        else:
-            found.update((("", f"hparams.{leaf}"), v) for leaf, v in config_leaves(key, value, _comparable).items())
+        if isinstance(key, str):
+            found.update((("", f"hparams.{name}"), v) for name, v in _plain_values(key, value).items())
     return found
+
+
+def _plain_values(name: str, value: Any) -> dict[str, Any]:
+    """``{name: value}`` for a plain value; the leaves of a config object (dataclass, DictConfig, namespace) by name."""
+    return {name: value} if _comparable(value) else config_leaves(name, value, _comparable)
+
+
+def _is_config_leaf(name: str) -> bool:
+    """Whether a scanned name is a leaf inside a config object (``cfg.loss.gamma``, ``hparams.cfg.lr``)."""
+    return "." in name.removeprefix("hparams.")
 
 
 def scan_attributes(modules: Sequence[nn.Module], *, ids: Sequence[int]) -> list[DifferingAttribute]:
@@ -161,11 +164,11 @@ def scan_attributes(modules: Sequence[nn.Module], *, ids: Sequence[int]) -> list
     differing = [
         (path, name)
         for path in paths
-        for name in per_trial.differing_attributes([_submodule(module, path) for module in modules])
+        for name in per_trial.differing_attributes([submodule_at(module, path) for module in modules])
         if name not in _IGNORED
     ]
     # hparams and the leaves of config objects (dotted names) are compared by value, not as a module's attributes
-    differing += [key for key in keys if key[1].startswith("hparams.") or "." in key[1]]
+    differing += [key for key in keys if key[1].startswith("hparams.") or _is_config_leaf(key[1])]
     reads = _ReadNames(modules[0])
     found = []
     for path, name in differing:
@@ -177,7 +180,7 @@ def scan_attributes(modules: Sequence[nn.Module], *, ids: Sequence[int]) -> list
     return found
 
 
-def _submodule(module: nn.Module, path: str) -> object:
+def submodule_at(module: nn.Module, path: str) -> object:
     """The submodule at ``path``, or an object without attributes where the trial has none."""
     try:
         return module.get_submodule(path)
@@ -211,7 +214,7 @@ def unfusible_attributes(
     tracked = {path for path, _ in tracked_modules(modules[0])}
 
     def is_per_trial(attribute: DifferingAttribute) -> bool:
-        leaf = "." in attribute.name.removeprefix("hparams.")  # inside a config object: no step state of its own
+        leaf = _is_config_leaf(attribute.name)  # inside a config object: no step state of its own
         if not leaf and attribute.path in tracked and all(isinstance(v, CONTAINER_TYPES) for v in attribute.values):
             return True
         if settings_only and attribute.path in tracked and not attribute.name.startswith("hparams."):
@@ -233,7 +236,7 @@ def settings_fingerprint(modules: Sequence[nn.Module]) -> list[dict[tuple[str, s
             key: value
             for key, value in _plain_state(module).items()
             if (key[0] not in tracked or key[1].startswith("hparams."))
-            and "." not in key[1].removeprefix("hparams.")  # read back by name: a config object's leaves are not
+            and not _is_config_leaf(key[1])  # read back by name: a config object's leaves are not
             and not _holds_tensor(value)
         }
         for module in modules

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from types import SimpleNamespace
 from typing import Any
 
 from torch import nn
 
-from lightning_hydro.backends.trial_attributes import differing_modes, settings_fingerprint
+from lightning_hydro.backends.trial_attributes import differing_modes, settings_fingerprint, submodule_at
 
 __all__ = ["ModesReader", "SettingsReader", "same_settings"]
 
@@ -101,7 +100,7 @@ class _FoundSubmodule:
         """The setting values, read from the submodule found unless a hook replaced one on its path."""
         sub = self._submodule
         if self._chain is None or any(children.get(key, _MISSING) is not child for children, key, child in self._chain):
-            sub = _submodule_at(module, self.path)
+            sub = submodule_at(module, self.path)
         try:
             found = self._read(sub)
         except AttributeError:  # a setting the trial's code deleted: read one by one
@@ -168,11 +167,3 @@ class _Submodules:
 
     def modes(self) -> tuple[bool, ...]:
         return tuple(map(_TRAINING, self._modules))
-
-
-def _submodule_at(module: nn.Module, path: str) -> object:
-    """The submodule at ``path``, or an object without attributes where the trial has none."""
-    try:
-        return module.get_submodule(path)
-    except AttributeError:
-        return SimpleNamespace()

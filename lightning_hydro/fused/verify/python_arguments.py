@@ -86,6 +86,8 @@ class _Recorder(TorchFunctionMode):
         self._overrides = sys.modules["torch.overrides"].__file__
         # hfta runs a module whose settings differ once per group of equal settings, each with its own: not compared
         self._grouped = TrialGroupedModule.forward.__code__
+        # the user's torch.autograd.Function code, found once per recording (see _inside_step)
+        self._functions = _autograd_function_codes()
 
     def _inside_step(self, frame: Any) -> bool:
         """Whether the frame runs inside the user's step (and not inside one of hfta's per-group modules).
@@ -93,9 +95,8 @@ class _Recorder(TorchFunctionMode):
         Not inside a ``torch.autograd.Function`` of the user's either: under vmap its ``forward`` runs where torch
         function modes are not seen (``generate_vmap_rule``), so only the trial's own run would record its calls.
         """
-        functions = _autograd_function_codes()
         while frame is not None:
-            if frame.f_code is self._grouped or frame.f_code in functions:
+            if frame.f_code is self._grouped or frame.f_code in self._functions:
                 return False
             if frame.f_code is self._step:
                 return True
