@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch import nn
@@ -65,8 +65,8 @@ class SettingsReader:
         for module in modules:
             for found in self._submodules(module):
                 values.append(found.values(module))
-            hparams = getattr(module, "hparams", None)
-            hparams = hparams if isinstance(hparams, dict) else {}
+            hparams = getattr(module, "hparams", None)  # Lightning's AttributeDict, or the DictConfig a trial saved
+            hparams = hparams if isinstance(hparams, Mapping) else {}
             values.append(tuple(hparams.get(name, _MISSING) for name in self._hparams))
         return tuple(values)
 

@@ -91,3 +91,21 @@ def test_trials_whose_config_objects_differ_only_in_what_their_optimizers_read_s
     fused = FusedLightningModule(trials, backend="vmap", summary=False)
     fit_digits(make_trainer(**FIT), fused)
     assert fused.backend == "vmap"
+
+
+class ScaledByAHook(FromDictConfig):
+    """A batch hook sets a per-trial scale in the DictConfig hparams, which the step reads."""
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self.hparams.scale = 1.0 + self.hparams.lr * self.global_step
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x) * self.hparams.get("scale", 1.0), y)
+
+
+def test_a_dictconfig_hparam_a_hook_makes_differ_is_refused_at_the_next_step() -> None:
+    # the re-read after a trial's hook read Lightning's dict hparams only: a DictConfig's ran with trial 0's, silently
+    fused = FusedLightningModule(_trials(ScaledByAHook), backend="vmap", summary=False)
+    with pytest.raises(FusionMismatchError, match=r"hparams.scale \(trial 0: 1.05, trial 1: 1.1\)"):
+        fit_digits(make_trainer(max_steps=4), fused)
