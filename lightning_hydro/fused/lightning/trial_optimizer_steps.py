@@ -19,8 +19,9 @@ forward and backward, clipping, ``on_before_optimizer_step``), then one update o
 hyperparameters its code has set. Then each trial's code goes on after its step, one trial after another, in the
 order of their rows, as it would one trial after another.
 
-Greenlets, not threads: a switch costs about a microsecond where a thread's hand-off costs tens (it took a fused
-step of 16 small trials from 2 to 7 ms on a 2-core CPU), and the trials' code runs in the thread that runs it alone,
+Greenlets, not threads: the threads' hand-offs took a fused step of 16 small trials from 2 to 7 ms on a 2-core CPU,
+the greenlets' switches to 3 ms (docs/fused.md, "The steady step's own cost"), and the trials' code runs in the thread
+that runs it alone,
 with that thread's device, autocast and grad mode. Each paused call keeps its own grad mode (``with
 torch.no_grad():`` around its ``optimizer.step()`` does not reach the group's closure or the other trials).
 
