@@ -14,7 +14,8 @@ such a callback reads and sets the trial's attributes and its optimizer's learni
 - :func:`warn_group_unaware_callbacks`: at fit start, a warning names the user's callbacks whose hooks use
   ``pl_module`` (or the Trainer's model or optimizers) without the group's own API: what they read spans every
   trial (``outputs["loss"]`` is the sum of the trials' losses, a norm over ``pl_module.parameters()`` covers every
-  trial's stacked tensors).
+  trial's stacked tensors), and those that read the Trainer's metrics, which the group holds per trial
+  (``val_loss/trial_3``), by a trial's own names (:func:`metric_reading_hooks`).
 
 Example::
 
@@ -45,6 +46,7 @@ __all__ = [
     "GROUP_API",
     "GroupHyperparameters",
     "group_unaware_hooks",
+    "metric_reading_hooks",
     "trial_attribute_error",
     "trial_attribute_refusal",
     "warn_group_unaware_callbacks",
@@ -60,6 +62,8 @@ GROUP_API = frozenset(
 
 # the Trainer's attributes that hand a callback the model or its optimizers
 _TRAINER_MODEL = frozenset({"model", "lightning_module", "optimizers", "strategy"})
+# the Trainer's metrics, which a fused group holds per trial ("val_loss/trial_3")
+_TRAINER_METRICS = frozenset({"callback_metrics", "logged_metrics", "progress_bar_metrics"})
 _LIBRARIES = ("lightning.", "pytorch_lightning.", "lightning_hydro.", "hydra_plugins.")
 
 
@@ -104,24 +108,22 @@ def group_unaware_hooks(callback: Callback) -> list[str]:
     and the callback's code names nothing of the group's API (:data:`GROUP_API`). Lightning's and this library's own
     callbacks are not looked at (they act per trial, or on the group knowingly).
     """
-    cls = type(callback)
-    if cls.__module__.startswith(_LIBRARIES) or cls.__module__ in ("lightning", "lightning_hydro"):
-        return []
-    methods = [m for _, m in inspect.getmembers(cls, inspect.isfunction) if not m.__module__.startswith(_LIBRARIES)]
-    if any(GROUP_API & _names(m) for m in methods):
-        return []
     found = []
-    for name in _CALLBACK_HOOKS:
-        if not is_overridden(name, callback, Callback):
-            continue
-        function = getattr(cls, name, None)
-        code = getattr(function, "__code__", None)
-        if code is None:
-            continue
+    for name, code in _user_hooks(callback):
         module_argument = code.co_varnames[2] if code.co_argcount > 2 else None  # (self, trainer, pl_module, ...)
         if (module_argument is not None and _reads_local(code, module_argument)) or _TRAINER_MODEL & set(code.co_names):
             found.append(name)
     return found
+
+
+def metric_reading_hooks(callback: Callback) -> list[str]:
+    """The hooks of a user's ``callback`` that read the Trainer's metrics by a trial's own names, not the group's.
+
+    Fused, ``trainer.callback_metrics`` (and ``logged_metrics``, ``progress_bar_metrics``) holds each trial's values
+    as ``"val_loss/trial_3"``; a callback written for one module reads ``"val_loss"``, which is not there. Counted as
+    :func:`group_unaware_hooks` counts: by the names the hook's code reads, unless the callback names the group's API.
+    """
+    return [name for name, code in _user_hooks(callback) if _TRAINER_METRICS & _names_in(code)]
 
 
 def warn_group_unaware_callbacks(callbacks: Iterable[Callback]) -> None:
@@ -138,16 +140,51 @@ def warn_group_unaware_callbacks(callbacks: Iterable[Callback]) -> None:
                 "code that acts on the group uses its API (fused.trial_module(id), fused.stop_trial(id, ...)).",
                 category=UserWarning,
             )
+        hooks = metric_reading_hooks(callback)
+        if hooks:
+            rank_zero_warn(
+                f"FusedLightningModule: {type(callback).__name__}'s {', '.join(hooks)} read the Trainer's metrics "
+                "(callback_metrics, logged_metrics or progress_bar_metrics), which in a fused group hold each "
+                "trial's values under the trial's name, 'val_loss/trial_{id}': a trial's own name is not there "
+                "(callback_metrics['val_loss'] raises KeyError, callback_metrics.get('val_loss') gives None). Read "
+                "trainer.callback_metrics[f'val_loss/trial_{tid}'] for tid in pl_module.trial_ids, or "
+                "pl_module.results.",
+                category=UserWarning,
+            )
+
+
+def _user_hooks(callback: Callback) -> list[tuple[str, Any]]:
+    """``(name, code)`` of each Callback hook the user's ``callback`` overrides; none for a group-aware callback.
+
+    Lightning's and this library's own callbacks have none, nor has one whose code names the group's API.
+    """
+    cls = type(callback)
+    if cls.__module__.startswith(_LIBRARIES) or cls.__module__ in ("lightning", "lightning_hydro"):
+        return []
+    methods = [m for _, m in inspect.getmembers(cls, inspect.isfunction) if not m.__module__.startswith(_LIBRARIES)]
+    if any(GROUP_API & _names(m) for m in methods):
+        return []
+    hooks = []
+    for name in _CALLBACK_HOOKS:
+        if not is_overridden(name, callback, Callback):
+            continue
+        code = getattr(getattr(cls, name, None), "__code__", None)
+        if code is not None:
+            hooks.append((name, code))
+    return hooks
 
 
 def _names(function: Any) -> set[str]:
     code = getattr(function, "__code__", None)
-    if code is None:
-        return set()
+    return set() if code is None else _names_in(code)
+
+
+def _names_in(code: Any) -> set[str]:
+    """The global and attribute names ``code`` reads, with those of the functions nested in it (comprehensions)."""
     names = set(code.co_names)
-    for const in code.co_consts:  # nested functions and comprehensions
+    for const in code.co_consts:
         if inspect.iscode(const):
-            names |= set(const.co_names)
+            names |= _names_in(const)
     return names
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from lightning_hydro import FusedLightningModule
 from lightning_hydro.backends.errors import FusionError
 from lightning_hydro.demos import DigitsMLP
-from lightning_hydro.fused.lightning.group_access import group_unaware_hooks
+from lightning_hydro.fused.lightning.group_access import group_unaware_hooks, metric_reading_hooks
 from lightning_hydro.optim.group_param_group import GroupHyperparameterError
 from tests.helpers import (
     StopTrialAt,
@@ -154,3 +154,29 @@ def test_callbacks_that_act_on_the_group_or_not_on_the_module_are_not_warned_of(
     assert group_unaware_hooks(Counts()) == []  # reads the Trainer's epoch only
     assert group_unaware_hooks(L.pytorch.callbacks.ModelCheckpoint()) == []  # Lightning's: per trial, or refused
     assert group_unaware_hooks(ReadsTheLayer()) == ["on_train_epoch_end"]
+
+
+class KeepsTheBestLoss(L.Callback):
+    """A hand-written best-so-far tracker, as projects write one: reads the trial's own name in callback_metrics."""
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        loss = trainer.callback_metrics.get("val_loss")
+        if loss is not None:
+            self.best = min(getattr(self, "best", float("inf")), float(loss))
+
+
+class KeepsEachTrialsBestLoss(L.Callback):
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        self.best = {tid: float(trainer.callback_metrics[f"val_loss/trial_{tid}"]) for tid in pl_module.trial_ids}
+
+
+def test_a_callback_that_reads_a_trials_own_metric_name_is_named_in_a_warning_at_fit_start() -> None:
+    """Fused, ``callback_metrics`` holds ``val_loss/trial_{id}``: ``.get("val_loss")`` gives None, silently."""
+    fused = FusedLightningModule(_trials(DigitsMLP), backend="loop", summary=False)
+    callback = KeepsTheBestLoss()
+    with pytest.warns(UserWarning, match=r"KeepsTheBestLoss's on_validation_epoch_end read the Trainer's metrics"):
+        fit_digits(make_trainer(callbacks=[callback], **FIT), fused)
+    assert not hasattr(callback, "best")  # what the warning is about: the callback saw nothing
+    assert metric_reading_hooks(callback) == ["on_validation_epoch_end"]
+    assert metric_reading_hooks(KeepsEachTrialsBestLoss()) == []  # names the group's API (trial_ids)
+    assert group_unaware_hooks(callback) == []  # it does not use its module
