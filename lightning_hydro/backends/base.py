@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from lightning_hydro.backends.trial_logging import LogCall
+from lightning_hydro.backends.trial_logging import LogCall, stack_values
 
 if TYPE_CHECKING:
     from lightning_hydro.stacking.stacked_state import StackedState
@@ -187,10 +187,7 @@ def stack_logs(calls_per_row: list[list[LogCall]], device: torch.device) -> list
             rows = tuple(row for row, v in enumerate(values) if v is not None)
             values = [v for v in values if v is not None]
         if all(isinstance(v, (Tensor, int, float)) for v in values):
-            stacked = torch.stack(
-                [torch.as_tensor(v, dtype=torch.float32, device=device).detach().reshape(()) for v in values]
-            )
-            logs.append(StackedLog(name, stacked, options, rows))
+            logs.append(StackedLog(name, stack_values(values, device), options, rows))
         else:
             logs.append(StackedLog(name, values, options, rows))
     return logs

@@ -41,7 +41,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-import torch
 from torch import Tensor, nn
 
 from lightning_hydro.backends.batched_metrics import update_all
@@ -54,7 +53,6 @@ __all__ = [
     "deferred_note",
     "metric_paths",
     "preserved_metric_states",
-    "stack_values",
     "update_suffices",
 ]
 
@@ -395,11 +393,6 @@ def _clone(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _clone(v) for k, v in value.items()}
     return value
-
-
-def stack_values(values: Sequence[Any], device: torch.device) -> Tensor:
-    """Per-row scalar values (tensors or numbers) as one float ``[B]`` tensor."""
-    return torch.stack([torch.as_tensor(v, dtype=torch.float32, device=device).detach().reshape(()) for v in values])
 
 
 def deferred_note(backend: object) -> str:

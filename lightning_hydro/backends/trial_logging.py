@@ -21,14 +21,15 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
-__all__ = ["LogCall", "LogRecorder", "capture_logs"]
+__all__ = ["LogCall", "LogRecorder", "capture_logs", "logged_dtype", "stack_values"]
 
 _MISSING = object()
 
@@ -99,3 +100,21 @@ _LOG_POSITIONAL_OPTIONS = (
     "metric_attribute",
     "rank_zero_only",
 )
+
+
+def logged_dtype(values: Sequence[Any]) -> torch.dtype:
+    """The dtype Lightning logs these values in, one trial's each: float64 where one is, else the default dtype.
+
+    Alone, ``self.log`` keeps a float32 or float64 tensor's dtype, makes other tensors (bf16, ints) and Python numbers
+    the default dtype (float64 under ``precision="64-true"``, whose steps run with that default), and reduces an
+    epoch's values in that dtype.
+    """
+    if any(isinstance(v, Tensor) and v.dtype == torch.float64 for v in values):
+        return torch.float64
+    return torch.get_default_dtype()
+
+
+def stack_values(values: Sequence[Any], device: torch.device) -> Tensor:
+    """Per-row scalar values (tensors or numbers) as one ``[B]`` tensor of :func:`logged_dtype`."""
+    dtype = logged_dtype(values)
+    return torch.stack([torch.as_tensor(v, dtype=dtype, device=device).detach().reshape(()) for v in values])

@@ -41,7 +41,7 @@ from lightning_hydro.backends.compiled_step import (
     mark_static_tensors,
     reduced_precision_step,
 )
-from lightning_hydro.backends.deferred_metrics import DeferredValue, MetricRecorder, metric_paths, stack_values
+from lightning_hydro.backends.deferred_metrics import DeferredValue, MetricRecorder, metric_paths
 from lightning_hydro.backends.errors import FusionError, FusionMismatchError, explain_step_error
 from lightning_hydro.backends.per_trial_values import PerTrialValue
 from lightning_hydro.backends.python_state import state_generation
@@ -52,7 +52,7 @@ from lightning_hydro.backends.trial_attributes import (
     unfusible_attributes,
     unfusible_error_text,
 )
-from lightning_hydro.backends.trial_logging import LogCall, LogRecorder, capture_logs
+from lightning_hydro.backends.trial_logging import LogCall, LogRecorder, capture_logs, stack_values
 from lightning_hydro.backends.trial_ops.functional_patch import trial_functional
 from lightning_hydro.backends.trial_readers import ModesReader, SettingsReader, same_settings
 

@@ -37,8 +37,8 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor, nn
 
 from lightning_hydro.backends import StackedLog, StepOutputs
-from lightning_hydro.backends.deferred_metrics import stack_values
 from lightning_hydro.backends.python_state import trial_code_ran
+from lightning_hydro.backends.trial_logging import stack_values
 from lightning_hydro.fused.group.slots import TrialSlots
 from lightning_hydro.fused.lightning.hooks import call_trial_hook
 from lightning_hydro.fused.logging.metrics import TrialMetrics, resolve_options

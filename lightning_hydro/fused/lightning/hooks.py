@@ -12,13 +12,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.trainer.connectors.logger_connector.fx_validator import _FxValidator
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor
 
 from lightning_hydro.backends.errors import ESCAPED_TENSOR_MESSAGES, escaped_tensor_error
 from lightning_hydro.backends.python_state import trial_code_ran
-from lightning_hydro.backends.trial_logging import capture_logs
+from lightning_hydro.backends.trial_logging import capture_logs, logged_dtype
 from lightning_hydro.fused.logging.metrics import TrialMetrics, resolve_options
 
 __all__ = [
@@ -73,10 +74,11 @@ def hide_absent_hooks(fused: L.LightningModule, trial: L.LightningModule) -> Non
             fused.__dict__[hook] = None  # Lightning's is_overridden() then reports False
 
 
-def _as_float(value: Any) -> float:
+def _as_value(value: Any) -> tuple[float, torch.dtype]:
+    """A value an epoch-end hook logged (a tensor, number or torchmetrics Metric), and Lightning's dtype for it."""
     if hasattr(value, "compute") and hasattr(value, "reset"):  # a torchmetrics Metric
         value = value.compute()
-    return float(value.detach().float().reshape(()) if isinstance(value, Tensor) else value)
+    return float(value.detach().reshape(()) if isinstance(value, Tensor) else value), logged_dtype([value])
 
 
 def call_trial_hook(hook: str, trial_id: int, module: Any, *args: Any) -> tuple[Any, list[Any]]:
@@ -111,4 +113,5 @@ def forward_hook(hook: str, running: Sequence[tuple[int, Any]], metrics: TrialMe
         if phase is not None:
             for call in calls:
                 options = resolve_options(hook, call.options) if call.options.get("sync_dist") else None
-                metrics.record_epoch_value(phase, call.name, {tid: _as_float(call.value)}, options)
+                value, dtype = _as_value(call.value)
+                metrics.record_epoch_value(phase, call.name, {tid: value}, options, dtype)

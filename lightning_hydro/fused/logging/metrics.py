@@ -223,6 +223,7 @@ class TrialMetrics:
         self._epoch_values: dict[str, dict[int, dict[str, float]]] = {}
         self._epoch_value_options: dict[str, dict[str, MetricOptions]] = {}
         self._objects: dict[str, dict[str, tuple[MetricOptions, dict[int, Any]]]] = {}
+        self._double: set[tuple[str, str]] = set()  # (phase, plain name) of the epoch values logged as float64
         self.names: set[str] = set()  # every name logged so far, in any phase (the sanity check included)
         self.reduce: Reducer | None = None  # set when several processes train the group (sync_dist=True)
         self.unsynced: set[str] = set()  # epoch-level names logged without sync_dist=True under several processes
@@ -281,6 +282,8 @@ class TrialMetrics:
             value = StepValue(names, options, list(trial_ids), step, self.dataloader_idx)
             self._step.setdefault(phase, {})[names.plain] = value
         if options.on_epoch and epoch:
+            if values.dtype == torch.float64:
+                self._double.add((phase, names.plain))
             accumulators = self._epoch.setdefault(phase, {})
             if names.plain not in accumulators:
                 accumulators[names.plain] = _Accumulator(options, self.dataloader_idx)
@@ -327,13 +330,20 @@ class TrialMetrics:
         per_name[name] = (options, {**known, **objects})
 
     def record_epoch_value(
-        self, phase: str, name: str, values: dict[int, float], options: MetricOptions | None = None
+        self,
+        phase: str,
+        name: str,
+        values: dict[int, float],
+        options: MetricOptions | None = None,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
-        """Record values that are already per-trial epoch results (logged from an epoch-end hook).
+        """Record values that are already per-trial epoch results (logged from an epoch-end hook), logged as ``dtype``.
 
         With ``options.sync_dist`` they are reduced across processes (by ``options.reduce_fx``) when read.
         """
         self.names.add(name)
+        if dtype == torch.float64:
+            self._double.add((phase, name))
         per_trial = self._epoch_values.setdefault(phase, {})
         for tid, value in values.items():
             per_trial.setdefault(tid, {})[name] = value
@@ -366,6 +376,13 @@ class TrialMetrics:
     def forget_step_values(self, phase: str) -> None:
         """Drop ``phase``'s step values: an evaluation run starts without the last run's, as Lightning's does."""
         self._step.pop(phase, None)
+
+    def is_double(self, phase: str, name: str) -> bool:
+        """Whether ``phase``'s epoch value ``name`` was logged as float64 (``precision="64-true"``).
+
+        Lightning logs its epoch value as float64 then, and the trial's is too (its Python float is float64 already).
+        """
+        return (phase, name) in self._double
 
     def epoch_options(self, phase: str) -> dict[str, MetricOptions]:
         """The options of each metric accumulated in ``phase`` this epoch."""

@@ -149,10 +149,13 @@ class TrialPublisher:
                 keys: tuple[tuple[str, bool | None], ...] = ((name, logger),)
                 if names.forked:
                     keys = ((names.epoch, logger), (names.plain, False))
+                logged: float | torch.Tensor = value
+                if self.metrics.is_double(phase, name):  # as Lightning logs a float64 value's epoch value
+                    logged = torch.tensor(value, dtype=torch.float64)
                 for key, to_logger in keys:
                     log(
                         f"{key}/trial_{tid}",
-                        value,
+                        logged,
                         on_step=False,
                         on_epoch=True,
                         logger=to_logger,
@@ -175,8 +178,9 @@ class TrialPublisher:
         for tid, values in self.metrics.epoch_so_far(phase).items():
             for name, value in values.items():
                 names = self.metrics.names_of(phase, name)
-                # the dtype self.log gives a Python float, as publish_epoch logs it
-                tensor = torch.tensor(value, dtype=torch.get_default_dtype(), device=device)
+                # the dtype self.log gives a Python float, or float64, as publish_epoch logs it
+                dtype = torch.float64 if self.metrics.is_double(phase, name) else torch.get_default_dtype()
+                tensor = torch.tensor(value, dtype=dtype, device=device)
                 callback[f"{names.plain}/trial_{tid}"] = callback[f"{names.epoch}/trial_{tid}"] = tensor
                 if name not in options or options[name].logger:
                     logged[f"{names.epoch}/trial_{tid}"] = tensor

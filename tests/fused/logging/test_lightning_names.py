@@ -408,3 +408,43 @@ def test_the_batch_after_which_the_fit_stops_is_logged_as_alone(backend: str) ->
     make_trainer(logger=logger, callbacks=[StopsAtStep(10)], **limits).fit(fused, datamodule=DigitsDataModule())
     for tid, series in enumerate(alone):
         assert_same_series(logger, tid, series)
+
+
+class LogsInDouble(EveryLevel):
+    """Logs a Python number from its step and a tensor from an epoch-end hook too, all under ``64-true``."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.log("half_lr", self.lr_scale / 2)  # a Python float: the default dtype, float64 in a 64-true step
+        return super().training_step(batch, batch_idx)
+
+    def on_validation_epoch_end(self) -> None:
+        self.log("head_norm", self.head.weight.norm())
+
+    @property
+    def lr_scale(self) -> float:
+        return 0.25
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_under_64_true_a_trials_values_are_logged_in_float64_as_alone(backend: str) -> None:
+    """Before, the step values on the loop and every epoch value were float32 (about 5e-8 relative from alone's)."""
+    trials = []
+    for seed, rate in enumerate(LEARNING_RATES[:2]):
+        torch.manual_seed(seed)
+        trials.append(LogsInDouble(hidden_dim=16, lr=rate))
+    kwargs = dict(max_epochs=2, limit_train_batches=3, limit_val_batches=2, precision="64-true")
+    alone = []
+    for trial in trials:
+        trainer = make_trainer(**kwargs)
+        trainer.fit(copy.deepcopy(trial), datamodule=DigitsDataModule(batch_size=32))
+        alone.append(trainer.logged_metrics)
+    fused = FusedLightningModule(trials, backend=backend, summary=False)
+    trainer = make_trainer(**kwargs)
+    trainer.fit(fused, datamodule=DigitsDataModule(batch_size=32))
+    exact = 0.0 if backend == "loop" else 1e-12
+    for tid, metrics in enumerate(alone):
+        assert {"train_s", "train_e", "train_se_epoch", "val_e", "half_lr", "head_norm"} <= set(metrics)
+        for name, value in metrics.items():
+            fused_value = trainer.logged_metrics[f"{name}/trial_{tid}"]
+            assert value.dtype == fused_value.dtype == torch.float64, name
+            assert float((fused_value.cpu() - value.cpu()).abs()) <= exact * float(value.abs()), name
