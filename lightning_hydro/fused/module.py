@@ -26,7 +26,7 @@ from typing import Any, Literal
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import Tensor, nn
 from typing_extensions import override
@@ -45,6 +45,7 @@ from lightning_hydro.fused.group.width_padding import width_optimizer_path
 from lightning_hydro.fused.lightning.batch_hooks import TrialBatchHooks, batch_of
 from lightning_hydro.fused.lightning.batch_transfer import BatchTransfer
 from lightning_hydro.fused.lightning.callbacks import per_trial_callbacks, refuse_module_callbacks
+from lightning_hydro.fused.lightning.early_stopping import may_stop_early
 from lightning_hydro.fused.lightning.group_access import (
     GroupHyperparameters,
     trial_attribute_error,
@@ -455,6 +456,32 @@ class FusedLightningModule(EvaluationHooks):
     def _running(self) -> list[tuple[int, L.LightningModule]]:
         return self._slots.running()  # type: ignore[return-value]
 
+    def _stop_requested_trials(self, *, epoch_ends: bool = True, at_batch_end: bool = False) -> None:
+        """Stop the trials whose own hooks set ``self.trainer.should_stop`` (:class:`.TrialStopRequests`).
+
+        Called when the trials' hooks of a training batch, a training epoch or a validation run are done. As alone, a
+        request waits until ``Trainer(min_epochs=..., min_steps=...)`` are reached (``epoch_ends``: at the end of the
+        epoch, which then counts). ``at_batch_end``: within an epoch, where Lightning would validate a trial alone
+        once more before its fit ends; fused it leaves now, unvalidated, which a warning says.
+        """
+        pending = self._roster.stops.pending
+        if not pending or self.trainer.sanity_checking or not may_stop_early(self.trainer, epoch_ends=epoch_ends):
+            return
+        stopped = []
+        for tid, hook in list(pending.items()):
+            del pending[tid]
+            if tid in self._group.trial_ids:
+                self.stop_trial(tid, f"its {hook} set trainer.should_stop")
+                stopped.append(tid)
+        if stopped and at_batch_end and self.trainer.enable_validation:
+            rank_zero_warn(
+                f"FusedLightningModule: trial(s) {stopped} set trainer.should_stop in their own hooks within an "
+                "epoch and left the group after this batch, with their weights as alone. Alone, Lightning would "
+                "validate each once more before its fit ends; fused they were not, so their results hold the "
+                "validation before. trainer.validate(fused, ...) after the fit evaluates every trial, ended ones too.",
+                category=UserWarning,
+            )
+
     def _end_fit_if_empty(self) -> None:
         # the one place that ends a fit for the group: from the module's own hooks, which Lightning runs after the
         # callbacks' (on_train_batch_end, on_validation_end and, but for EarlyStopping and checkpoints,
@@ -520,8 +547,9 @@ class FusedLightningModule(EvaluationHooks):
         trials = self._running() if stage == "fit" else [*self._running(), *self._slots.retired.items()]
         # layers built in setup are refused, reassigned buffers adopted
         with setup_checked(self._group, stage, backend=self._policy.requested):
+            stops = self._roster.stops if stage == "fit" else None  # a trial's own should_stop stops it in a fit
             for tid, module in trials:
-                attach_trainer(module, self.trainer, tid, self._optimizers)  # type: ignore[arg-type]
+                attach_trainer(module, self.trainer, tid, self._optimizers, stops)  # type: ignore[arg-type]
                 if is_overridden("setup", module, L.LightningModule):
                     module.setup(stage)  # type: ignore[operator]
 
@@ -682,6 +710,7 @@ class FusedLightningModule(EvaluationHooks):
             self._roster.settle_health(self.trainer, credit_epoch=last)
         if stepped:  # not while accumulating gradients
             self._publisher.publish_step(self.trainer, self.log)
+        self._stop_requested_trials(epoch_ends=last, at_batch_end=not last)
         self._end_fit_if_empty()
 
     @override
@@ -747,6 +776,7 @@ class FusedLightningModule(EvaluationHooks):
             self._optimizers.forget_left(tid for tid, _ in owed)
         self._epoch_open = False
         self._publisher.end_training_epoch(self.current_epoch, self.log, sanity_checking=self.trainer.sanity_checking)
+        self._stop_requested_trials()
         self._end_fit_if_empty()
 
     @override
@@ -826,8 +856,9 @@ class FusedLightningModule(EvaluationHooks):
         )
         self._health.reset()
         if self._trainer is not None:
+            stops = self._roster.stops if fitting else None
             for tid, module in [*self._running(), *self._slots.retired.items()]:
-                attach_trainer(module, self.trainer, tid, self._optimizers)  # type: ignore[arg-type]
+                attach_trainer(module, self.trainer, tid, self._optimizers, stops)  # type: ignore[arg-type]
         # after the trainer is attached: the trials' hooks see it as alone (Lightning loads the weights next)
         load_trial_entries(checkpoint, checkpoint[CHECKPOINT_KEY].get(ENTRIES_KEY), recorded_trials(self._slots))
 

@@ -22,7 +22,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from lightning_hydro.fused.evaluation.modes import TrialModes
-from lightning_hydro.fused.lightning.trainer_view import attach_trainer
+from lightning_hydro.fused.lightning.trainer_view import TrialStopRequests, attach_trainer
 from lightning_hydro.fused.logging.metrics import TrialMetrics
 from lightning_hydro.fused.optimization import TrialOptimizers
 from lightning_hydro.fused.step.backend_policy import BackendPolicy
@@ -61,6 +61,7 @@ class TrialRoster:
         self.metrics = metrics
         self.health = health
         self.modes = modes
+        self.stops = TrialStopRequests()  # the trials' own hooks' trainer.should_stop (see trainer_view)
 
     # -- the rows' health ---------------------------------------------------------------------------------------
 
@@ -114,7 +115,7 @@ class TrialRoster:
         self.modes.set_newcomer(owner, module)
         self.metrics.reslot()
         if trainer is not None:
-            attach_trainer(module, trainer, tid, self.optimizers)
+            attach_trainer(module, trainer, tid, self.optimizers, self.stops)
         optimization = None if self.optimizers.optimizer is None else self.optimizers.trial_optimization(tid, module)
         self.slots.add(module, tid, optimization)
         self.health.reslot(self.slots.trial_ids)

@@ -68,6 +68,9 @@ class EvaluationHooks(L.LightningModule):
     def _end_fit_if_empty(self) -> None:
         raise NotImplementedError
 
+    def _stop_requested_trials(self) -> None:
+        raise NotImplementedError
+
     def _publish_chosen_trial(self, stage: str) -> None:
         raise NotImplementedError
 
@@ -227,6 +230,7 @@ class EvaluationHooks(L.LightningModule):
     @override
     def on_validation_end(self) -> None:
         if self.trainer.state.fn == TrainerFn.FITTING and not self.trainer.sanity_checking:
+            self._stop_requested_trials()  # asked in their own validation hooks
             self._end_fit_if_empty()  # after the callbacks' on_validation_end, where early stopping decides
         elif self.trainer.state.fn == TrainerFn.VALIDATING:
             self._publish_chosen_trial("validate")

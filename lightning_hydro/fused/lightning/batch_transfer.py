@@ -82,7 +82,7 @@ class BatchTransfer:
                 "one batch. Do the per-trial part in training_step (which runs per trial), or train these trials "
                 "in separate groups."
             )
-        return call_trial_hook(hook, ids[0], modules[0], batch, *args)[0]
+        return call_trial_hook(hook, ids[0], modules[0], batch, *args, shared=True)[0]
 
     def _run_each(self, hook: str, modules: list[Any], ids: list[int], batch: Any, *args: Any) -> Any:
         """Every trial's ``hook``, each from the same random-number state; the first's batch, if all give it."""

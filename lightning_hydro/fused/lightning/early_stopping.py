@@ -16,7 +16,7 @@ from typing_extensions import override
 
 from lightning_hydro.fused.lightning.callback_view import TrialCopies
 
-__all__ = ["TrialEarlyStopping"]
+__all__ = ["TrialEarlyStopping", "may_stop_early"]
 
 
 class TrialEarlyStopping(EarlyStopping):
@@ -46,7 +46,7 @@ class TrialEarlyStopping(EarlyStopping):
             if view.should_stop and tid not in self._pending_stops:
                 reason = getattr(callback, "stopping_reason_message", None) or "no improvement"
                 self._pending_stops[tid] = f"EarlyStopping(monitor={self.monitor!r}): {reason}"
-        if self._pending_stops and _may_stop_early(trainer):
+        if self._pending_stops and may_stop_early(trainer):
             for tid, reason in list(self._pending_stops.items()):
                 if tid in fused.trial_ids:
                     fused.stop_trial(tid, reason)
@@ -83,8 +83,12 @@ class TrialEarlyStopping(EarlyStopping):
         super().load_state_dict(state)
 
 
-def _may_stop_early(trainer: L.Trainer) -> bool:
-    """Lightning's rule: ``should_stop`` takes effect once ``min_epochs`` and ``min_steps`` are reached."""
+def may_stop_early(trainer: L.Trainer, *, epoch_ends: bool = True) -> bool:
+    """Lightning's rule: ``should_stop`` takes effect once ``min_epochs`` and ``min_steps`` are reached.
+
+    ``epoch_ends``: the check runs at the end of the current epoch, which counts as done (else only the epochs before
+    it do: a stop within an epoch waits for its end while ``min_epochs`` is not reached).
+    """
     min_epochs, min_steps = trainer.fit_loop.min_epochs, trainer.fit_loop.min_steps
-    epochs_done = trainer.current_epoch + 1  # the check runs at the end of the current epoch
+    epochs_done = trainer.current_epoch + int(epoch_ends)
     return (not min_epochs or epochs_done >= min_epochs) and (not min_steps or trainer.global_step >= min_steps)

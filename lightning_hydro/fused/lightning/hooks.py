@@ -9,6 +9,7 @@ the trials do not implement are hidden on the fused module (:func:`hide_absent_h
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import lightning as L
@@ -20,6 +21,7 @@ from torch import Tensor
 from lightning_hydro.backends.errors import ESCAPED_TENSOR_MESSAGES, escaped_tensor_error
 from lightning_hydro.backends.python_state import trial_code_ran
 from lightning_hydro.backends.trial_logging import capture_logs, logged_dtype
+from lightning_hydro.fused.lightning.trainer_view import own_hook
 from lightning_hydro.fused.logging.metrics import TrialMetrics, resolve_options
 
 __all__ = [
@@ -81,13 +83,16 @@ def _as_value(value: Any) -> tuple[float, torch.dtype]:
     return float(value.detach().reshape(()) if isinstance(value, Tensor) else value), logged_dtype([value])
 
 
-def call_trial_hook(hook: str, trial_id: int, module: Any, *args: Any) -> tuple[Any, list[Any]]:
+def call_trial_hook(hook: str, trial_id: int, module: Any, *args: Any, shared: bool = False) -> tuple[Any, list[Any]]:
     """``module.hook(*args)`` with its ``self.log`` calls captured; returns (its answer, the calls).
+
+    ``shared``: the call stands for every trial's (a batch-transfer hook run once): its ``trainer.should_stop``
+    is the group's. Otherwise it is the trial's own (:class:`~.trainer_view.TrialStopRequests`).
 
     A vmap/hfta tensor the trial kept from a fused step and uses here is explained (``FusionError``), not left as
     torch's internal error.
     """
-    with capture_logs(module) as calls:
+    with capture_logs(module) as calls, nullcontext() if shared else own_hook(trial_id, hook):
         try:
             answer = getattr(module, hook)(*args)
         except RuntimeError as err:

@@ -26,7 +26,9 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import lightning as L
@@ -40,11 +42,40 @@ from lightning_hydro.fused.lightning.strategy_view import (
     scheduler_configs_of,
 )
 
-__all__ = ["TrialTrainerView", "attach_trainer", "trial_metrics_view"]
+__all__ = ["TrialStopRequests", "TrialTrainerView", "attach_trainer", "own_hook", "trial_metrics_view"]
 
 # The trainer's metric dictionaries, answered per trial under the trial's own (unfused) names.
 _METRIC_VIEWS = ("callback_metrics", "logged_metrics", "progress_bar_metrics")
-_OWN = ("_trainer", "_trial", "_trial_id", "_source", "_strategy_view")
+_OWN = ("_trainer", "_trial", "_trial_id", "_source", "_strategy_view", "_stops")
+
+# the trial whose own hook runs now, one trial's call (call_trial_hook), and the hook's name
+_OWN_HOOK: ContextVar[tuple[int, str] | None] = ContextVar("lightning_hydro_own_hook", default=None)
+
+
+@contextmanager
+def own_hook(trial_id: int, hook: str) -> Iterator[None]:
+    """Code run inside is trial ``trial_id``'s own ``hook``, for it alone: its ``trainer.should_stop`` is its own."""
+    token = _OWN_HOOK.set((trial_id, hook))
+    try:
+        yield
+    finally:
+        _OWN_HOOK.reset(token)
+
+
+class TrialStopRequests:
+    """``self.trainer.should_stop = True`` set in a trial's own hook: a request to stop that trial, not the group.
+
+    Alone, a module's hook that sets ``should_stop`` (a target accuracy reached in ``on_validation_epoch_end``, a
+    non-finite loss seen in ``on_train_batch_end``) ends its own run. Fused, the group stops that trial when its
+    hooks of the batch or epoch have run (:meth:`FusedLightningModule._stop_requested_trials`), and the other trials
+    go on. Set in a step or in code run once for every trial (vmap, hfta), it still ends the whole fit: every trial
+    ran it.
+
+    ``pending``: the requesting trials, with the hook that asked.
+    """
+
+    def __init__(self) -> None:
+        self.pending: dict[int, str] = {}
 
 
 def trial_metrics_view(metrics: Mapping[str, Any], trial_id: int) -> dict[str, Any]:
@@ -80,6 +111,7 @@ class TrialTrainerView:
     _trial_id: int
     _source: TrialOptimizerSource | None
     _strategy_view: TrialStrategyView | None
+    _stops: TrialStopRequests | None
 
     def __init__(
         self,
@@ -87,12 +119,14 @@ class TrialTrainerView:
         trial: L.LightningModule,
         trial_id: int,
         source: TrialOptimizerSource | None = None,
+        stops: TrialStopRequests | None = None,
     ) -> None:
         object.__setattr__(self, "_trainer", trainer)
         object.__setattr__(self, "_trial", trial)
         object.__setattr__(self, "_trial_id", trial_id)
         object.__setattr__(self, "_source", source)
         object.__setattr__(self, "_strategy_view", None)
+        object.__setattr__(self, "_stops", stops)
 
     @property
     def trainer(self) -> L.Trainer:
@@ -147,11 +181,20 @@ class TrialTrainerView:
             raise AttributeError(name)  # e.g. copy/pickle probing a half-built view: not the Trainer's business
         if name in _METRIC_VIEWS:
             return trial_metrics_view(getattr(self._trainer, name), self._trial_id)
+        if name == "should_stop" and self._stops is not None and self._trial_id in self._stops.pending:
+            return True  # it asked to stop, as alone it reads its own request back
         return getattr(self._trainer, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _OWN or name in ("model", "lightning_module", "trainer", "trial_id", "strategy"):
             raise AttributeError(f"TrialTrainerView: {name!r} is read-only (it answers for trial {self._trial_id}).")
+        own = _OWN_HOOK.get()
+        if name == "should_stop" and self._stops is not None and own is not None and own[0] == self._trial_id:
+            if value:  # its own hook's request: this trial stops (TrialStopRequests), not the group
+                self._stops.pending.setdefault(self._trial_id, own[1])
+            else:
+                self._stops.pending.pop(self._trial_id, None)
+            return
         setattr(self._trainer, name, value)
 
     def __repr__(self) -> str:
@@ -159,8 +202,15 @@ class TrialTrainerView:
 
 
 def attach_trainer(
-    trial: L.LightningModule, trainer: L.Trainer | None, trial_id: int, source: TrialOptimizerSource | None = None
+    trial: L.LightningModule,
+    trainer: L.Trainer | None,
+    trial_id: int,
+    source: TrialOptimizerSource | None = None,
+    stops: TrialStopRequests | None = None,
 ) -> None:
-    """Attach ``trial`` to a view of ``trainer`` (or detach it, with None); ``source`` holds its optimizers."""
-    view = None if trainer is None else TrialTrainerView(trainer, trial, trial_id, source)
+    """Attach ``trial`` to a view of ``trainer`` (or detach it, with None).
+
+    ``source`` holds its optimizers; ``stops`` takes its own hooks' ``should_stop`` requests.
+    """
+    view = None if trainer is None else TrialTrainerView(trainer, trial, trial_id, source, stops)
     trial.trainer = view  # type: ignore[assignment]
