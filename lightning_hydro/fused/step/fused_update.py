@@ -465,13 +465,15 @@ class FusedSGDUpdate(SGDRowStates, FusedUpdate):
         # which (parameter, row) has a momentum buffer, as torch's state says; no parameter has one yet
         self.initialized = torch.zeros(len(self.params), self.rows, dtype=torch.bool, device=self.device)
         self._fresh = set(range(len(self.params)))  # parameters some row of which may start a buffer this step
+        # by param group: whether a row has no momentum now (it starts its buffer once its momentum is set)
+        self._rows_without_momentum: dict[int, bool] = {}
 
     @override
     def derive(self, lr: float, momentum: float, dampening: float, weight_decay: float, nesterov: bool) -> tuple:
         uses = momentum != 0
         return (
             weight_decay,
-            momentum,
+            momentum if uses else 1.0,  # torch leaves a row's buffer as it is while its momentum is 0
             1 - dampening if uses else 0.0,
             -lr,
             1.0 if (nesterov or not uses) else 0.0,
@@ -482,6 +484,7 @@ class FusedSGDUpdate(SGDRowStates, FusedUpdate):
     @override
     def kind(self, values: Sequence[Sequence[Any]], group: int) -> str:
         uses = [row[6] != 0 for row in values]
+        self._rows_without_momentum[group] = not all(uses)
         if not any(uses):
             return "plain"  # no row has momentum: the gradient is the direction
         if all(uses) and all(row[4] == 0 for row in values):
@@ -518,8 +521,9 @@ class FusedSGDUpdate(SGDRowStates, FusedUpdate):
 
     @override
     def _finish(self, active: list[int], prepared: Any) -> None:
-        if prepared[0]:
-            self._fresh.difference_update(active)
+        if prepared[0]:  # every row with momentum started its buffer; a row without one starts it later
+            waiting = self._rows_without_momentum
+            self._fresh.difference_update(i for i in active if not waiting.get(self.group_of[i] or 0, True))
 
     @override
     def _held_back(self, indices: list[int]) -> None:
