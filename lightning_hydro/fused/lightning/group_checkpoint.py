@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import lightning as L
 from lightning.fabric.utilities.cloud_io import _load as pl_load
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from lightning_hydro.fused.group.slots import TrialSlots
@@ -182,9 +182,14 @@ def group_checkpoint_for_trial(
             "callback's dirpath, e.g. last.ckpt, or trainer.checkpoint_callback.group_model_path on the Trainer "
             "that fitted it), or use that Trainer, which finds it by itself."
         )
-    rank_zero_info(
+    # a warning, not a note: ckpt_path="best" (lightning-hydra-template's train.py) evaluates each trial alone at
+    # its best weights, and the group checkpoint holds each trial's latest ones
+    rank_zero_warn(
         f"FusedLightningModule: {path} is trial {entry['trial_id']}'s own checkpoint; every trial of the group is "
-        f"restored from the group checkpoint {group_path}."
+        f"restored from the group checkpoint {group_path}, which holds each trial's weights of when it was written "
+        "(the latest), not each trial's best as ckpt_path='best' gives a trial alone. To evaluate a trial at its "
+        "best, load its own checkpoint into its class: MyModule.load_from_checkpoint(path).",
+        category=UserWarning,
     )
     assert trainer is not None
     # written by this Trainer's own callback in this run; it holds the trials' hyperparameters (e.g. partials)

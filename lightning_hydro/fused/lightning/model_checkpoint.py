@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import re
 from typing import Any
 
 import lightning as L
@@ -65,6 +66,18 @@ def _settings(template: ModelCheckpoint, **changes: Any) -> dict[str, Any]:
     return settings
 
 
+def _group_filename(filename: str | None) -> str | None:
+    """The group checkpoint's file name: the user's, unless it names a metric, which no group value has.
+
+    Lightning writes a metric missing from the values as 0 (``epoch=5-val_loss=0.00.ckpt``), which would pass for a
+    score; the group's checkpoint then takes Lightning's default name (``epoch=5-step=30.ckpt``).
+    """
+    if filename is None:
+        return None
+    names = {field.strip("{") for field in re.findall(r"(\{.*?)[:}]", filename)}
+    return filename if names <= {"epoch", "step"} else None
+
+
 class TrialModelCheckpoint(ModelCheckpoint):
     """The user's ``ModelCheckpoint`` per trial, the group's checkpoint, and the user's answers (module docstring).
 
@@ -81,7 +94,9 @@ class TrialModelCheckpoint(ModelCheckpoint):
         self.template = template
         # each trial's copy is made from the settings as given, not from the summary the user's object receives
         self._pristine = copy.deepcopy(template)
-        self.group_checkpoint = ModelCheckpoint(**_settings(template, monitor=None, save_top_k=1, mode="min"))
+        self.group_checkpoint = ModelCheckpoint(
+            **_settings(template, monitor=None, save_top_k=1, mode="min", filename=_group_filename(template.filename))
+        )
         self._trials = TrialCopies(self._pristine, self._prepare_copy)
         self._live_at: dict[int, int] = {}  # the global step at which each trial was last seen in its slot
         self._finished: set[int] = set()

@@ -93,7 +93,9 @@ def test_testing_the_fused_module_from_the_best_trials_checkpoint_tests_every_tr
     data = DigitsMNISTDataModule(batch_size=64)
     from_group = trainer.test(fused, datamodule=data, ckpt_path=trainer.checkpoint_callback.group_model_path, **TRUSTED)
     path = trainer.checkpoint_callback.best_model_path if ckpt == "best_model_path" else "best"
-    from_best = trainer.test(fused, datamodule=data, ckpt_path=path, **TRUSTED)
+    # alone, "best" tests a trial at its best weights; the group checkpoint holds the latest: said, not left silent
+    with pytest.warns(UserWarning, match=r"holds each trial's weights of when it was written \(the latest\), not"):
+        from_best = trainer.test(fused, datamodule=data, ckpt_path=path, **TRUSTED)
     assert {f"test/acc/trial_{t}" for t in range(3)} <= set(from_best[0])
     assert from_best == from_group
 
@@ -159,3 +161,19 @@ def test_after_a_resume_the_summary_still_covers_the_trials_that_had_ended(tmp_p
     assert resumed.trial_ids == [0, 2]
     assert ended <= set(again.best_k_models)  # from the restored state of trial 1's copy, never made again
     assert set(first.best_k_models) < set(again.best_k_models)  # and the third epoch's of trials 0 and 2
+
+
+def test_the_group_checkpoints_name_shows_no_metric_it_does_not_have(tmp_path):
+    """Before, ``filename="{epoch}-{val/loss:.2f}"`` named the group's checkpoint ``epoch=2-val/loss=0.00.ckpt``:
+    Lightning writes a missing metric as 0, which passed for a score. Each trial's own files keep the user's name."""
+    mine = ModelCheckpoint(dirpath=str(tmp_path), filename="{epoch}-{val/loss:.2f}", monitor="val/loss")
+    fused = FusedLightningModule([factory(t) for t in range(2)], backend="loop", summary=False)
+    trainer = make_trainer(callbacks=[mine], enable_checkpointing=True, **LIMITS)
+    trainer.fit(fused, datamodule=DigitsMNISTDataModule(batch_size=64))
+    files = [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.ckpt")]  # ("val/" makes a folder)
+    group_files = sorted(name for name in files if not name.startswith("trial_"))
+    trial_files = sorted(name for name in files if name.startswith("trial_"))
+    assert group_files
+    assert all("loss" not in name for name in group_files), group_files
+    assert trial_files
+    assert all("loss=" in name and "loss=0.00" not in name for name in trial_files), trial_files
