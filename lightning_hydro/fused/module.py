@@ -754,6 +754,7 @@ class FusedLightningModule(EvaluationHooks):
                 self.stop_trial(tid, reason, status="diverged")
         self._diverged_on_resume, self._open_batch = {}, None
         self._stepped_batch, self._owed_batch_end, self._owed_epoch_end = None, [], []
+        self._roster.stops.pending.clear()  # as a new Trainer's should_stop: a request left by an earlier fit is gone
         self._slots.book.resume_epoch(self.current_epoch, self._group.trial_ids)
         self._forward_hook("on_train_start")
 

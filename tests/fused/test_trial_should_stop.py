@@ -114,3 +114,14 @@ def test_a_stop_set_in_a_hook_run_once_for_every_trial_ends_the_group() -> None:
     fused = _fused(trials, "loop")
     assert {fused.results[tid]["steps"] for tid in (0, 1)} == {3}  # as each alone: the stop ends the epoch's loop
     assert fused.trainer.should_stop
+
+
+def test_a_request_still_waiting_for_min_epochs_when_the_fit_ends_is_gone_in_the_next_fit() -> None:
+    trials = seeded(lambda: StopsAfterSteps(1, lr=0.05), [0, 1])
+    fused = FusedLightningModule(trials, backend="loop", summary=False)
+    fit_digits(make_trainer(max_epochs=1, min_epochs=2, limit_train_batches=3, limit_val_batches=0), fused)
+    assert fused.trial_ids == [0, 1]  # min_epochs=2 was never reached: the stops wait, as alone
+    for tid in (0, 1):
+        fused.trial_module(tid).stop_at = 10**6  # the next fit's hooks ask nothing
+    fit_digits(make_trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=0), fused)
+    assert [fused.results[tid]["steps"] for tid in (0, 1)] == [6, 6]  # both trained the second fit through
