@@ -20,7 +20,7 @@ Example::
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Literal
 
 import lightning as L
@@ -85,6 +85,9 @@ from lightning_hydro.stopping.trial_record import (
 )
 
 __all__ = ["FusedLightningModule"]
+
+# the trials' hooks that run before a training epoch's first batch: a should_stop asked there ends the epoch at once
+_BEFORE_THE_EPOCHS_BATCHES = frozenset({"on_fit_start", "on_train_start", "on_train_epoch_start"})
 
 
 class FusedLightningModule(EvaluationHooks):
@@ -456,19 +459,24 @@ class FusedLightningModule(EvaluationHooks):
     def _running(self) -> list[tuple[int, L.LightningModule]]:
         return self._slots.running()  # type: ignore[return-value]
 
-    def _stop_requested_trials(self, *, epoch_ends: bool = True, at_batch_end: bool = False) -> None:
+    def _stop_requested_trials(
+        self, *, epoch_ends: bool = True, at_batch_end: bool = False, asked_in: Collection[str] | None = None
+    ) -> None:
         """Stop the trials whose own hooks set ``self.trainer.should_stop`` (:class:`.TrialStopRequests`).
 
         Called when the trials' hooks of a training batch, a training epoch or a validation run are done. As alone, a
         request waits until ``Trainer(min_epochs=..., min_steps=...)`` are reached (``epoch_ends``: at the end of the
         epoch, which then counts). ``at_batch_end``: within an epoch, where Lightning would validate a trial alone
-        once more before its fit ends; fused it leaves now, unvalidated, which a warning says.
+        once more before its fit ends; fused it leaves now, unvalidated, which a warning says. ``asked_in``: only the
+        requests of these hooks.
         """
         pending = self._roster.stops.pending
         if not pending or self.trainer.sanity_checking or not may_stop_early(self.trainer, epoch_ends=epoch_ends):
             return
         stopped = []
         for tid, hook in list(pending.items()):
+            if asked_in is not None and hook not in asked_in:
+                continue
             del pending[tid]
             if tid in self._group.trial_ids:
                 self.stop_trial(tid, f"its {hook} set trainer.should_stop")
@@ -678,6 +686,9 @@ class FusedLightningModule(EvaluationHooks):
 
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
+        # asked in on_train_epoch_start (or a hook before it): alone, the epoch's loop then ends before any batch (a
+        # batch-transfer hook, which runs before this, asks after Lightning's check: the batch still trains)
+        self._stop_requested_trials(epoch_ends=False, asked_in=_BEFORE_THE_EPOCHS_BATCHES)
         if not self._group.trial_ids:  # the last trial left outside the hooks that end the fit (e.g. at epoch start)
             self.trainer.should_stop = True
             return -1  # Lightning's way to skip the rest of the epoch: no step runs for an empty group

@@ -125,3 +125,24 @@ def test_a_request_still_waiting_for_min_epochs_when_the_fit_ends_is_gone_in_the
         fused.trial_module(tid).stop_at = 10**6  # the next fit's hooks ask nothing
     fit_digits(make_trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=0), fused)
     assert [fused.results[tid]["steps"] for tid in (0, 1)] == [6, 6]  # both trained the second fit through
+
+
+class StopsAtAnEpochsStart(DigitsMLP):
+    def __init__(self, epoch: int, **kwargs: Any) -> None:
+        super().__init__(hidden_dim=16, **kwargs)
+        self.epoch = epoch
+
+    def on_train_epoch_start(self) -> None:
+        if self.current_epoch == self.epoch:
+            self.trainer.should_stop = True
+
+
+def test_a_stop_asked_at_an_epochs_start_trains_no_batch_of_it_as_alone() -> None:
+    epochs = iter([2, 99])
+    trials = seeded(lambda: StopsAtAnEpochsStart(next(epochs), lr=0.05), [0, 1])
+    alone = _alone(trials, limit_val_batches=0)
+    fused = _fused(trials, "loop", limit_val_batches=0)
+    assert [steps for _, steps in alone] == [6, 18]
+    for tid, (module, steps) in enumerate(alone):
+        assert fused.results[tid]["steps"] == steps
+        assert max_state_difference(fused.unfuse(tid), module) == 0.0
